@@ -1,0 +1,106 @@
+# edgelm: one non-recursive Makefile. Each module lists its sources in
+# <module>/module.mk; objects go out of tree into $(BUILD).
+#
+#   make                    build everything into build/
+#   make check              all tests (normal build, then ASan+UBSan pass)
+#   make SAN=address        sanitizer variant into build-address/ (also
+#                           undefined, thread, or address,undefined)
+#   make NATIVE=1           add -march=native (local experiments only)
+#   make install DESTDIR=... PREFIX=...
+#   make V=1                print full commands
+
+comma := ,
+SAN ?=
+ifeq ($(SAN),)
+BUILD ?= build
+else
+BUILD ?= build-$(subst $(comma),-,$(SAN))
+endif
+
+CC         ?= cc
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+SBINDIR    ?= $(PREFIX)/sbin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+SYSCONFDIR ?= /etc
+MANDIR     ?= $(PREFIX)/share/man
+PKG_CONFIG ?= pkg-config
+
+# CFLAGS/LDFLAGS belong to the user or distro; ours live in EDGELM_CFLAGS.
+CFLAGS  ?= -O2 -g
+LDFLAGS ?=
+EDGELM_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wmissing-prototypes \
+		-Wno-unused-parameter -fno-strict-aliasing -pthread -MMD -MP -I.
+ifneq ($(SAN),)
+EDGELM_CFLAGS += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS += -fsanitize=$(SAN)
+endif
+ifeq ($(NATIVE),1)
+EDGELM_CFLAGS += -march=native
+endif
+
+JANSSON_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags jansson 2>/dev/null)
+JANSSON_LIBS   ?= $(or $(shell $(PKG_CONFIG) --libs jansson 2>/dev/null),-ljansson)
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+all:
+
+# Each module.mk appends to these.
+LIBS_ALL :=
+BINS :=
+TESTS :=
+CLEAN_EXTRA :=
+
+include common/module.mk
+include engine/module.mk
+include tools/module.mk
+include tests/module.mk
+
+all: $(BINS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(EDGELM_CFLAGS) $(ISA_FLAGS) $(EXTRA_CFLAGS) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/%.a:
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && $(AR) rcs $@ $^
+
+DEPS := $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+-include $(DEPS)
+
+.PHONY: all check test clean format check-deps install uninstall fuzz
+
+clean:
+	rm -rf build build-* $(CLEAN_EXTRA)
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+# Module boundaries (docs/design.md): lower modules include only common/.
+check-deps:
+	@bad=0; \
+	for m in engine tuning monitor ipc; do \
+	  for o in engine tuning monitor ipc daemon tools; do \
+	    [ $$m = $$o ] && continue; \
+	    if grep -rnE "#include \"$$o/" $$m 2>/dev/null; then bad=1; fi; \
+	  done; \
+	done; \
+	if grep -rnE '#include <(nng|jansson|systemd)' engine 2>/dev/null; then bad=1; fi; \
+	if grep -rln 'immintrin.h' engine | grep -vE 'engine/kernels/kern_[a-z0-9]+\.c$$' | grep -v kern_generic; then bad=1; fi; \
+	if [ $$bad = 0 ]; then echo "check-deps: module boundaries respected"; else echo "check-deps: violations above"; exit 1; fi
+
+install: all
+	install -d $(DESTDIR)$(BINDIR)
+	for b in $(INSTALL_BINS); do install -m 0755 $(BUILD)/bin/$$b $(DESTDIR)$(BINDIR)/$$b; done
+
+uninstall:
+	for b in $(INSTALL_BINS); do rm -f $(DESTDIR)$(BINDIR)/$$b; done

@@ -1,0 +1,184 @@
+/* engine/engine.h: the inference engine's public interface.
+ *
+ * The engine knows nothing of nng, JSON, systemd or logging: it uses libc,
+ * libm and pthreads only. Calls are not thread-safe: one thread (the
+ * daemon's scheduler, or a tool's main) owns a model and its contexts; the
+ * parallelism is inside the engine's worker pool.
+ *
+ * Objects: engine_model (weights, hyperparameters, tokenizer, worker pool),
+ * engine_ctx (KV cache for up to n_seq sequences plus scratch for a batch of
+ * up to n_batch tokens), engine_tokenizer (inside the model, also loadable
+ * from a vocab-only GGUF), engine_sampler. */
+#ifndef EDGELM_ENGINE_H
+#define EDGELM_ENGINE_H
+
+#include "common/common.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct engine_model engine_model;
+typedef struct engine_ctx engine_ctx;
+typedef struct engine_tokenizer engine_tokenizer;
+typedef struct engine_sampler engine_sampler;
+
+/* ---- model ------------------------------------------------------------- */
+
+struct engine_params {
+	int n_threads;        /* workers, 0 = one per online CPU */
+	const int *cpus;      /* optional CPU list to pin worker i to cpus[i % n_cpus] */
+	int n_cpus;
+	uint32_t ctx_max;     /* cap on the context length, 0 = the file's */
+	const char *isa;      /* force a kernel variant ("scalar", ...), NULL = best */
+	bool vocab_only;      /* load only the tokenizer (vocab GGUFs) */
+};
+
+struct engine_model_info {
+	char arch[32];
+	char name[128];
+	uint32_t n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim;
+	uint32_t n_ctx_train, n_ctx; /* the file's, and the cap in force */
+	float rope_base, norm_eps;
+	uint64_t n_params;
+	uint64_t weight_bytes;       /* bytes of all tensors */
+	uint64_t weight_bytes_token; /* bytes read per decoded token (matmuls) */
+	const char *isa;             /* kernel variant chosen */
+	int n_threads;
+	uint32_t type_counts[40];    /* tensors per ggml type */
+	int n_fallback;              /* tensors kept wider than requested (quantizer) */
+};
+
+int engine_model_load(const char *path, const struct engine_params *p, engine_model **ret_model,
+		      struct cm_err *err);
+void engine_model_free(engine_model *m); /* NULL-safe */
+void engine_model_get_info(const engine_model *m, struct engine_model_info *ret_info);
+const engine_tokenizer *engine_model_tokenizer(const engine_model *m);
+
+/* ---- contexts and batches ---------------------------------------------- */
+
+struct engine_ctx_params {
+	uint32_t n_ctx;   /* KV positions per sequence, 0 = model's n_ctx */
+	uint32_t n_seq;   /* sequences (KV slots), >= 1 */
+	uint32_t n_batch; /* max tokens per engine_decode call, 0 = 512 */
+};
+
+int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ctx **ret_ctx,
+		   struct cm_err *err);
+void engine_ctx_free(engine_ctx *c); /* NULL-safe */
+
+/* One batch: token i goes to sequence seq[i] at position pos[i]. Positions of
+ * one sequence within a batch must be consecutive and increasing, and the
+ * first must equal that sequence's current length (KV entries past it are
+ * discarded). want_logits[i] asks for the logits of token i (NULL: only the
+ * last token of the batch). */
+struct engine_batch {
+	int n;
+	const int32_t *tokens;
+	const int32_t *pos;
+	const int32_t *seq;
+	const bool *want_logits;
+};
+
+int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *err);
+/* Logits of batch token i from the last engine_decode (n_vocab floats), or
+ * NULL if they were not requested. Valid until the next decode. */
+const float *engine_get_logits(const engine_ctx *c, int i);
+/* Forget a sequence's KV from position `pos` on (0 clears it). */
+void engine_seq_truncate(engine_ctx *c, int seq, int pos);
+int engine_seq_len(const engine_ctx *c, int seq);
+/* Copy sequence src's first n KV positions into dst (prefix reuse). */
+int engine_seq_copy(engine_ctx *c, int dst, int src, int n);
+
+/* Convenience for one sequence: feed tokens[0..n) at pos.. into seq 0,
+ * computing logits for the last one. */
+int engine_eval(engine_ctx *c, const int32_t *tokens, int n, int pos, struct cm_err *err);
+
+/* ---- tokenizer ----------------------------------------------------------- */
+
+enum engine_token_attr {
+	ENGINE_TOKEN_NORMAL = 1 << 0,
+	ENGINE_TOKEN_UNKNOWN = 1 << 1,
+	ENGINE_TOKEN_CONTROL = 1 << 2,
+	ENGINE_TOKEN_USER_DEFINED = 1 << 3,
+	ENGINE_TOKEN_UNUSED = 1 << 4,
+	ENGINE_TOKEN_BYTE = 1 << 5,
+};
+
+struct gguf_file;
+/* Build a tokenizer from a GGUF's tokenizer.* metadata (SPM "llama" model;
+ * other models return -ENOTSUP with a message naming the model). */
+int engine_tokenizer_new(const struct gguf_file *f, engine_tokenizer **ret_tok, struct cm_err *err);
+void engine_tokenizer_free(engine_tokenizer *t); /* NULL-safe */
+/* Load just the tokenizer from a file (vocab-only GGUFs). */
+int engine_tokenizer_load(const char *path, engine_tokenizer **ret_tok, struct cm_err *err);
+
+int engine_tokenizer_n_vocab(const engine_tokenizer *t);
+int32_t engine_tokenizer_bos(const engine_tokenizer *t); /* -1 if none */
+int32_t engine_tokenizer_eos(const engine_tokenizer *t);
+bool engine_tokenizer_add_bos(const engine_tokenizer *t);
+/* End of generation: eos, eot, eom and the end-of-turn tokens. */
+bool engine_tokenizer_is_eog(const engine_tokenizer *t, int32_t id);
+uint32_t engine_tokenizer_attr(const engine_tokenizer *t, int32_t id);
+/* The token's text as stored (SPM: with U+2581), NULL if out of range. */
+const char *engine_tokenizer_text(const engine_tokenizer *t, int32_t id, size_t *ret_len);
+/* Look up a token by its exact text, -1 if absent. */
+int32_t engine_tokenizer_find(const engine_tokenizer *t, const char *text, size_t len);
+
+/* Tokenize text[0..len). add_special: BOS/EOS as the model's flags say.
+ * parse_special: match control tokens written in the text ("<s>").
+ * Writes up to max ids; *ret_n gets the full count, and -ENOBUFS is
+ * returned if it exceeds max (call again with a bigger buffer). */
+int engine_tokenize(const engine_tokenizer *t, const char *text, size_t len, bool add_special,
+		    bool parse_special, int32_t *out, int max, int *ret_n, struct cm_err *err);
+
+/* The bytes a token stands for (SPM: U+2581 -> ' ', <0xNN> -> byte;
+ * control tokens: empty unless `special`). Returns the length written (not
+ * NUL-terminated), or -ENOBUFS if cap is too small, -EINVAL for a bad id. */
+int engine_token_to_piece(const engine_tokenizer *t, int32_t id, bool special, char *buf, size_t cap);
+
+/* Streaming detokenizer: never emits half a UTF-8 character. Feed each
+ * generated token; complete characters are appended to out (cap bytes),
+ * the length is returned. Incomplete trailing bytes wait for the next token;
+ * engine_detok_flush() emits whatever is left (invalid sequences as U+FFFD). */
+struct engine_detok {
+	char pend[8];
+	int n_pend;
+	bool first; /* strip the leading space of the first piece (SPM) */
+};
+void engine_detok_init(struct engine_detok *d, const engine_tokenizer *t);
+int engine_detok_push(struct engine_detok *d, const engine_tokenizer *t, int32_t id, char *out,
+		      size_t cap);
+int engine_detok_flush(struct engine_detok *d, char *out, size_t cap);
+/* Whole-sequence detokenization into a malloc'ed NUL-terminated string. */
+int engine_detokenize(const engine_tokenizer *t, const int32_t *ids, int n, bool special,
+		      char **ret_text, struct cm_err *err);
+
+/* ---- sampler ------------------------------------------------------------- */
+
+struct engine_sampler_params {
+	float temp;             /* <= 0: greedy */
+	int32_t top_k;          /* <= 0: off */
+	float top_p;            /* >= 1: off */
+	float min_p;            /* <= 0: off */
+	float repeat_penalty;   /* 1: off */
+	float freq_penalty;     /* 0: off */
+	float presence_penalty; /* 0: off */
+	int32_t penalty_last_n; /* window, 0 = off, -1 = whole history */
+	uint64_t seed;
+};
+
+/* llama.cpp's defaults: temp 0.8, top_k 40, top_p 0.95, min_p 0.05, no
+ * penalties, window 64, seed 0. */
+void engine_sampler_params_default(struct engine_sampler_params *p);
+int engine_sampler_new(const struct engine_sampler_params *p, int n_vocab, engine_sampler **ret_s,
+		       struct cm_err *err);
+void engine_sampler_free(engine_sampler *s); /* NULL-safe */
+/* Record a token in the penalty history (prompt tokens too). */
+void engine_sampler_accept(engine_sampler *s, int32_t id);
+void engine_sampler_reset(engine_sampler *s);
+/* Choose the next token from n_vocab logits (not modified). Chain as
+ * llama.cpp: penalties -> top_k -> top_p -> min_p -> temperature -> draw. */
+int32_t engine_sampler_sample(engine_sampler *s, const float *logits);
+
+#endif

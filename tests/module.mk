@@ -1,0 +1,45 @@
+# Tests. Every tests/unit/test_*.c and tests/kernels/test_*.c is one binary
+# that prints "N passed, N failed". tests/run-tests.sh runs them all and
+# prints the total.
+UNIT_TESTS   := $(patsubst %.c,$(BUILD)/%,$(wildcard tests/unit/test_*.c tests/kernels/test_*.c))
+FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_REPLAY  := $(FUZZ_TARGETS:%=$(BUILD)/tests/fuzz/replay_%)
+TESTS += $(UNIT_TESTS) $(FUZZ_REPLAY)
+
+TEST_LDLIBS := $(JANSSON_LIBS) $(ENGINE_LDLIBS)
+
+$(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $(ENGINE_LIB) $(COMMON_LIB)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(TEST_LDLIBS)
+
+$(BUILD)/tests/kernels/%: $(BUILD)/tests/kernels/%.o $(ENGINE_LIB) $(COMMON_LIB)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(TEST_LDLIBS)
+
+# Fuzz targets replayed over their checked-in corpus by a plain driver, so no
+# clang is needed for `make check`. `make fuzz` builds the libFuzzer versions.
+$(BUILD)/tests/fuzz/replay_%: $(BUILD)/tests/fuzz/fuzz_%.o $(BUILD)/tests/fuzz/replay.o $(ENGINE_LIB) $(COMMON_LIB)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(TEST_LDLIBS)
+
+FUZZ_CC ?= clang
+FUZZ_BUILD := build-fuzz
+fuzz: $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(ENGINE_SRCS) $(COMMON_SRCS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -I. -g -O1 -pthread -fsanitize=fuzzer,address,undefined \
+		-o $@ $(filter-out engine/kernels/kern_avx%.c,$^) -lm
+
+tests: $(TESTS) $(BINS)
+
+# `make check`: the whole suite in the normal build, then the engine's unit
+# tests and the fuzz replays again under ASan+UBSan.
+check: tests
+	@BUILD=$(BUILD) tests/run-tests.sh
+	@$(MAKE) --no-print-directory SAN=address,undefined CFLAGS="-O1 -g" check-san
+
+check-san: tests
+	@BUILD=$(BUILD) TEST_PASS=asan+ubsan tests/run-tests.sh
+
+test: check
+.PHONY: tests check-san

@@ -1,0 +1,59 @@
+#!/bin/sh
+# Run every test binary of $BUILD and the integration scripts; sum their
+# closing lines into one "N passed, N failed" line.
+set -u
+BUILD=${BUILD:-build}
+PASS_NAME=${TEST_PASS:-normal}
+: "${EDGELM_TESTDATA:=$(cd "$(dirname "$0")/.." && pwd)/../shared}"
+export EDGELM_TESTDATA BUILD
+export TEST_TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/edgelm-test.XXXXXX")
+trap 'rm -rf "$TEST_TMPDIR"' EXIT
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+total_p=0; total_f=0; total_s=0; failed=""
+run_one() {
+	name=$1; shift
+	out=$("$@" 2>"$TEST_TMPDIR/stderr"); rc=$?
+	line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
+	if [ -z "$line" ]; then
+		p=0; f=1; s=0
+	else
+		p=$(echo "$line" | sed -E 's/^([0-9]+) passed.*/\1/')
+		f=$(echo "$line" | sed -E 's/^[0-9]+ passed, ([0-9]+) failed.*/\1/')
+		s=$(echo "$line" | sed -nE 's/.*, ([0-9]+) skipped.*/\1/p'); s=${s:-0}
+	fi
+	[ "$rc" -ne 0 ] && [ "$f" -eq 0 ] && f=1
+	total_p=$((total_p + p)); total_f=$((total_f + f)); total_s=$((total_s + s))
+	if [ "$f" -ne 0 ]; then
+		failed="$failed $name"
+		printf 'FAIL  %-40s %s (exit %d)\n' "$name" "${line:-no closing line}" "$rc"
+		sed 's/^/      /' "$TEST_TMPDIR/stderr" | tail -n 40
+	else
+		printf 'ok    %-40s %s\n' "$name" "$line"
+		grep '^SKIP' "$TEST_TMPDIR/stderr" | sed 's/^/      /'
+	fi
+}
+
+echo "== tests ($PASS_NAME build: $BUILD)"
+for t in "$BUILD"/tests/unit/test_* "$BUILD"/tests/kernels/test_*; do
+	case "$t" in *.o|*.d) continue ;; esac
+	[ -x "$t" ] || continue
+	run_one "$(basename "$t")" "$t"
+done
+for r in "$BUILD"/tests/fuzz/replay_*; do
+	case "$r" in *.o|*.d) continue ;; esac
+	[ -x "$r" ] || continue
+	tgt=${r##*/replay_}
+	run_one "fuzz-replay-$tgt" "$r" "tests/fuzz/corpus/$tgt"
+done
+if [ "$PASS_NAME" = normal ]; then
+	for s in tests/integration/*.sh; do
+		[ -f "$s" ] || continue
+		run_one "$(basename "$s" .sh)" sh "$s"
+	done
+fi
+echo "== $PASS_NAME: $total_p passed, $total_f failed, $total_s skipped"
+[ -n "$failed" ] && echo "failed:$failed"
+printf '%d passed, %d failed\n' "$total_p" "$total_f"
+[ "$total_f" -eq 0 ]

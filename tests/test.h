@@ -1,0 +1,155 @@
+/* tests/test.h: the project's tiny test harness.
+ *
+ * A test binary defines test functions, lists them in main() with
+ * TEST_RUN(fn), and ends with `return test_finish();`, which prints the
+ * closing line "N passed, N failed" (plus ", N skipped") and returns the exit
+ * status. A test fails when any CHECK in it fails; CHECKs report file:line.
+ * A test that needs data it cannot find calls TEST_SKIP("why") and returns;
+ * when $EDGELM_REQUIRE_DATA is set (CI), a skip counts as a failure. */
+#ifndef EDGELM_TEST_H
+#define EDGELM_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int test_n_pass, test_n_fail, test_n_skip;
+static int test_cur_failed, test_cur_skipped;
+static const char *test_cur_name;
+
+#define CHECK(x)                                                                   \
+	do {                                                                       \
+		if (!(x)) {                                                        \
+			fprintf(stderr, "%s:%d: %s: CHECK(%s) failed\n", __FILE__, \
+				__LINE__, test_cur_name, #x);                     \
+			test_cur_failed++;                                         \
+		}                                                                  \
+	} while (0)
+
+#define CHECK_MSG(x, ...)                                                            \
+	do {                                                                         \
+		if (!(x)) {                                                          \
+			fprintf(stderr, "%s:%d: %s: CHECK(%s) failed: ", __FILE__,   \
+				__LINE__, test_cur_name, #x);                       \
+			fprintf(stderr, __VA_ARGS__);                                \
+			fputc('\n', stderr);                                         \
+			test_cur_failed++;                                           \
+		}                                                                    \
+	} while (0)
+
+#define CHECK_OK(r)                                                                     \
+	do {                                                                            \
+		long long r_ = (long long)(r);                                          \
+		if (r_ != 0) {                                                          \
+			fprintf(stderr, "%s:%d: %s: %s returned %lld\n", __FILE__,      \
+				__LINE__, test_cur_name, #r, r_);                        \
+			test_cur_failed++;                                              \
+		}                                                                       \
+	} while (0)
+
+#define CHECK_EQ_INT(a, b)                                                             \
+	do {                                                                           \
+		long long a_ = (long long)(a), b_ = (long long)(b);                    \
+		if (a_ != b_) {                                                        \
+			fprintf(stderr, "%s:%d: %s: %s == %lld, expected %s == %lld\n", \
+				__FILE__, __LINE__, test_cur_name, #a, a_, #b, b_);     \
+			test_cur_failed++;                                             \
+		}                                                                      \
+	} while (0)
+
+#define CHECK_STREQ(a, b)                                                              \
+	do {                                                                           \
+		const char *a_ = (a), *b_ = (b);                                       \
+		if (!a_ || !b_ || strcmp(a_, b_) != 0) {                               \
+			fprintf(stderr, "%s:%d: %s: %s == \"%s\", expected \"%s\"\n",   \
+				__FILE__, __LINE__, test_cur_name, #a, a_ ? a_ : "(null)", \
+				b_ ? b_ : "(null)");                                   \
+			test_cur_failed++;                                             \
+		}                                                                      \
+	} while (0)
+
+#define CHECK_NEAR(a, b, tol)                                                            \
+	do {                                                                             \
+		double a_ = (double)(a), b_ = (double)(b), t_ = (double)(tol);            \
+		if (!(fabs(a_ - b_) <= t_)) {                                            \
+			fprintf(stderr, "%s:%d: %s: %s == %.9g, expected %.9g +- %.3g\n", \
+				__FILE__, __LINE__, test_cur_name, #a, a_, b_, t_);       \
+			test_cur_failed++;                                               \
+		}                                                                        \
+	} while (0)
+
+#define TEST_SKIP(...)                                                 \
+	do {                                                           \
+		fprintf(stderr, "SKIP %s: ", test_cur_name);           \
+		fprintf(stderr, __VA_ARGS__);                          \
+		fputc('\n', stderr);                                   \
+		test_cur_skipped = 1;                                  \
+	} while (0)
+
+static inline void test_run_one(void (*fn)(void), const char *name)
+{
+	test_cur_name = name;
+	test_cur_failed = 0;
+	test_cur_skipped = 0;
+	fn();
+	if (test_cur_failed) {
+		test_n_fail++;
+		fprintf(stderr, "FAIL %s\n", name);
+	} else if (test_cur_skipped) {
+		const char *req = getenv("EDGELM_REQUIRE_DATA");
+		if (req && *req && strcmp(req, "0") != 0) {
+			test_n_fail++;
+			fprintf(stderr, "FAIL %s (skipped, but EDGELM_REQUIRE_DATA is set)\n", name);
+		} else {
+			test_n_skip++;
+		}
+	} else {
+		test_n_pass++;
+		if (getenv("TEST_VERBOSE"))
+			fprintf(stderr, "ok   %s\n", name);
+	}
+}
+
+#define TEST_RUN(fn) test_run_one(fn, #fn)
+
+static inline int test_finish(void)
+{
+	if (test_n_skip)
+		printf("%d passed, %d failed, %d skipped\n", test_n_pass, test_n_fail, test_n_skip);
+	else
+		printf("%d passed, %d failed\n", test_n_pass, test_n_fail);
+	return test_n_fail ? 1 : 0;
+}
+
+/* Where reference data lives: $EDGELM_TESTDATA, else ../shared next to the
+ * source tree (the build runs from the tree's top). Returns a static buffer. */
+static inline const char *test_data_path(const char *rel)
+{
+	static char buf[4096];
+	const char *root = getenv("EDGELM_TESTDATA");
+	if (!root || !*root)
+		root = "../shared";
+	snprintf(buf, sizeof(buf), "%s/%s", root, rel);
+	return buf;
+}
+
+static inline int test_file_exists(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return 0;
+	fclose(f);
+	return 1;
+}
+
+/* A scratch directory for outputs: $TEST_TMPDIR, else $TMPDIR, else /tmp. */
+static inline const char *test_tmpdir(void)
+{
+	const char *t = getenv("TEST_TMPDIR");
+	if (!t || !*t)
+		t = getenv("TMPDIR");
+	return t && *t ? t : "/tmp";
+}
+
+#endif
