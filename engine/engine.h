@@ -84,14 +84,17 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 /* Logits of batch token i from the last engine_decode (n_vocab floats), or
  * NULL if they were not requested. Valid until the next decode. */
 const float *engine_get_logits(const engine_ctx *c, int i);
+/* Logits of the last token that asked for them in the last decode. */
+const float *engine_get_logits_last(const engine_ctx *c);
 /* Forget a sequence's KV from position `pos` on (0 clears it). */
 void engine_seq_truncate(engine_ctx *c, int seq, int pos);
 int engine_seq_len(const engine_ctx *c, int seq);
 /* Copy sequence src's first n KV positions into dst (prefix reuse). */
 int engine_seq_copy(engine_ctx *c, int dst, int src, int n);
 
-/* Convenience for one sequence: feed tokens[0..n) at pos.. into seq 0,
- * computing logits for the last one. */
+/* Convenience for one sequence: feed tokens[0..n) at pos.. into seq 0 in
+ * chunks of n_batch, computing logits for the last one
+ * (engine_get_logits_last). */
 int engine_eval(engine_ctx *c, const int32_t *tokens, int n, int pos, struct cm_err *err);
 
 /* ---- tokenizer ----------------------------------------------------------- */

@@ -1,0 +1,100 @@
+/* engine/engine_impl.h: structures shared by the engine's own files. Not for
+ * use outside engine/ (tests may include it). */
+#ifndef EDGELM_ENGINE_IMPL_H
+#define EDGELM_ENGINE_IMPL_H
+
+#include "engine/engine.h"
+#include "engine/gguf.h"
+#include "engine/kernels/kern.h"
+#include "engine/quant.h"
+
+#include <stdatomic.h>
+
+/* ---- thread pool (threadpool.c) -----------------------------------------
+ * A fixed set of persistent workers. pool_run(fn, arg) runs fn(arg, ith, nth)
+ * on every worker, the caller being worker 0, and returns when all are done
+ * (a barrier). Workers spin briefly, then sleep on a condition variable. The
+ * hot path allocates nothing. */
+struct pool;
+typedef void (*pool_fn)(void *arg, int ith, int nth);
+int pool_new(int n_threads, const int *cpus, int n_cpus, struct pool **ret_pool, struct cm_err *err);
+void pool_free(struct pool *p);
+int pool_size(const struct pool *p);
+void pool_run(struct pool *p, pool_fn fn, void *arg);
+
+/* ---- model (model.c) ----------------------------------------------------- */
+
+enum arch_kind { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3 };
+enum rope_kind { ROPE_NORM, ROPE_NEOX };
+
+/* A weight matrix or vector: a view into the mapping. */
+struct weight {
+	const void *data;
+	uint32_t type;
+	int64_t n_in;  /* ne[0]: row length */
+	int64_t n_out; /* ne[1]: rows (1 for vectors) */
+	size_t row_bytes;
+	const char *name;
+};
+
+/* Vectors (norm weights, biases) are f32: a view into the mapping when the
+ * file stores F32, else a converted copy owned by the model. NULL = absent. */
+struct layer {
+	const float *attn_norm, *ffn_norm;
+	const float *bq, *bk, *bv, *bo; /* qwen2 (required), llama (optional) */
+	const float *q_norm, *k_norm;   /* qwen3 */
+	struct weight wq, wk, wv, wo;
+	struct weight w_gate, w_up, w_down;
+};
+
+struct hparams {
+	enum arch_kind arch;
+	enum rope_kind rope;
+	uint32_t n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff;
+	uint32_t head_dim, n_rot, n_ctx_train;
+	float eps, rope_base, rope_freq_scale;
+};
+
+struct engine_model {
+	struct gguf_file *file;
+	struct hparams hp;
+	struct weight tok_embd, output;
+	const float *output_norm, *rope_freqs;
+	struct layer *layers;
+	void **owned; /* converted vectors to free */
+	int n_owned, cap_owned;
+	bool vocab_only;
+	engine_tokenizer *tok;
+	const struct kern_ops *kern;
+	struct pool *pool;
+	uint32_t n_ctx; /* cap in force */
+	struct engine_model_info info;
+};
+
+/* ---- context (model.c) --------------------------------------------------- */
+
+struct engine_ctx {
+	engine_model *m;
+	uint32_t n_ctx, n_seq, n_batch;
+	/* KV cache, f32: [seq][layer][pos][n_head_kv * head_dim] */
+	float *k_cache, *v_cache;
+	size_t kv_seq_stride, kv_layer_stride; /* in floats */
+	int32_t *seq_len;
+	float *rope_cos, *rope_sin; /* [n_ctx][n_rot/2] */
+	/* per-batch scratch, sized for n_batch tokens */
+	float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
+	void *act;        /* quantized activations, n_batch rows */
+	size_t act_cap;   /* bytes */
+	float *scores;    /* [n_threads][n_ctx] */
+	float *logits;    /* [n_batch][n_vocab] */
+	int32_t *logit_row; /* batch index -> row in logits, -1 if none */
+	int32_t *zero_seq;  /* n_batch zeros: the seq array when a batch has none */
+	const float *last_logits;
+	int n_logits;
+	/* the batch being processed */
+	int n_tok;
+	const int32_t *pos, *seq;
+	atomic_int chunk;
+};
+
+#endif

@@ -1,0 +1,938 @@
+/* engine/model.c: model loading (llama-family architectures from GGUF) and
+ * the batched forward pass.
+ *
+ * Loading validates the architecture, every hyperparameter and every tensor
+ * (presence, shape, type) against what the architecture needs, and refuses
+ * a file with tensors it would not use, as llama.cpp does. Weights stay in
+ * the read-only mapping; only small vectors stored in a non-f32 type are
+ * converted into owned memory.
+ *
+ * The forward pass processes a batch of tokens that may belong to different
+ * sequences (prefill chunks and decode steps alike). Each matmul reads every
+ * weight row once for all tokens of the batch. The result for a token does
+ * not depend on the batch it travels in, nor on the number of threads: every
+ * output element is computed by one thread with the same sequence of
+ * operations (rows are split between threads; reductions never are). */
+#include "engine/engine_impl.h"
+
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_LAYERS 512
+#define MAX_EMBD (1 << 16)
+#define MAX_FF (1 << 20)
+#define MAX_HEAD_DIM 1024
+#define MAX_VOCAB (1 << 22)
+
+static const struct {
+	const char *name;
+	enum arch_kind kind;
+	enum rope_kind rope;
+} archs[] = {
+	{"llama", ARCH_LLAMA, ROPE_NORM},
+	{"qwen2", ARCH_QWEN2, ROPE_NEOX},
+	{"qwen3", ARCH_QWEN3, ROPE_NEOX},
+};
+
+/* ---- loading ------------------------------------------------------------- */
+
+struct loader {
+	engine_model *m;
+	const struct gguf_file *f;
+	bool *used; /* per tensor of the file */
+	const char *arch;
+	struct cm_err *err;
+};
+
+static int hp_u32(struct loader *L, const char *key, bool required, uint32_t def, uint32_t *ret)
+{
+	char full[128];
+	snprintf(full, sizeof(full), "%s.%s", L->arch, key);
+	int r = gguf_get_u32(L->f, full, ret, L->err);
+	if (r == -ENOENT) {
+		if (required)
+			return cm_err_set(L->err, -EPROTO, "model: missing key '%s'", full);
+		*ret = def;
+		return 0;
+	}
+	return r;
+}
+
+static int hp_f32(struct loader *L, const char *key, bool required, float def, float *ret)
+{
+	char full[128];
+	snprintf(full, sizeof(full), "%s.%s", L->arch, key);
+	int r = gguf_get_f32(L->f, full, ret, L->err);
+	if (r == -ENOENT) {
+		if (required)
+			return cm_err_set(L->err, -EPROTO, "model: missing key '%s'", full);
+		*ret = def;
+		return 0;
+	}
+	if (r == 0 && !isfinite(*ret))
+		return cm_err_set(L->err, -EPROTO, "model: key '%s' is not finite", full);
+	return r;
+}
+
+static const struct gguf_tensor *find_tensor(struct loader *L, const char *name, bool required)
+{
+	const struct gguf_tensor *t = gguf_find_tensor(L->f, name);
+	if (!t) {
+		if (required)
+			cm_err_set(L->err, -EPROTO, "model: missing tensor '%s'", name);
+		return NULL;
+	}
+	L->used[t - L->f->tensors] = true;
+	return t;
+}
+
+static int check_shape(struct loader *L, const struct gguf_tensor *t, uint32_t n_dims, int64_t ne0,
+		       int64_t ne1)
+{
+	int64_t want[GGUF_MAX_DIMS] = {ne0, ne1, 1, 1};
+	bool ok = t->n_dims >= 1;
+	for (int i = 0; i < GGUF_MAX_DIMS && ok; i++)
+		ok = t->ne[i] == want[i];
+	if (!ok) {
+		return cm_err_set(L->err, -EPROTO,
+				  "model: tensor '%s' has shape [%lld, %lld, %lld, %lld], expected "
+				  "[%lld, %lld]",
+				  t->name, (long long)t->ne[0], (long long)t->ne[1],
+				  (long long)t->ne[2], (long long)t->ne[3], (long long)ne0,
+				  (long long)ne1);
+	}
+	(void)n_dims;
+	return 0;
+}
+
+/* A matrix [n_in, n_out]; optional ones left zeroed when absent. */
+static int load_matrix(struct loader *L, const char *name, int64_t n_in, int64_t n_out,
+		       bool required, struct weight *w)
+{
+	memset(w, 0, sizeof(*w));
+	const struct gguf_tensor *t = find_tensor(L, name, required);
+	if (!t)
+		return required ? L->err ? L->err->code : -EPROTO : 0;
+	int r = check_shape(L, t, 2, n_in, n_out);
+	if (r)
+		return r;
+	const struct kern_type_ops *ko = &L->m->kern->t[t->type < ENGINE_DTYPE_COUNT ? t->type : 0];
+	if (t->type >= ENGINE_DTYPE_COUNT || !ko->vec_dot || !ko->dequant)
+		return cm_err_set(L->err, -ENOTSUP,
+				  "model: tensor '%s': type %s is not supported by this engine",
+				  t->name, dtype_name(t->type));
+	w->data = t->data;
+	w->type = t->type;
+	w->n_in = n_in;
+	w->n_out = n_out;
+	w->row_bytes = t->row_bytes;
+	w->name = t->name;
+	return 0;
+}
+
+static int own(engine_model *m, void *p)
+{
+	if (m->n_owned == m->cap_owned) {
+		int cap = m->cap_owned ? m->cap_owned * 2 : 64;
+		void **n = cm_realloc(m->owned, (size_t)cap * sizeof(*n));
+		if (!n)
+			return -ENOMEM;
+		m->owned = n;
+		m->cap_owned = cap;
+	}
+	m->owned[m->n_owned++] = p;
+	return 0;
+}
+
+/* A vector of n floats. */
+static int load_vector(struct loader *L, const char *name, int64_t n, bool required,
+		       const float **ret)
+{
+	*ret = NULL;
+	const struct gguf_tensor *t = find_tensor(L, name, required);
+	if (!t)
+		return required ? L->err ? L->err->code : -EPROTO : 0;
+	int r = check_shape(L, t, 1, n, 1);
+	if (r)
+		return r;
+	if (t->type == ENGINE_DTYPE_F32 && ((uintptr_t)t->data % sizeof(float)) == 0) {
+		*ret = t->data;
+		return 0;
+	}
+	float *v = cm_aligned_alloc((size_t)n * sizeof(float));
+	if (!v || own(L->m, v) != 0) {
+		cm_free(v);
+		return cm_err_set(L->err, -ENOMEM, "model: out of memory");
+	}
+	if (dequantize_row(t->type, t->data, v, n) != 0)
+		return cm_err_set(L->err, -ENOTSUP, "model: tensor '%s': type %s not supported",
+				  t->name, dtype_name(t->type));
+	*ret = v;
+	return 0;
+}
+
+static int load_hparams(struct loader *L)
+{
+	struct hparams *hp = &L->m->hp;
+	int r;
+	uint32_t key_len, val_len, n_rot;
+	if ((r = hp_u32(L, "context_length", true, 0, &hp->n_ctx_train)) ||
+	    (r = hp_u32(L, "embedding_length", true, 0, &hp->n_embd)) ||
+	    (r = hp_u32(L, "block_count", true, 0, &hp->n_layer)) ||
+	    (r = hp_u32(L, "feed_forward_length", true, 0, &hp->n_ff)) ||
+	    (r = hp_u32(L, "attention.head_count", true, 0, &hp->n_head)))
+		return r;
+	if (hp->n_embd == 0 || hp->n_embd > MAX_EMBD)
+		return cm_err_set(L->err, -EPROTO, "model: embedding_length %u out of range",
+				  hp->n_embd);
+	if (hp->n_layer == 0 || hp->n_layer > MAX_LAYERS)
+		return cm_err_set(L->err, -EPROTO, "model: block_count %u out of range", hp->n_layer);
+	if (hp->n_ff == 0 || hp->n_ff > MAX_FF)
+		return cm_err_set(L->err, -EPROTO, "model: feed_forward_length %u out of range",
+				  hp->n_ff);
+	if (hp->n_head == 0 || hp->n_head > hp->n_embd)
+		return cm_err_set(L->err, -EPROTO, "model: head_count %u out of range", hp->n_head);
+	if (hp->n_ctx_train == 0)
+		return cm_err_set(L->err, -EPROTO, "model: context_length is 0");
+	if ((r = hp_u32(L, "attention.head_count_kv", false, hp->n_head, &hp->n_head_kv)))
+		return r;
+	if (hp->n_head_kv == 0 || hp->n_head % hp->n_head_kv != 0)
+		return cm_err_set(L->err, -EPROTO,
+				  "model: head_count_kv %u does not divide head_count %u",
+				  hp->n_head_kv, hp->n_head);
+	uint32_t def_hd = hp->n_embd / hp->n_head;
+	if ((r = hp_u32(L, "attention.key_length", false, def_hd, &key_len)) ||
+	    (r = hp_u32(L, "attention.value_length", false, def_hd, &val_len)))
+		return r;
+	if (key_len != val_len)
+		return cm_err_set(L->err, -ENOTSUP,
+				  "model: key_length %u != value_length %u is not supported", key_len,
+				  val_len);
+	if (key_len == 0 || key_len > MAX_HEAD_DIM || key_len % 2)
+		return cm_err_set(L->err, -EPROTO, "model: head dimension %u out of range", key_len);
+	hp->head_dim = key_len;
+	if ((r = hp_u32(L, "rope.dimension_count", false, key_len, &n_rot)))
+		return r;
+	if (n_rot == 0 || n_rot > key_len || n_rot % 2)
+		return cm_err_set(L->err, -EPROTO, "model: rope.dimension_count %u out of range",
+				  n_rot);
+	if (hp->arch == ARCH_LLAMA && n_rot != key_len)
+		return cm_err_set(L->err, -EPROTO,
+				  "model: rope.dimension_count %u must equal the head dimension %u",
+				  n_rot, key_len);
+	hp->n_rot = n_rot;
+	if ((r = hp_f32(L, "attention.layer_norm_rms_epsilon", true, 0, &hp->eps)) ||
+	    (r = hp_f32(L, "rope.freq_base", false, 10000.0f, &hp->rope_base)))
+		return r;
+	if (!(hp->eps > 0) || !(hp->rope_base > 0))
+		return cm_err_set(L->err, -EPROTO, "model: epsilon or rope.freq_base not positive");
+	/* Linear rope scaling (older keys too); other types come with their
+	 * architectures. */
+	float factor = 0;
+	char key[128];
+	struct gguf_str stype;
+	snprintf(key, sizeof(key), "%s.rope.scaling.type", L->arch);
+	r = gguf_get_str(L->f, key, &stype, L->err);
+	if (r && r != -ENOENT)
+		return r;
+	bool scaled = r == 0 && !gguf_str_eq(stype, "none");
+	if (scaled && !gguf_str_eq(stype, "linear"))
+		return cm_err_set(L->err, -ENOTSUP, "model: rope scaling type '%.*s' not supported",
+				  (int)CM_MIN(stype.len, 32), stype.ptr);
+	if ((r = hp_f32(L, "rope.scaling.factor", false, 0, &factor)))
+		return r;
+	if (factor == 0 && (r = hp_f32(L, "rope.scale_linear", false, 0, &factor)))
+		return r;
+	hp->rope_freq_scale = (factor > 0 && (scaled || r == 0)) ? 1.0f / factor : 1.0f;
+	if (r == 0 && stype.ptr && gguf_str_eq(stype, "none"))
+		hp->rope_freq_scale = 1.0f;
+	return 0;
+}
+
+static int load_tensors(struct loader *L)
+{
+	engine_model *m = L->m;
+	const struct hparams *hp = &m->hp;
+	int64_t E = hp->n_embd, V = hp->n_vocab, F = hp->n_ff;
+	int64_t QD = (int64_t)hp->head_dim * hp->n_head, KD = (int64_t)hp->head_dim * hp->n_head_kv;
+	bool bias_req = hp->arch == ARCH_QWEN2;
+	char name[GGUF_MAX_NAME + 16];
+	int r;
+
+	if ((r = load_matrix(L, "token_embd.weight", E, V, true, &m->tok_embd)) ||
+	    (r = load_vector(L, "output_norm.weight", E, true, &m->output_norm)) ||
+	    (r = load_matrix(L, "output.weight", E, V, false, &m->output)))
+		return r;
+	if (!m->output.data)
+		m->output = m->tok_embd; /* tied embeddings */
+	if ((r = load_vector(L, "rope_freqs.weight", hp->n_rot / 2, false, &m->rope_freqs)))
+		return r;
+
+	m->layers = cm_calloc(hp->n_layer, sizeof(*m->layers));
+	if (!m->layers)
+		return cm_err_set(L->err, -ENOMEM, "model: out of memory");
+	for (uint32_t i = 0; i < hp->n_layer; i++) {
+		struct layer *l = &m->layers[i];
+#define NAME(s) (snprintf(name, sizeof(name), "blk.%u." s, i), name)
+		if ((r = load_vector(L, NAME("attn_norm.weight"), E, true, &l->attn_norm)) ||
+		    (r = load_matrix(L, NAME("attn_q.weight"), E, QD, true, &l->wq)) ||
+		    (r = load_matrix(L, NAME("attn_k.weight"), E, KD, true, &l->wk)) ||
+		    (r = load_matrix(L, NAME("attn_v.weight"), E, KD, true, &l->wv)) ||
+		    (r = load_matrix(L, NAME("attn_output.weight"), QD, E, true, &l->wo)) ||
+		    (r = load_vector(L, NAME("attn_q.bias"), QD, bias_req, &l->bq)) ||
+		    (r = load_vector(L, NAME("attn_k.bias"), KD, bias_req, &l->bk)) ||
+		    (r = load_vector(L, NAME("attn_v.bias"), KD, bias_req, &l->bv)) ||
+		    (r = load_vector(L, NAME("attn_output.bias"), E, false, &l->bo)) ||
+		    (r = load_vector(L, NAME("ffn_norm.weight"), E, true, &l->ffn_norm)) ||
+		    (r = load_matrix(L, NAME("ffn_gate.weight"), E, F, true, &l->w_gate)) ||
+		    (r = load_matrix(L, NAME("ffn_up.weight"), E, F, true, &l->w_up)) ||
+		    (r = load_matrix(L, NAME("ffn_down.weight"), F, E, true, &l->w_down)))
+			return r;
+		if (hp->arch == ARCH_QWEN3) {
+			if ((r = load_vector(L, NAME("attn_q_norm.weight"), hp->head_dim, true,
+					     &l->q_norm)) ||
+			    (r = load_vector(L, NAME("attn_k_norm.weight"), hp->head_dim, true,
+					     &l->k_norm)))
+				return r;
+		}
+#undef NAME
+	}
+	for (uint64_t i = 0; i < L->f->n_tensors; i++)
+		if (!L->used[i])
+			return cm_err_set(L->err, -EPROTO,
+					  "model: unexpected tensor '%s' for architecture %s",
+					  L->f->tensors[i].name, L->arch);
+	return 0;
+}
+
+static uint64_t weight_bytes(const struct weight *w)
+{
+	return w->data ? (uint64_t)w->row_bytes * (uint64_t)w->n_out : 0;
+}
+
+static void fill_info(engine_model *m)
+{
+	struct engine_model_info *in = &m->info;
+	const struct hparams *hp = &m->hp;
+	snprintf(in->arch, sizeof(in->arch), "%s", archs[hp->arch].name);
+	in->n_vocab = hp->n_vocab;
+	in->n_embd = hp->n_embd;
+	in->n_layer = hp->n_layer;
+	in->n_head = hp->n_head;
+	in->n_head_kv = hp->n_head_kv;
+	in->n_ff = hp->n_ff;
+	in->head_dim = hp->head_dim;
+	in->n_ctx_train = hp->n_ctx_train;
+	in->n_ctx = m->n_ctx;
+	in->rope_base = hp->rope_base;
+	in->norm_eps = hp->eps;
+	in->isa = m->kern ? m->kern->name : "none";
+	in->n_threads = m->pool ? pool_size(m->pool) : 0;
+	uint64_t per_tok = 0;
+	for (uint32_t i = 0; i < hp->n_layer; i++) {
+		const struct layer *l = &m->layers[i];
+		per_tok += weight_bytes(&l->wq) + weight_bytes(&l->wk) + weight_bytes(&l->wv) +
+			   weight_bytes(&l->wo) + weight_bytes(&l->w_gate) +
+			   weight_bytes(&l->w_up) + weight_bytes(&l->w_down);
+	}
+	per_tok += weight_bytes(&m->output);
+	in->weight_bytes_token = per_tok;
+	const struct gguf_file *f = m->file;
+	for (uint64_t i = 0; i < f->n_tensors; i++) {
+		const struct gguf_tensor *t = &f->tensors[i];
+		in->weight_bytes += t->nbytes;
+		uint64_t ne = 1;
+		for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++)
+			ne *= (uint64_t)t->ne[d];
+		in->n_params += ne;
+		if (t->type < CM_ARRAY_LEN(in->type_counts))
+			in->type_counts[t->type]++;
+	}
+}
+
+static int count_cpus(void)
+{
+	cpu_set_t set;
+	if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+		int n = CPU_COUNT(&set);
+		if (n > 0)
+			return n;
+	}
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n > 0 ? (int)n : 1;
+}
+
+int engine_model_load(const char *path, const struct engine_params *p, engine_model **ret_model,
+		      struct cm_err *err)
+{
+	struct engine_params defaults = {0};
+	if (!p)
+		p = &defaults;
+	quant_init();
+	engine_model *m = cm_calloc(1, sizeof(*m));
+	if (!m)
+		return cm_err_set(err, -ENOMEM, "model: out of memory");
+	struct loader L = {.m = m, .err = err};
+	int r = gguf_open(path, &m->file, err);
+	if (r)
+		goto fail;
+	L.f = m->file;
+
+	struct gguf_str arch;
+	r = gguf_get_str(L.f, "general.architecture", &arch, err);
+	if (r == -ENOENT)
+		r = cm_err_set(err, -EPROTO, "model: missing key 'general.architecture'");
+	if (r)
+		goto fail;
+	size_t ai;
+	for (ai = 0; ai < CM_ARRAY_LEN(archs); ai++)
+		if (gguf_str_eq(arch, archs[ai].name))
+			break;
+	if (ai == CM_ARRAY_LEN(archs)) {
+		r = cm_err_set(err, -ENOTSUP,
+			       "model: architecture '%.*s' is not supported (supported: llama, "
+			       "qwen2, qwen3)",
+			       (int)CM_MIN(arch.len, 64), arch.ptr);
+		goto fail;
+	}
+	L.arch = archs[ai].name;
+	m->hp.arch = archs[ai].kind;
+	m->hp.rope = archs[ai].rope;
+	struct gguf_str gname;
+	if (gguf_get_str(L.f, "general.name", &gname, NULL) == 0)
+		snprintf(m->info.name, sizeof(m->info.name), "%.*s", (int)CM_MIN(gname.len, 127),
+			 gname.ptr);
+
+	r = engine_tokenizer_new(L.f, &m->tok, err);
+	if (r) {
+		cm_err_prefix(err, "model");
+		goto fail;
+	}
+	m->hp.n_vocab = (uint32_t)engine_tokenizer_n_vocab(m->tok);
+	if (p->vocab_only) {
+		m->vocab_only = true;
+		*ret_model = m;
+		return 0;
+	}
+
+	struct kern_caps caps;
+	kern_detect_caps(&caps);
+	m->kern = kern_select(&caps, p->isa);
+	if (!m->kern) {
+		r = cm_err_set(err, -ENOTSUP,
+			       "model: kernel variant '%s' is not available on this CPU/build",
+			       p->isa ? p->isa : "");
+		goto fail;
+	}
+	if ((r = load_hparams(&L)))
+		goto fail;
+	if (m->hp.n_vocab > MAX_VOCAB) {
+		r = cm_err_set(err, -EPROTO, "model: vocabulary of %u tokens too large",
+			       m->hp.n_vocab);
+		goto fail;
+	}
+	L.used = cm_calloc(L.f->n_tensors ? L.f->n_tensors : 1, sizeof(bool));
+	if (!L.used) {
+		r = cm_err_set(err, -ENOMEM, "model: out of memory");
+		goto fail;
+	}
+	r = load_tensors(&L);
+	cm_free(L.used);
+	if (r)
+		goto fail;
+	m->n_ctx = m->hp.n_ctx_train;
+	if (p->ctx_max > 0 && p->ctx_max < m->n_ctx)
+		m->n_ctx = p->ctx_max;
+	int nt = p->n_threads > 0 ? p->n_threads : count_cpus();
+	if ((r = pool_new(nt, p->cpus, p->n_cpus, &m->pool, err)))
+		goto fail;
+	fill_info(m);
+	*ret_model = m;
+	return 0;
+fail:
+	engine_model_free(m);
+	return r;
+}
+
+void engine_model_free(engine_model *m)
+{
+	if (!m)
+		return;
+	pool_free(m->pool);
+	engine_tokenizer_free(m->tok);
+	for (int i = 0; i < m->n_owned; i++)
+		cm_free(m->owned[i]);
+	cm_free(m->owned);
+	cm_free(m->layers);
+	gguf_close(m->file);
+	cm_free(m);
+}
+
+void engine_model_get_info(const engine_model *m, struct engine_model_info *ret_info)
+{
+	*ret_info = m->info;
+	if (m->vocab_only) {
+		ret_info->n_vocab = m->hp.n_vocab;
+		ret_info->isa = "none";
+	}
+}
+
+const engine_tokenizer *engine_model_tokenizer(const engine_model *m)
+{
+	return m->tok;
+}
+
+/* ---- contexts ------------------------------------------------------------ */
+
+static int ctx_alloc(float **p, size_t n)
+{
+	*p = cm_aligned_alloc(n * sizeof(float));
+	if (!*p)
+		return -ENOMEM;
+	memset(*p, 0, n * sizeof(float));
+	return 0;
+}
+
+static void rope_tables(engine_ctx *c)
+{
+	const struct hparams *hp = &c->m->hp;
+	uint32_t half = hp->n_rot / 2;
+	for (uint32_t i = 0; i < half; i++) {
+		double inv = pow((double)hp->rope_base, -2.0 * (double)i / (double)hp->n_rot);
+		if (c->m->rope_freqs)
+			inv /= (double)c->m->rope_freqs[i];
+		inv *= (double)hp->rope_freq_scale;
+		for (uint32_t p = 0; p < c->n_ctx; p++) {
+			double th = (double)p * inv;
+			c->rope_cos[(size_t)p * half + i] = (float)cos(th);
+			c->rope_sin[(size_t)p * half + i] = (float)sin(th);
+		}
+	}
+}
+
+int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ctx **ret_ctx,
+		   struct cm_err *err)
+{
+	if (m->vocab_only)
+		return cm_err_set(err, -EINVAL, "ctx: model was loaded without weights");
+	const struct hparams *hp = &m->hp;
+	engine_ctx *c = cm_calloc(1, sizeof(*c));
+	if (!c)
+		return cm_err_set(err, -ENOMEM, "ctx: out of memory");
+	c->m = m;
+	c->n_ctx = p && p->n_ctx ? CM_MIN(p->n_ctx, m->n_ctx) : m->n_ctx;
+	c->n_seq = p && p->n_seq ? p->n_seq : 1;
+	c->n_batch = p && p->n_batch ? p->n_batch : 512;
+	if (c->n_seq > 4096 || c->n_batch > 65536) {
+		engine_ctx_free(c);
+		return cm_err_set(err, -EINVAL, "ctx: n_seq or n_batch out of range");
+	}
+	size_t kvd = (size_t)hp->n_head_kv * hp->head_dim;
+	c->kv_layer_stride = (size_t)c->n_ctx * kvd;
+	c->kv_seq_stride = c->kv_layer_stride * hp->n_layer;
+	uint64_t kv_floats;
+	if (cm_mul_overflow_u64(c->kv_seq_stride, c->n_seq, &kv_floats) ||
+	    kv_floats > (UINT64_MAX / 8)) {
+		engine_ctx_free(c);
+		return cm_err_set(err, -ENOMEM, "ctx: KV cache size overflows");
+	}
+	size_t B = c->n_batch, E = hp->n_embd, QD = (size_t)hp->n_head * hp->head_dim;
+	size_t FF = hp->n_ff, maxd = CM_MAX(CM_MAX(E, QD), FF);
+	int nt = pool_size(m->pool);
+	c->act_cap = B * kern_act_row_size(ENGINE_DTYPE_F32, (int64_t)maxd);
+	int r = 0;
+	if (ctx_alloc(&c->k_cache, kv_floats) || ctx_alloc(&c->v_cache, kv_floats) ||
+	    ctx_alloc(&c->x, B * E) || ctx_alloc(&c->xb, B * maxd) || ctx_alloc(&c->q, B * QD) ||
+	    ctx_alloc(&c->k, B * kvd) || ctx_alloc(&c->v, B * kvd) || ctx_alloc(&c->att, B * QD) ||
+	    ctx_alloc(&c->hb, B * FF) || ctx_alloc(&c->hb2, B * FF) ||
+	    ctx_alloc(&c->scores, (size_t)nt * c->n_ctx) ||
+	    ctx_alloc(&c->logits, B * hp->n_vocab) ||
+	    ctx_alloc(&c->rope_cos, (size_t)c->n_ctx * hp->n_rot / 2) ||
+	    ctx_alloc(&c->rope_sin, (size_t)c->n_ctx * hp->n_rot / 2) ||
+	    !(c->act = cm_aligned_alloc(c->act_cap)) ||
+	    !(c->seq_len = cm_calloc(c->n_seq, sizeof(int32_t))) ||
+	    !(c->logit_row = cm_calloc(B, sizeof(int32_t))) ||
+	    !(c->zero_seq = cm_calloc(B, sizeof(int32_t)))) {
+		engine_ctx_free(c);
+		return cm_err_set(err, -ENOMEM,
+				  "ctx: cannot allocate KV cache and buffers (%llu MiB of KV)",
+				  (unsigned long long)(kv_floats * 8 >> 20));
+	}
+	rope_tables(c);
+	*ret_ctx = c;
+	return r;
+}
+
+void engine_ctx_free(engine_ctx *c)
+{
+	if (!c)
+		return;
+	cm_free(c->k_cache);
+	cm_free(c->v_cache);
+	cm_free(c->x);
+	cm_free(c->xb);
+	cm_free(c->q);
+	cm_free(c->k);
+	cm_free(c->v);
+	cm_free(c->att);
+	cm_free(c->hb);
+	cm_free(c->hb2);
+	cm_free(c->scores);
+	cm_free(c->logits);
+	cm_free(c->rope_cos);
+	cm_free(c->rope_sin);
+	cm_free(c->act);
+	cm_free(c->seq_len);
+	cm_free(c->logit_row);
+	cm_free(c->zero_seq);
+	cm_free(c);
+}
+
+void engine_seq_truncate(engine_ctx *c, int seq, int pos)
+{
+	if (seq < 0 || (uint32_t)seq >= c->n_seq || pos < 0)
+		return;
+	if (pos < c->seq_len[seq])
+		c->seq_len[seq] = pos;
+}
+
+int engine_seq_len(const engine_ctx *c, int seq)
+{
+	if (seq < 0 || (uint32_t)seq >= c->n_seq)
+		return -1;
+	return c->seq_len[seq];
+}
+
+int engine_seq_copy(engine_ctx *c, int dst, int src, int n)
+{
+	if (dst < 0 || src < 0 || (uint32_t)dst >= c->n_seq || (uint32_t)src >= c->n_seq ||
+	    n < 0 || n > c->seq_len[src])
+		return -EINVAL;
+	if (dst == src) {
+		c->seq_len[dst] = n;
+		return 0;
+	}
+	size_t kvd = (size_t)c->m->hp.n_head_kv * c->m->hp.head_dim;
+	for (uint32_t l = 0; l < c->m->hp.n_layer; l++) {
+		size_t so = src * c->kv_seq_stride + l * c->kv_layer_stride;
+		size_t d0 = dst * c->kv_seq_stride + l * c->kv_layer_stride;
+		memcpy(c->k_cache + d0, c->k_cache + so, (size_t)n * kvd * sizeof(float));
+		memcpy(c->v_cache + d0, c->v_cache + so, (size_t)n * kvd * sizeof(float));
+	}
+	c->seq_len[dst] = n;
+	return 0;
+}
+
+/* ---- forward pass -------------------------------------------------------- */
+
+/* One matmul: out[t][r] (+)= dot(W row r, act row t) (+ bias[r]). */
+struct mm_task {
+	engine_ctx *c;
+	const struct weight *w;
+	const void *act;
+	size_t act_stride; /* bytes between activation rows */
+	float *out;
+	size_t out_stride; /* floats between output rows */
+	int n_tok;
+	const float *bias;
+	bool accumulate;
+	int chunk_rows;
+};
+
+static void mm_worker(void *arg, int ith, int nth)
+{
+	struct mm_task *t = arg;
+	const struct weight *w = t->w;
+	kern_vec_dot_fn dot = t->c->m->kern->t[w->type].vec_dot;
+	const uint8_t *wd = w->data;
+	const uint8_t *act = t->act;
+	(void)ith;
+	(void)nth;
+	for (;;) {
+		int64_t r0 = (int64_t)atomic_fetch_add(&t->c->chunk, 1) * t->chunk_rows;
+		if (r0 >= w->n_out)
+			break;
+		int64_t r1 = CM_MIN(r0 + t->chunk_rows, w->n_out);
+		for (int64_t r = r0; r < r1; r++) {
+			const void *row = wd + (size_t)r * w->row_bytes;
+			float b = t->bias ? t->bias[r] : 0.0f;
+			for (int k = 0; k < t->n_tok; k++) {
+				float s;
+				dot(w->n_in, &s, row, act + (size_t)k * t->act_stride);
+				float *o = &t->out[(size_t)k * t->out_stride + (size_t)r];
+				*o = t->accumulate ? *o + s + b : s + b;
+			}
+		}
+	}
+}
+
+struct quant_task {
+	kern_quant_fn fn;
+	const float *x;
+	size_t x_stride;
+	uint8_t *y;
+	size_t y_stride;
+	int64_t n;
+	int n_tok;
+};
+
+static void quant_worker(void *arg, int ith, int nth)
+{
+	struct quant_task *q = arg;
+	for (int t = ith; t < q->n_tok; t += nth)
+		q->fn(q->x + (size_t)t * q->x_stride, q->y + (size_t)t * q->y_stride, q->n);
+}
+
+/* out[n_tok][w->n_out] (+)= x[n_tok][w->n_in] . W^T */
+static void matmul(engine_ctx *c, const struct weight *w, const float *x, size_t x_stride,
+		   int n_tok, float *out, size_t out_stride, const float *bias, bool accumulate)
+{
+	const struct kern_ops *k = c->m->kern;
+	uint32_t at = k->t[w->type].act_type;
+	size_t arow = kern_act_row_size(at, w->n_in);
+	struct quant_task qt = {k->quant_act[at], x, x_stride, c->act, arow, w->n_in, n_tok};
+	if (n_tok > 1)
+		pool_run(c->m->pool, quant_worker, &qt);
+	else
+		quant_worker(&qt, 0, 1);
+	int nth = pool_size(c->m->pool);
+	/* Chunks small enough to balance (4 per thread), large enough to
+	 * amortise the atomic. The split never changes any result. */
+	int64_t rows = (w->n_out + nth * 4 - 1) / (nth * 4);
+	if (rows < 4)
+		rows = 4;
+	struct mm_task t = {c, w, c->act, arow, out, out_stride, n_tok, bias, accumulate, (int)rows};
+	atomic_store(&c->chunk, 0);
+	pool_run(c->m->pool, mm_worker, &t);
+}
+
+static void rmsnorm(float *o, const float *x, const float *w, int64_t n, float eps)
+{
+	double ss = 0;
+	for (int64_t i = 0; i < n; i++)
+		ss += (double)x[i] * (double)x[i];
+	float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+	for (int64_t i = 0; i < n; i++)
+		o[i] = x[i] * scale * w[i];
+}
+
+static void rope_apply(const engine_ctx *c, float *v, int n_heads, int pos)
+{
+	const struct hparams *hp = &c->m->hp;
+	int half = (int)hp->n_rot / 2;
+	const float *cs = c->rope_cos + (size_t)pos * half;
+	const float *sn = c->rope_sin + (size_t)pos * half;
+	for (int h = 0; h < n_heads; h++) {
+		float *x = v + (size_t)h * hp->head_dim;
+		for (int i = 0; i < half; i++) {
+			int ia = hp->rope == ROPE_NORM ? 2 * i : i;
+			int ib = hp->rope == ROPE_NORM ? 2 * i + 1 : i + half;
+			float a = x[ia], b = x[ib];
+			x[ia] = a * cs[i] - b * sn[i];
+			x[ib] = a * sn[i] + b * cs[i];
+		}
+	}
+}
+
+struct attn_task {
+	engine_ctx *c;
+	int layer;
+};
+
+static void attn_worker(void *arg, int ith, int nth)
+{
+	struct attn_task *at = arg;
+	engine_ctx *c = at->c;
+	const struct hparams *hp = &c->m->hp;
+	const struct kern_ops *k = c->m->kern;
+	int hd = (int)hp->head_dim, nh = (int)hp->n_head;
+	int group = (int)(hp->n_head / hp->n_head_kv);
+	size_t kvd = (size_t)hp->n_head_kv * hd;
+	float scale = 1.0f / sqrtf((float)hd);
+	float *sc = c->scores + (size_t)ith * c->n_ctx;
+	(void)nth;
+	for (;;) {
+		int i = atomic_fetch_add(&c->chunk, 1);
+		if (i >= c->n_tok * nh)
+			break;
+		int t = i / nh, h = i % nh, kvh = h / group;
+		int pos = c->pos[t], seq = c->seq[t];
+		const float *q = c->q + (size_t)t * nh * hd + (size_t)h * hd;
+		size_t base = (size_t)seq * c->kv_seq_stride + (size_t)at->layer * c->kv_layer_stride;
+		const float *kc = c->k_cache + base + (size_t)kvh * hd;
+		const float *vc = c->v_cache + base + (size_t)kvh * hd;
+		float mx = -INFINITY;
+		for (int p = 0; p <= pos; p++) {
+			float s = k->dot_f32(hd, q, kc + (size_t)p * kvd) * scale;
+			sc[p] = s;
+			if (s > mx)
+				mx = s;
+		}
+		float sum = 0;
+		for (int p = 0; p <= pos; p++) {
+			sc[p] = expf(sc[p] - mx);
+			sum += sc[p];
+		}
+		float inv = 1.0f / sum;
+		float *o = c->att + (size_t)t * nh * hd + (size_t)h * hd;
+		memset(o, 0, (size_t)hd * sizeof(float));
+		for (int p = 0; p <= pos; p++)
+			k->axpy_f32(hd, sc[p] * inv, vc + (size_t)p * kvd, o);
+	}
+}
+
+static float silu(float x)
+{
+	return x / (1.0f + expf(-x));
+}
+
+static int check_batch(engine_ctx *c, const struct engine_batch *b, struct cm_err *err)
+{
+	if (b->n <= 0 || (uint32_t)b->n > c->n_batch)
+		return cm_err_set(err, -EINVAL, "decode: batch of %d tokens (max %u)", b->n,
+				  c->n_batch);
+	/* expected next position per sequence, for the consecutiveness check */
+	for (int i = 0; i < b->n; i++) {
+		int32_t tok = b->tokens[i], s = b->seq ? b->seq[i] : 0, p = b->pos[i];
+		if (tok < 0 || (uint32_t)tok >= c->m->hp.n_vocab)
+			return cm_err_set(err, -EINVAL, "decode: token %d out of range", tok);
+		if (s < 0 || (uint32_t)s >= c->n_seq)
+			return cm_err_set(err, -EINVAL, "decode: sequence %d out of range", s);
+		if (p < 0 || (uint32_t)p >= c->n_ctx)
+			return cm_err_set(err, -ENOSPC,
+					  "decode: position %d exceeds the context of %u", p,
+					  c->n_ctx);
+		/* first token of this sequence in the batch? */
+		int prev = -1;
+		for (int j = i - 1; j >= 0; j--)
+			if ((b->seq ? b->seq[j] : 0) == s) {
+				prev = j;
+				break;
+			}
+		if (prev < 0 ? p > c->seq_len[s] : p != b->pos[prev] + 1)
+			return cm_err_set(err, -EINVAL,
+					  "decode: sequence %d: position %d is not contiguous", s, p);
+	}
+	return 0;
+}
+
+int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *err)
+{
+	engine_model *m = c->m;
+	const struct hparams *hp = &m->hp;
+	int r = check_batch(c, b, err);
+	if (r)
+		return r;
+	int T = b->n;
+	c->seq = b->seq ? b->seq : c->zero_seq; /* NULL: all in sequence 0 */
+	c->pos = b->pos;
+	c->n_tok = T;
+	for (int i = 0; i < T; i++) {
+		int s = c->seq[i];
+		if (b->pos[i] < c->seq_len[s])
+			c->seq_len[s] = b->pos[i];
+	}
+
+	size_t E = hp->n_embd, hd = hp->head_dim, QD = hd * hp->n_head;
+	size_t KD = hd * hp->n_head_kv, FF = hp->n_ff;
+
+	for (int t = 0; t < T; t++) {
+		const uint8_t *row = (const uint8_t *)m->tok_embd.data +
+				     (size_t)b->tokens[t] * m->tok_embd.row_bytes;
+		dequantize_row(m->tok_embd.type, row, c->x + (size_t)t * E, (int64_t)E);
+	}
+
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		const struct layer *L = &m->layers[l];
+		for (int t = 0; t < T; t++)
+			rmsnorm(c->xb + t * E, c->x + t * E, L->attn_norm, (int64_t)E, hp->eps);
+		matmul(c, &L->wq, c->xb, E, T, c->q, QD, L->bq, false);
+		matmul(c, &L->wk, c->xb, E, T, c->k, KD, L->bk, false);
+		matmul(c, &L->wv, c->xb, E, T, c->v, KD, L->bv, false);
+		for (int t = 0; t < T; t++) {
+			float *q = c->q + t * QD, *k = c->k + t * KD;
+			if (L->q_norm) {
+				for (uint32_t h = 0; h < hp->n_head; h++)
+					rmsnorm(q + h * hd, q + h * hd, L->q_norm, (int64_t)hd,
+						hp->eps);
+				for (uint32_t h = 0; h < hp->n_head_kv; h++)
+					rmsnorm(k + h * hd, k + h * hd, L->k_norm, (int64_t)hd,
+						hp->eps);
+			}
+			rope_apply(c, q, (int)hp->n_head, c->pos[t]);
+			rope_apply(c, k, (int)hp->n_head_kv, c->pos[t]);
+			size_t off = (size_t)c->seq[t] * c->kv_seq_stride + l * c->kv_layer_stride +
+				     (size_t)c->pos[t] * KD;
+			memcpy(c->k_cache + off, k, KD * sizeof(float));
+			memcpy(c->v_cache + off, c->v + t * KD, KD * sizeof(float));
+		}
+		struct attn_task at = {c, (int)l};
+		atomic_store(&c->chunk, 0);
+		pool_run(m->pool, attn_worker, &at);
+		matmul(c, &L->wo, c->att, QD, T, c->x, E, L->bo, true);
+
+		for (int t = 0; t < T; t++)
+			rmsnorm(c->xb + t * E, c->x + t * E, L->ffn_norm, (int64_t)E, hp->eps);
+		matmul(c, &L->w_gate, c->xb, E, T, c->hb, FF, NULL, false);
+		matmul(c, &L->w_up, c->xb, E, T, c->hb2, FF, NULL, false);
+		for (size_t i = 0; i < (size_t)T * FF; i++)
+			c->hb[i] = silu(c->hb[i]) * c->hb2[i];
+		matmul(c, &L->w_down, c->hb, FF, T, c->x, E, NULL, true);
+	}
+
+	/* Logits for the requested tokens only: gather their normed rows. */
+	int n_out = 0;
+	for (int t = 0; t < T; t++) {
+		bool want = b->want_logits ? b->want_logits[t] : t == T - 1;
+		c->logit_row[t] = want ? n_out : -1;
+		if (want) {
+			rmsnorm(c->xb + (size_t)n_out * E, c->x + t * E, m->output_norm, (int64_t)E,
+				hp->eps);
+			n_out++;
+		}
+	}
+	c->n_logits = n_out;
+	if (n_out > 0)
+		matmul(c, &m->output, c->xb, E, n_out, c->logits, hp->n_vocab, NULL, false);
+	for (int i = 0; i < T; i++) {
+		int s = c->seq[i];
+		if (b->pos[i] + 1 > c->seq_len[s])
+			c->seq_len[s] = b->pos[i] + 1;
+	}
+	c->last_logits = n_out > 0 ? c->logits + (size_t)(n_out - 1) * hp->n_vocab : NULL;
+	c->seq = NULL;
+	c->pos = NULL;
+	return 0;
+}
+
+const float *engine_get_logits(const engine_ctx *c, int i)
+{
+	if (i < 0 || (uint32_t)i >= c->n_batch || c->logit_row[i] < 0)
+		return NULL;
+	return c->logits + (size_t)c->logit_row[i] * c->m->hp.n_vocab;
+}
+
+int engine_eval(engine_ctx *c, const int32_t *tokens, int n, int pos, struct cm_err *err)
+{
+	int32_t posv[512];
+	int done = 0;
+	while (done < n) {
+		int chunk = CM_MIN(n - done, (int)CM_MIN(c->n_batch, CM_ARRAY_LEN(posv)));
+		for (int i = 0; i < chunk; i++)
+			posv[i] = pos + done + i;
+		struct engine_batch b = {.n = chunk, .tokens = tokens + done, .pos = posv};
+		int r = engine_decode(c, &b, err);
+		if (r)
+			return r;
+		done += chunk;
+	}
+	return 0;
+}
+
+const float *engine_get_logits_last(const engine_ctx *c)
+{
+	return c->last_logits;
+}
