@@ -1,0 +1,336 @@
+/* tests/unit/test_model_ref.c: the engine against the reference outputs in
+ * $EDGELM_TESTDATA/reference (computed in F32 by two independent
+ * implementations that agree within 1e-4).
+ *
+ * - stories260K F32: prompt ids identical, all greedy tokens identical,
+ *   every recorded logit (top-8 each step, all 512 at step 0) within 1e-3;
+ * - stories260K F16: the same greedy tokens;
+ * - stories3M F32 (rows of 256/768, tied output): same checks as 260K;
+ * - the result does not depend on the thread count (bitwise), nor on
+ *   whether a prompt is fed in one batch, token by token, or beside another
+ *   sequence in the same batch. */
+#include "engine/engine.h"
+#include "tests/test.h"
+
+#include <jansson.h>
+
+#define LOGIT_TOL 1e-3
+
+static json_t *load_ref(const char *name)
+{
+	json_error_t je;
+	json_t *j = json_load_file(test_data_path(name), 0, &je);
+	if (!j)
+		fprintf(stderr, "cannot parse %s: %s (line %d)\n", name, je.text, je.line);
+	return j;
+}
+
+static engine_model *load_model(const char *rel, int threads, const char *isa)
+{
+	struct engine_params p = {.n_threads = threads, .isa = isa};
+	struct cm_err err = {0};
+	engine_model *m = NULL;
+	if (engine_model_load(test_data_path(rel), &p, &m, &err) != 0) {
+		fprintf(stderr, "load %s: %s\n", rel, err.msg);
+		return NULL;
+	}
+	return m;
+}
+
+static int argmax(const float *l, int n)
+{
+	int b = 0;
+	for (int i = 1; i < n; i++)
+		if (l[i] > l[b])
+			b = i;
+	return b;
+}
+
+struct ref_stats {
+	int prompts, tokens, token_mismatch, logits_checked;
+	double max_diff;
+};
+
+/* Teacher-forced on the reference tokens so that a mismatch is counted once,
+ * not cascaded. check_logits: compare the recorded values. */
+static void run_reference(engine_model *m, json_t *ref, bool check_logits, double tol,
+			  struct ref_stats *st)
+{
+	struct engine_model_info info;
+	engine_model_get_info(m, &info);
+	const engine_tokenizer *tok = engine_model_tokenizer(m);
+	engine_ctx *c = NULL;
+	struct cm_err err = {0};
+	struct engine_ctx_params cp = {.n_seq = 1, .n_batch = 64};
+	CHECK_OK(engine_ctx_new(m, &cp, &c, &err));
+	if (!c)
+		return;
+	size_t pi;
+	json_t *item;
+	json_array_foreach(ref, pi, item) {
+		const char *prompt = json_string_value(json_object_get(item, "prompt"));
+		json_t *ptoks = json_object_get(item, "prompt_tokens");
+		json_t *steps = json_object_get(item, "steps");
+		CHECK(prompt && ptoks && steps);
+		if (!prompt || !ptoks || !steps)
+			continue;
+		int32_t ids[1024];
+		int n = 0;
+		CHECK_OK(engine_tokenize(tok, prompt, strlen(prompt), true, false, ids, 1024, &n,
+					 &err));
+		CHECK_EQ_INT(n, (long long)json_array_size(ptoks));
+		for (int i = 0; i < n && i < (int)json_array_size(ptoks); i++)
+			CHECK_EQ_INT(ids[i], json_integer_value(json_array_get(ptoks, (size_t)i)));
+		engine_seq_truncate(c, 0, 0);
+		CHECK_OK(engine_eval(c, ids, n, 0, &err));
+		int pos = n;
+		size_t si;
+		json_t *step;
+		json_array_foreach(steps, si, step) {
+			const float *l = engine_get_logits_last(c);
+			int want = (int)json_integer_value(json_object_get(step, "token"));
+			int got = argmax(l, (int)info.n_vocab);
+			st->tokens++;
+			if (got != want) {
+				st->token_mismatch++;
+				fprintf(stderr, "prompt %zu step %zu: token %d, reference %d\n", pi,
+					si, got, want);
+			}
+			if (check_logits) {
+				size_t ti;
+				json_t *pair;
+				json_array_foreach(json_object_get(step, "top"), ti, pair) {
+					int id = (int)json_integer_value(json_array_get(pair, 0));
+					double v = json_number_value(json_array_get(pair, 1));
+					double d = fabs(l[id] - v);
+					st->max_diff = d > st->max_diff ? d : st->max_diff;
+					st->logits_checked++;
+					CHECK_MSG(d <= tol, "prompt %zu step %zu id %d: %f vs %f", pi, si,
+						  id, l[id], v);
+				}
+				json_t *all = json_object_get(step, "logits");
+				if (all) {
+					CHECK_EQ_INT(json_array_size(all), info.n_vocab);
+					for (size_t k = 0; k < json_array_size(all) && k < info.n_vocab;
+					     k++) {
+						double v = json_number_value(json_array_get(all, k));
+						double d = fabs(l[k] - v);
+						st->max_diff = d > st->max_diff ? d : st->max_diff;
+						st->logits_checked++;
+						CHECK_MSG(d <= tol, "prompt %zu step 0 id %zu: %f vs %f",
+							  pi, k, l[k], v);
+					}
+				}
+			}
+			int32_t next = want;
+			if (si + 1 < json_array_size(steps)) {
+				CHECK_OK(engine_eval(c, &next, 1, pos, &err));
+				pos++;
+			}
+		}
+		st->prompts++;
+	}
+	engine_ctx_free(c);
+}
+
+static void check_model(const char *model, const char *ref_name, bool check_logits, double tol)
+{
+	if (!test_file_exists(test_data_path(model)) || !test_file_exists(test_data_path(ref_name))) {
+		TEST_SKIP("%s or %s not found under $EDGELM_TESTDATA (%s)", model, ref_name,
+			  test_data_path(""));
+		return;
+	}
+	json_t *ref = load_ref(ref_name);
+	engine_model *m = load_model(model, 0, NULL);
+	CHECK(ref && m);
+	if (ref && m) {
+		struct ref_stats st = {0};
+		run_reference(m, ref, check_logits, tol, &st);
+		CHECK_EQ_INT(st.token_mismatch, 0);
+		CHECK(st.prompts >= 5 && st.tokens >= 5 * 64);
+		fprintf(stderr, "%s: %d prompts, %d tokens, %d mismatches, %d logits, max |diff| %.2e\n",
+			model, st.prompts, st.tokens, st.token_mismatch, st.logits_checked,
+			st.max_diff);
+	}
+	engine_model_free(m);
+	json_decref(ref);
+}
+
+static void test_stories260k_f32(void)
+{
+	check_model("models/stories260K-f32.gguf", "reference/stories260K-f32.json", true, LOGIT_TOL);
+}
+
+static void test_stories260k_f16(void)
+{
+	check_model("models/stories260K-f16.gguf", "reference/stories260K-f32.json", false, 0);
+}
+
+static void test_stories3m_f32(void)
+{
+	check_model("models/stories3M-f32.gguf", "reference/stories3M-f32.json", true, LOGIT_TOL);
+}
+
+/* Generate greedily n tokens after `prompt` and return all the logits seen
+ * (n_vocab * n floats, malloc'ed). */
+static float *greedy_trace(engine_model *m, const char *prompt, int n, bool one_by_one)
+{
+	struct engine_model_info info;
+	engine_model_get_info(m, &info);
+	struct engine_ctx_params cp = {.n_seq = 1, .n_batch = 64};
+	engine_ctx *c = NULL;
+	struct cm_err err = {0};
+	if (engine_ctx_new(m, &cp, &c, &err) != 0)
+		return NULL;
+	float *out = malloc(sizeof(float) * info.n_vocab * (size_t)n);
+	int32_t ids[256];
+	int np = 0;
+	engine_tokenize(engine_model_tokenizer(m), prompt, strlen(prompt), true, false, ids, 256,
+			&np, &err);
+	if (one_by_one) {
+		for (int i = 0; i < np; i++)
+			CHECK_OK(engine_eval(c, &ids[i], 1, i, &err));
+	} else {
+		CHECK_OK(engine_eval(c, ids, np, 0, &err));
+	}
+	for (int s = 0; s < n; s++) {
+		const float *l = engine_get_logits_last(c);
+		memcpy(out + (size_t)s * info.n_vocab, l, sizeof(float) * info.n_vocab);
+		int32_t t = argmax(l, (int)info.n_vocab);
+		CHECK_OK(engine_eval(c, &t, 1, np + s, &err));
+	}
+	engine_ctx_free(c);
+	return out;
+}
+
+static void test_threads_invariant(void)
+{
+	const char *model = "models/stories260K-f32.gguf";
+	if (!test_file_exists(test_data_path(model))) {
+		TEST_SKIP("%s not found under $EDGELM_TESTDATA", model);
+		return;
+	}
+	engine_model *m1 = load_model(model, 1, NULL), *m2 = load_model(model, 2, NULL);
+	engine_model *m3 = load_model(model, 3, NULL);
+	CHECK(m1 && m2 && m3);
+	if (m1 && m2 && m3) {
+		int n = 24;
+		float *a = greedy_trace(m1, "Lily and Tom went to the park", n, false);
+		float *b = greedy_trace(m2, "Lily and Tom went to the park", n, false);
+		float *d = greedy_trace(m3, "Lily and Tom went to the park", n, false);
+		CHECK(a && b && d);
+		if (a && b && d) {
+			CHECK(memcmp(a, b, sizeof(float) * 512 * (size_t)n) == 0);
+			CHECK(memcmp(a, d, sizeof(float) * 512 * (size_t)n) == 0);
+		}
+		free(a);
+		free(b);
+		free(d);
+	}
+	engine_model_free(m1);
+	engine_model_free(m2);
+	engine_model_free(m3);
+}
+
+static void test_batch_invariant(void)
+{
+	const char *model = "models/stories260K-f32.gguf";
+	if (!test_file_exists(test_data_path(model))) {
+		TEST_SKIP("%s not found under $EDGELM_TESTDATA", model);
+		return;
+	}
+	engine_model *m = load_model(model, 2, NULL);
+	CHECK(m != NULL);
+	if (!m)
+		return;
+	int n = 16;
+	float *a = greedy_trace(m, "The little dog was sad because", n, false);
+	float *b = greedy_trace(m, "The little dog was sad because", n, true);
+	CHECK(a && b && memcmp(a, b, sizeof(float) * 512 * (size_t)n) == 0);
+
+	/* Two sequences in one batch: each must see exactly what it saw alone. */
+	struct engine_ctx_params cp = {.n_seq = 2, .n_batch = 64};
+	engine_ctx *c = NULL;
+	struct cm_err err = {0};
+	CHECK_OK(engine_ctx_new(m, &cp, &c, &err));
+	const engine_tokenizer *tok = engine_model_tokenizer(m);
+	int32_t p0[64], p1[64];
+	int n0 = 0, n1 = 0;
+	engine_tokenize(tok, "The little dog was sad because", 30, true, false, p0, 64, &n0, &err);
+	engine_tokenize(tok, "One day", 7, true, false, p1, 64, &n1, &err);
+	int32_t toks[128], pos[128], seq[128];
+	bool want[128];
+	int k = 0;
+	for (int i = 0; i < n1; i++, k++) {
+		toks[k] = p1[i], pos[k] = i, seq[k] = 1, want[k] = i == n1 - 1;
+	}
+	for (int i = 0; i < n0; i++, k++) {
+		toks[k] = p0[i], pos[k] = i, seq[k] = 0, want[k] = i == n0 - 1;
+	}
+	struct engine_batch bt = {.n = k, .tokens = toks, .pos = pos, .seq = seq, .want_logits = want};
+	CHECK_OK(engine_decode(c, &bt, &err));
+	const float *l0 = engine_get_logits(c, k - 1);
+	CHECK(l0 && a && memcmp(l0, a, 512 * sizeof(float)) == 0);
+	/* Then decode both sequences together, step by step. */
+	int32_t t0 = argmax(l0, 512), t1 = argmax(engine_get_logits(c, n1 - 1), 512);
+	for (int s = 1; s < n; s++) {
+		int32_t tk[2] = {t1, t0}, ps[2] = {n1 + s - 1, n0 + s - 1}, sq[2] = {1, 0};
+		bool w[2] = {true, true};
+		struct engine_batch b2 = {.n = 2, .tokens = tk, .pos = ps, .seq = sq, .want_logits = w};
+		CHECK_OK(engine_decode(c, &b2, &err));
+		const float *l = engine_get_logits(c, 1);
+		CHECK_MSG(l && a && memcmp(l, a + (size_t)s * 512, 512 * sizeof(float)) == 0,
+			  "step %d differs", s);
+		t0 = argmax(l, 512);
+		t1 = argmax(engine_get_logits(c, 0), 512);
+	}
+	engine_ctx_free(c);
+	free(a);
+	free(b);
+	engine_model_free(m);
+}
+
+static void test_bad_batches(void)
+{
+	const char *model = "models/stories260K-f32.gguf";
+	if (!test_file_exists(test_data_path(model))) {
+		TEST_SKIP("%s not found under $EDGELM_TESTDATA", model);
+		return;
+	}
+	engine_model *m = load_model(model, 1, NULL);
+	CHECK(m != NULL);
+	if (!m)
+		return;
+	engine_ctx *c = NULL;
+	struct cm_err err = {0};
+	struct engine_ctx_params cp = {.n_ctx = 32, .n_seq = 1, .n_batch = 8};
+	CHECK_OK(engine_ctx_new(m, &cp, &c, &err));
+	int32_t tk[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, ps[9] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+	struct engine_batch b = {.n = 9, .tokens = tk, .pos = ps};
+	CHECK_EQ_INT(engine_decode(c, &b, &err), -EINVAL); /* over n_batch */
+	b.n = 1;
+	int32_t bad_tok = 512;
+	b.tokens = &bad_tok;
+	CHECK_EQ_INT(engine_decode(c, &b, &err), -EINVAL);
+	b.tokens = tk;
+	int32_t far = 5;
+	b.pos = &far;
+	CHECK_EQ_INT(engine_decode(c, &b, &err), -EINVAL); /* gap in positions */
+	int32_t past = 32;
+	b.pos = &past;
+	CHECK_EQ_INT(engine_decode(c, &b, &err), -ENOSPC);
+	CHECK(strstr(err.msg, "context") != NULL);
+	engine_ctx_free(c);
+	engine_model_free(m);
+}
+
+int main(void)
+{
+	TEST_RUN(test_stories260k_f32);
+	TEST_RUN(test_stories260k_f16);
+	TEST_RUN(test_stories3m_f32);
+	TEST_RUN(test_threads_invariant);
+	TEST_RUN(test_batch_invariant);
+	TEST_RUN(test_bad_batches);
+	return test_finish();
+}

@@ -1,0 +1,415 @@
+/* tools/edgelm-run.c: one-shot generation without a daemon.
+ *
+ *   edgelm-run -m MODEL -p PROMPT [-n N] [sampling options] [--json]
+ *
+ * Text streams to stdout as it is generated (never half a UTF-8 character).
+ * --json prints one JSON object per generated token instead:
+ *   {"id":383,"text":" there","top":[[383,18.6112],[322,15.7008],...]}
+ * --tokenize prints the prompt's ids as a JSON array and exits (works on
+ * vocab-only GGUFs). Timings go to stderr unless --quiet.
+ * Exit codes: 0 ok, 1 usage, 2 bad model or input, 3 runtime failure. */
+#include "engine/engine.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXIT_USAGE 1
+#define EXIT_INPUT 2
+#define EXIT_RUNTIME 3
+
+static void usage(FILE *o)
+{
+	fprintf(o,
+		"usage: edgelm-run -m MODEL (-p PROMPT | -f FILE) [options]\n"
+		"\n"
+		"  -m, --model FILE       GGUF model\n"
+		"  -p, --prompt TEXT      prompt text (BOS added as the model says)\n"
+		"  -f, --file FILE        read the prompt from FILE\n"
+		"  -n, --n-predict N      tokens to generate (default 128; stops early at EOS)\n"
+		"      --temp T           temperature (default 0.8; 0 = greedy)\n"
+		"      --top-k K          (default 40; 0 = off)\n"
+		"      --top-p P          (default 0.95; 1 = off)\n"
+		"      --min-p P          (default 0.05; 0 = off)\n"
+		"      --repeat-penalty R (default 1 = off)\n"
+		"      --frequency-penalty F, --presence-penalty P (default 0)\n"
+		"      --penalty-last-n N window for penalties (default 64, -1 = all)\n"
+		"      --seed S           sampling seed (default: from the clock, printed)\n"
+		"  -t, --threads N        worker threads (default: one per usable CPU)\n"
+		"  -c, --ctx N            cap the context length (default: the model's)\n"
+		"      --isa NAME         force a kernel variant (scalar, ...; also EDGELM_ISA)\n"
+		"      --json             one JSON object per generated token\n"
+		"      --top-logits K     top logits per token in --json mode (default 8)\n"
+		"      --tokenize         print the prompt's token ids as JSON and exit\n"
+		"      --special          render control tokens in the output text\n"
+		"  -q, --quiet            no timings on stderr\n"
+		"  -h, --help\n");
+}
+
+enum {
+	OPT_TEMP = 256,
+	OPT_TOPK,
+	OPT_TOPP,
+	OPT_MINP,
+	OPT_REP,
+	OPT_FREQ,
+	OPT_PRES,
+	OPT_LASTN,
+	OPT_SEED,
+	OPT_ISA,
+	OPT_JSON,
+	OPT_TOPL,
+	OPT_TOKENIZE,
+	OPT_SPECIAL,
+};
+
+static const struct option long_opts[] = {
+	{"model", required_argument, NULL, 'm'},
+	{"prompt", required_argument, NULL, 'p'},
+	{"file", required_argument, NULL, 'f'},
+	{"n-predict", required_argument, NULL, 'n'},
+	{"threads", required_argument, NULL, 't'},
+	{"ctx", required_argument, NULL, 'c'},
+	{"temp", required_argument, NULL, OPT_TEMP},
+	{"top-k", required_argument, NULL, OPT_TOPK},
+	{"top-p", required_argument, NULL, OPT_TOPP},
+	{"min-p", required_argument, NULL, OPT_MINP},
+	{"repeat-penalty", required_argument, NULL, OPT_REP},
+	{"frequency-penalty", required_argument, NULL, OPT_FREQ},
+	{"presence-penalty", required_argument, NULL, OPT_PRES},
+	{"penalty-last-n", required_argument, NULL, OPT_LASTN},
+	{"seed", required_argument, NULL, OPT_SEED},
+	{"isa", required_argument, NULL, OPT_ISA},
+	{"json", no_argument, NULL, OPT_JSON},
+	{"top-logits", required_argument, NULL, OPT_TOPL},
+	{"tokenize", no_argument, NULL, OPT_TOKENIZE},
+	{"special", no_argument, NULL, OPT_SPECIAL},
+	{"quiet", no_argument, NULL, 'q'},
+	{"help", no_argument, NULL, 'h'},
+	{NULL, 0, NULL, 0},
+};
+
+static int parse_long(const char *s, long lo, long hi, long *ret)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return -1;
+	*ret = v;
+	return 0;
+}
+
+static int parse_float(const char *s, float lo, float hi, float *ret)
+{
+	char *end;
+	errno = 0;
+	float v = strtof(s, &end);
+	if (errno || end == s || *end || !(v >= lo && v <= hi))
+		return -1;
+	*ret = v;
+	return 0;
+}
+
+static char *read_file(const char *path, size_t *ret_len)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return NULL;
+	size_t cap = 4096, n = 0, r;
+	char *buf = malloc(cap + 1);
+	while (buf && (r = fread(buf + n, 1, cap - n, f)) > 0) {
+		n += r;
+		if (n == cap) {
+			char *nb = realloc(buf, (cap *= 2) + 1);
+			if (!nb)
+				free(buf);
+			buf = nb;
+		}
+	}
+	fclose(f);
+	if (buf) {
+		buf[n] = '\0';
+		*ret_len = n;
+	}
+	return buf;
+}
+
+/* JSON string escaping for valid UTF-8 input (the detokenizer guarantees it). */
+static void json_str(FILE *o, const char *s, size_t n)
+{
+	fputc('"', o);
+	for (size_t i = 0; i < n; i++) {
+		unsigned char ch = (unsigned char)s[i];
+		switch (ch) {
+		case '"': fputs("\\\"", o); break;
+		case '\\': fputs("\\\\", o); break;
+		case '\n': fputs("\\n", o); break;
+		case '\r': fputs("\\r", o); break;
+		case '\t': fputs("\\t", o); break;
+		default:
+			if (ch < 0x20)
+				fprintf(o, "\\u%04x", ch);
+			else
+				fputc(ch, o);
+		}
+	}
+	fputc('"', o);
+}
+
+/* The k highest logits, highest first (ties: lower id first). */
+static int top_logits(const float *l, int n, int k, int32_t *ids)
+{
+	int m = 0;
+	for (int i = 0; i < n; i++) {
+		float v = l[i];
+		if (isnan(v))
+			continue;
+		if (m == k && !(v > l[ids[m - 1]]))
+			continue;
+		int j = m < k ? m++ : k - 1;
+		while (j > 0 && v > l[ids[j - 1]]) {
+			ids[j] = ids[j - 1];
+			j--;
+		}
+		ids[j] = i;
+	}
+	return m;
+}
+
+int main(int argc, char **argv)
+{
+	const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL;
+	const char *isa = getenv("EDGELM_ISA");
+	long n_predict = 128, n_threads = 0, ctx = 0, top_n = 8, lastn = 64;
+	bool json = false, tokenize_only = false, special = false, quiet = false, seed_set = false;
+	struct engine_sampler_params sp;
+	engine_sampler_params_default(&sp);
+	int c;
+	while ((c = getopt_long(argc, argv, "m:p:f:n:t:c:qh", long_opts, NULL)) != -1) {
+		long lv;
+		int bad = 0;
+		switch (c) {
+		case 'm': model_path = optarg; break;
+		case 'p': prompt = optarg; break;
+		case 'f': prompt_file = optarg; break;
+		case 'n': bad = parse_long(optarg, 0, 1 << 24, &n_predict); break;
+		case 't': bad = parse_long(optarg, 1, 4096, &n_threads); break;
+		case 'c': bad = parse_long(optarg, 1, 1 << 24, &ctx); break;
+		case OPT_TEMP: bad = parse_float(optarg, 0, 100, &sp.temp); break;
+		case OPT_TOPK:
+			bad = parse_long(optarg, 0, 1 << 30, &lv);
+			sp.top_k = (int32_t)lv;
+			break;
+		case OPT_TOPP: bad = parse_float(optarg, 0, 1, &sp.top_p); break;
+		case OPT_MINP: bad = parse_float(optarg, 0, 1, &sp.min_p); break;
+		case OPT_REP: bad = parse_float(optarg, 0, 100, &sp.repeat_penalty); break;
+		case OPT_FREQ: bad = parse_float(optarg, -100, 100, &sp.freq_penalty); break;
+		case OPT_PRES: bad = parse_float(optarg, -100, 100, &sp.presence_penalty); break;
+		case OPT_LASTN:
+			bad = parse_long(optarg, -1, 1 << 24, &lastn);
+			break;
+		case OPT_SEED: {
+			char *end;
+			errno = 0;
+			sp.seed = strtoull(optarg, &end, 0);
+			bad = errno || end == optarg || *end;
+			seed_set = true;
+			break;
+		}
+		case OPT_ISA: isa = optarg; break;
+		case OPT_JSON: json = true; break;
+		case OPT_TOPL: bad = parse_long(optarg, 0, 1 << 20, &top_n); break;
+		case OPT_TOKENIZE: tokenize_only = true; break;
+		case OPT_SPECIAL: special = true; break;
+		case 'q': quiet = true; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return EXIT_USAGE;
+		}
+		if (bad) {
+			fprintf(stderr, "edgelm-run: invalid value '%s' for %s\n", optarg,
+				argv[optind - 1]);
+			return EXIT_USAGE;
+		}
+	}
+	sp.penalty_last_n = (int32_t)lastn;
+	if (optind < argc || !model_path || (prompt && prompt_file)) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	size_t plen = 0;
+	char *pbuf = NULL;
+	if (prompt_file) {
+		pbuf = read_file(prompt_file, &plen);
+		if (!pbuf) {
+			fprintf(stderr, "edgelm-run: cannot read %s: %s\n", prompt_file,
+				strerror(errno));
+			return EXIT_INPUT;
+		}
+		prompt = pbuf;
+	} else {
+		if (!prompt)
+			prompt = "";
+		plen = strlen(prompt);
+	}
+	if (!seed_set)
+		sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+
+	struct cm_err err = {0};
+	int rc = 0;
+	engine_model *m = NULL;
+	engine_ctx *cx = NULL;
+	engine_sampler *smp = NULL;
+	int32_t *ids = NULL, *top = NULL;
+	char *piece = NULL;
+	struct engine_params ep = {
+		.n_threads = (int)n_threads,
+		.ctx_max = (uint32_t)ctx,
+		.isa = isa,
+		.vocab_only = tokenize_only,
+	};
+	double t0 = cm_now();
+	if (engine_model_load(model_path, &ep, &m, &err) != 0) {
+		fprintf(stderr, "edgelm-run: %s: %s\n", model_path, err.msg);
+		rc = EXIT_INPUT;
+		goto out;
+	}
+	double t_load = cm_now() - t0;
+	const engine_tokenizer *tok = engine_model_tokenizer(m);
+	int n_ids = 0, cap = (int)CM_MIN(plen + 16, (size_t)1 << 26);
+	ids = malloc((size_t)cap * sizeof(*ids));
+	if (!ids) {
+		rc = EXIT_RUNTIME;
+		goto out;
+	}
+	int r = engine_tokenize(tok, prompt, plen, true, false, ids, cap, &n_ids, &err);
+	if (r == -ENOBUFS) {
+		free(ids);
+		cap = n_ids;
+		ids = malloc((size_t)cap * sizeof(*ids));
+		r = ids ? engine_tokenize(tok, prompt, plen, true, false, ids, cap, &n_ids, &err)
+			: -ENOMEM;
+	}
+	if (r) {
+		fprintf(stderr, "edgelm-run: tokenize: %s\n", err.msg);
+		rc = EXIT_INPUT;
+		goto out;
+	}
+	if (tokenize_only) {
+		putchar('[');
+		for (int i = 0; i < n_ids; i++)
+			printf(i ? ", %d" : "%d", ids[i]);
+		puts("]");
+		goto out;
+	}
+	struct engine_model_info info;
+	engine_model_get_info(m, &info);
+	if (n_ids == 0) {
+		fprintf(stderr, "edgelm-run: the prompt is empty and the model adds no BOS\n");
+		rc = EXIT_INPUT;
+		goto out;
+	}
+	if ((uint32_t)n_ids >= info.n_ctx) {
+		fprintf(stderr, "edgelm-run: prompt of %d tokens does not fit the context of %u\n",
+			n_ids, info.n_ctx);
+		rc = EXIT_INPUT;
+		goto out;
+	}
+	struct engine_ctx_params cp = {.n_ctx = info.n_ctx, .n_seq = 1, .n_batch = 256};
+	if (engine_ctx_new(m, &cp, &cx, &err) != 0 ||
+	    engine_sampler_new(&sp, (int)info.n_vocab, &smp, &err) != 0) {
+		fprintf(stderr, "edgelm-run: %s\n", err.msg);
+		rc = EXIT_RUNTIME;
+		goto out;
+	}
+	if (!quiet)
+		fprintf(stderr,
+			"edgelm-run: %s (%s, %u layers, %u ctx), %d threads, kernels %s, seed %llu\n",
+			info.name[0] ? info.name : model_path, info.arch, info.n_layer, info.n_ctx,
+			info.n_threads, info.isa, (unsigned long long)sp.seed);
+	for (int i = 0; i < n_ids; i++)
+		engine_sampler_accept(smp, ids[i]);
+
+	double t1 = cm_now();
+	if (engine_eval(cx, ids, n_ids, 0, &err) != 0) {
+		fprintf(stderr, "edgelm-run: %s\n", err.msg);
+		rc = EXIT_RUNTIME;
+		goto out;
+	}
+	double t_prompt = cm_now() - t1;
+	struct engine_detok dt;
+	engine_detok_init(&dt, tok);
+	size_t piece_cap = 4096;
+	piece = malloc(piece_cap);
+	top = malloc(sizeof(*top) * (size_t)(top_n > 0 ? top_n : 1));
+	if (!piece || !top) {
+		rc = EXIT_RUNTIME;
+		goto out;
+	}
+	int pos = n_ids, n_gen = 0;
+	double t2 = cm_now();
+	while (n_gen < n_predict && (uint32_t)pos < info.n_ctx) {
+		const float *logits = engine_get_logits_last(cx);
+		int32_t id = engine_sampler_sample(smp, logits);
+		engine_sampler_accept(smp, id);
+		n_gen++;
+		bool eog = engine_tokenizer_is_eog(tok, id);
+		int n = 0;
+		if (!eog || special) {
+			if (special && (engine_tokenizer_attr(tok, id) & ENGINE_TOKEN_CONTROL)) {
+				n = engine_token_to_piece(tok, id, true, piece, piece_cap);
+				if (n < 0)
+					n = 0;
+			} else {
+				n = engine_detok_push(&dt, tok, id, piece, piece_cap);
+			}
+		}
+		if (json) {
+			printf("{\"id\":%d,\"text\":", id);
+			json_str(stdout, piece, n > 0 ? (size_t)n : 0);
+			fputs(",\"top\":[", stdout);
+			int k = top_logits(logits, (int)info.n_vocab, (int)top_n, top);
+			for (int i = 0; i < k; i++)
+				printf(i ? ",[%d,%.6g]" : "[%d,%.6g]", top[i], logits[top[i]]);
+			fputs("]}\n", stdout);
+		} else if (n > 0) {
+			fwrite(piece, 1, (size_t)n, stdout);
+		}
+		fflush(stdout);
+		if (eog)
+			break;
+		if (n_gen >= n_predict)
+			break;
+		if (engine_eval(cx, &id, 1, pos, &err) != 0) {
+			fprintf(stderr, "edgelm-run: %s\n", err.msg);
+			rc = EXIT_RUNTIME;
+			goto out;
+		}
+		pos++;
+	}
+	int n = engine_detok_flush(&dt, piece, piece_cap);
+	if (!json && n > 0)
+		fwrite(piece, 1, (size_t)n, stdout);
+	if (!json)
+		putchar('\n');
+	double t_gen = cm_now() - t2;
+	if (!quiet)
+		fprintf(stderr,
+			"edgelm-run: load %.0f ms; prompt %d tokens in %.0f ms (%.1f tok/s); "
+			"generated %d tokens in %.0f ms (%.1f tok/s)\n",
+			t_load * 1e3, n_ids, t_prompt * 1e3, n_ids / (t_prompt > 0 ? t_prompt : 1e-9),
+			n_gen, t_gen * 1e3, n_gen / (t_gen > 0 ? t_gen : 1e-9));
+out:
+	free(piece);
+	free(top);
+	free(ids);
+	free(pbuf);
+	engine_sampler_free(smp);
+	engine_ctx_free(cx);
+	engine_model_free(m);
+	return rc;
+}
