@@ -1,0 +1,398 @@
+/* engine/sampler.c: token sampling as llama.cpp's default chain does it
+ * (docs/gguf-formats.md §7): penalties -> top_k -> top_p -> min_p ->
+ * temperature -> draw.
+ *
+ * Everything is preallocated in engine_sampler_new(): a candidate array of
+ * n_vocab (id, logit) pairs, a per-token count of the penalty window and a
+ * ring buffer of the window itself, so engine_sampler_sample() never
+ * allocates. top_k uses partial selection (quickselect) and sorts only the
+ * survivors; top_p without top_k sorts a growing prefix only as far as the
+ * cumulative probability needs.
+ *
+ * NaN logits count as -inf: they never win and never poison the softmax.
+ * The random stream is xoshiro256** seeded through splitmix64, so a seed
+ * reproduces a run exactly (it does not reproduce llama.cpp's mt19937). */
+#include "engine/engine.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Longest penalty window we preallocate; -1 (whole history) needs no ring. */
+#define PENALTY_WINDOW_MAX (1 << 24)
+
+struct cand {
+	float logit;
+	int32_t id;
+};
+
+struct engine_sampler {
+	struct engine_sampler_params p;
+	int n_vocab;
+	struct cand *cand; /* n_vocab */
+	int32_t *count;    /* n_vocab: occurrences in the penalty window */
+	int32_t *ring;     /* penalty_last_n entries (NULL when -1 or 0) */
+	int ring_cap, ring_len, ring_pos;
+	uint64_t rng[4];
+};
+
+/* ---- PRNG ------------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static void rng_seed(engine_sampler *s)
+{
+	uint64_t x = s->p.seed;
+	for (int i = 0; i < 4; i++)
+		s->rng[i] = splitmix64(&x);
+}
+
+static inline uint64_t rotl(uint64_t x, int k)
+{
+	return (x << k) | (x >> (64 - k));
+}
+
+static uint64_t rng_next(engine_sampler *s)
+{
+	uint64_t *r = s->rng;
+	uint64_t out = rotl(r[1] * 5, 7) * 9;
+	uint64_t t = r[1] << 17;
+	r[2] ^= r[0];
+	r[3] ^= r[1];
+	r[1] ^= r[2];
+	r[0] ^= r[3];
+	r[2] ^= t;
+	r[3] = rotl(r[3], 45);
+	return out;
+}
+
+/* Uniform in [0, 1). */
+static double rng_uniform(engine_sampler *s)
+{
+	return (double)(rng_next(s) >> 11) * 0x1.0p-53;
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+void engine_sampler_params_default(struct engine_sampler_params *p)
+{
+	memset(p, 0, sizeof(*p));
+	p->temp = 0.8f;
+	p->top_k = 40;
+	p->top_p = 0.95f;
+	p->min_p = 0.05f;
+	p->repeat_penalty = 1.0f;
+	p->freq_penalty = 0.0f;
+	p->presence_penalty = 0.0f;
+	p->penalty_last_n = 64;
+	p->seed = 0;
+}
+
+int engine_sampler_new(const struct engine_sampler_params *p, int n_vocab, engine_sampler **ret_s,
+		       struct cm_err *err)
+{
+	*ret_s = NULL;
+	if (n_vocab <= 0)
+		return cm_err_set(err, -EINVAL, "sampler: n_vocab %d must be positive", n_vocab);
+	if (isnan(p->temp) || isnan(p->top_p) || isnan(p->min_p) || isnan(p->repeat_penalty) ||
+	    isnan(p->freq_penalty) || isnan(p->presence_penalty))
+		return cm_err_set(err, -EINVAL, "sampler: a parameter is NaN");
+	if (p->repeat_penalty <= 0.0f || isinf(p->repeat_penalty))
+		return cm_err_set(err, -EINVAL, "sampler: repeat_penalty %g must be positive and finite",
+				  (double)p->repeat_penalty);
+	if (p->penalty_last_n < -1 || p->penalty_last_n > PENALTY_WINDOW_MAX)
+		return cm_err_set(err, -EINVAL,
+				  "sampler: penalty_last_n %d out of range (-1 for the whole history, "
+				  "0 for none, at most %d)",
+				  (int)p->penalty_last_n, PENALTY_WINDOW_MAX);
+
+	engine_sampler *s = cm_calloc(1, sizeof(*s));
+	if (!s)
+		return cm_err_set(err, -ENOMEM, "sampler: out of memory");
+	s->p = *p;
+	s->n_vocab = n_vocab;
+	s->cand = cm_malloc((size_t)n_vocab * sizeof(*s->cand));
+	s->count = cm_calloc((size_t)n_vocab, sizeof(*s->count));
+	if (p->penalty_last_n > 0) {
+		s->ring_cap = p->penalty_last_n;
+		s->ring = cm_malloc((size_t)s->ring_cap * sizeof(*s->ring));
+	}
+	if (!s->cand || !s->count || (s->ring_cap && !s->ring)) {
+		engine_sampler_free(s);
+		return cm_err_set(err, -ENOMEM, "sampler: out of memory for %d candidates", n_vocab);
+	}
+	rng_seed(s);
+	*ret_s = s;
+	return 0;
+}
+
+void engine_sampler_free(engine_sampler *s)
+{
+	if (!s)
+		return;
+	cm_free(s->cand);
+	cm_free(s->count);
+	cm_free(s->ring);
+	cm_free(s);
+}
+
+/* Like llama.cpp's reset: the history is forgotten and the random stream
+ * starts over from the seed. */
+void engine_sampler_reset(engine_sampler *s)
+{
+	memset(s->count, 0, (size_t)s->n_vocab * sizeof(*s->count));
+	s->ring_len = 0;
+	s->ring_pos = 0;
+	rng_seed(s);
+}
+
+void engine_sampler_accept(engine_sampler *s, int32_t id)
+{
+	if (id < 0 || id >= s->n_vocab || s->p.penalty_last_n == 0)
+		return;
+	if (s->p.penalty_last_n < 0) {
+		if (s->count[id] < INT32_MAX)
+			s->count[id]++;
+		return;
+	}
+	if (s->ring_len == s->ring_cap) {
+		s->count[s->ring[s->ring_pos]]--;
+		s->ring_len--;
+	}
+	s->ring[s->ring_pos] = id;
+	s->ring_pos = (s->ring_pos + 1) % s->ring_cap;
+	s->ring_len++;
+	s->count[id]++;
+}
+
+/* ---- stages --------------------------------------------------------------- */
+
+static bool penalties_on(const engine_sampler *s)
+{
+	return s->p.penalty_last_n != 0 &&
+	       (s->p.repeat_penalty != 1.0f || s->p.freq_penalty != 0.0f ||
+		s->p.presence_penalty != 0.0f);
+}
+
+/* The logit of token i after NaN cleanup and penalties. */
+static inline float adjusted_logit(const engine_sampler *s, const float *logits, int i, bool pen)
+{
+	float l = logits[i];
+	if (isnan(l))
+		return -INFINITY;
+	if (pen) {
+		int32_t c = s->count[i];
+		if (c > 0) {
+			l = l > 0.0f ? l / s->p.repeat_penalty : l * s->p.repeat_penalty;
+			l -= (float)c * s->p.freq_penalty + s->p.presence_penalty;
+			if (isnan(l))
+				l = -INFINITY;
+		}
+	}
+	return l;
+}
+
+/* Candidate order: higher logit first, ties to the lower id, so that every
+ * sort and selection below is deterministic. */
+static inline bool cand_before(const struct cand *a, const struct cand *b)
+{
+	return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
+}
+
+static inline void cand_swap(struct cand *a, struct cand *b)
+{
+	struct cand t = *a;
+	*a = *b;
+	*b = t;
+}
+
+/* Rearrange c[0..n) so that its first k entries are the k best (in any
+ * order). Iterative quickselect with a median-of-three pivot. */
+static void select_top(struct cand *c, int n, int k)
+{
+	int lo = 0, hi = n - 1;
+	while (lo < hi) {
+		int mid = lo + (hi - lo) / 2;
+		if (cand_before(&c[mid], &c[lo]))
+			cand_swap(&c[mid], &c[lo]);
+		if (cand_before(&c[hi], &c[lo]))
+			cand_swap(&c[hi], &c[lo]);
+		if (cand_before(&c[hi], &c[mid]))
+			cand_swap(&c[hi], &c[mid]);
+		struct cand pivot = c[mid];
+		int i = lo, j = hi;
+		while (i <= j) {
+			while (cand_before(&c[i], &pivot))
+				i++;
+			while (cand_before(&pivot, &c[j]))
+				j--;
+			if (i <= j) {
+				cand_swap(&c[i], &c[j]);
+				i++;
+				j--;
+			}
+		}
+		/* Now [lo, j] <= pivot position <= [i, hi]. */
+		if (k - 1 <= j)
+			hi = j;
+		else if (k - 1 >= i)
+			lo = i;
+		else
+			break;
+	}
+}
+
+/* Sort c[0..n) best first: heapsort (n is small after top_k, and bounded
+ * worst case otherwise). */
+static void sift_down(struct cand *c, int n, int i)
+{
+	for (;;) {
+		int w = i, l = 2 * i + 1, r = l + 1;
+		/* A min-heap in "before" order, so the worst entry is at the root. */
+		if (l < n && cand_before(&c[w], &c[l]))
+			w = l;
+		if (r < n && cand_before(&c[w], &c[r]))
+			w = r;
+		if (w == i)
+			return;
+		cand_swap(&c[i], &c[w]);
+		i = w;
+	}
+}
+
+static void sort_cands(struct cand *c, int n)
+{
+	for (int i = n / 2 - 1; i >= 0; i--)
+		sift_down(c, n, i);
+	for (int end = n - 1; end > 0; end--) {
+		cand_swap(&c[0], &c[end]);
+		sift_down(c, end, 0);
+	}
+}
+
+/* Make c[0..want) the `want` best of c[0..n), sorted, given that
+ * c[0..have) already are the `have` best, sorted. */
+static void extend_sorted(struct cand *c, int n, int have, int want)
+{
+	if (want > n)
+		want = n;
+	if (want <= have)
+		return;
+	select_top(c + have, n - have, want - have);
+	sort_cands(c + have, want - have);
+}
+
+int32_t engine_sampler_sample(engine_sampler *s, const float *logits)
+{
+	const int nv = s->n_vocab;
+	const bool pen = penalties_on(s);
+
+	/* Greedy: the argmax of the penalized logits, ties to the lowest id. */
+	if (s->p.temp <= 0.0f || s->p.top_k == 1) {
+		int32_t best = 0;
+		float bl = -INFINITY;
+		for (int i = 0; i < nv; i++) {
+			float l = adjusted_logit(s, logits, i, pen);
+			if (l > bl) {
+				bl = l;
+				best = i;
+			}
+		}
+		return best;
+	}
+
+	/* Candidates: every token with a finite or +inf logit. */
+	struct cand *c = s->cand;
+	int n = 0;
+	float lmax = -INFINITY;
+	int32_t imax = 0;
+	for (int i = 0; i < nv; i++) {
+		float l = adjusted_logit(s, logits, i, pen);
+		if (l == -INFINITY)
+			continue;
+		if (l > lmax) {
+			lmax = l;
+			imax = i;
+		}
+		c[n].logit = l;
+		c[n].id = i;
+		n++;
+	}
+	if (n == 0)
+		return 0; /* everything NaN or -inf: nothing better to offer */
+	if (isinf(lmax))
+		return imax; /* +inf dominates every softmax: the first one wins */
+
+	/* top_k: keep the k best, sorted. */
+	int sorted = 0;
+	if (s->p.top_k > 0 && s->p.top_k < n) {
+		select_top(c, n, s->p.top_k);
+		n = s->p.top_k;
+		sort_cands(c, n);
+		sorted = n;
+	}
+
+	/* top_p on untempered probabilities: the shortest best-first prefix
+	 * whose mass reaches top_p. Without top_k, sort only as far as needed. */
+	if (s->p.top_p < 1.0f && n > 1) {
+		double sum = 0.0;
+		for (int i = 0; i < n; i++)
+			sum += exp((double)c[i].logit - lmax);
+		double target = (double)s->p.top_p * sum, cum = 0.0;
+		int keep = n;
+		for (int i = 0; i < n; i++) {
+			if (i >= sorted) {
+				int want = sorted < 64 ? 64 : sorted * 4;
+				extend_sorted(c, n, sorted, want);
+				sorted = want < n ? want : n;
+			}
+			cum += exp((double)c[i].logit - lmax);
+			if (cum >= target) {
+				keep = i + 1;
+				break;
+			}
+		}
+		n = keep;
+		if (sorted > n)
+			sorted = n;
+	}
+
+	/* min_p: keep logits >= max + ln(min_p), i.e. p >= min_p * p_max. The
+	 * maximum always survives; the filter preserves order. */
+	if (s->p.min_p > 0.0f && n > 1) {
+		float cut = lmax + logf(s->p.min_p);
+		int m = 0;
+		for (int i = 0; i < n; i++) {
+			if (c[i].logit >= cut)
+				c[m++] = c[i];
+		}
+		n = m;
+	}
+
+	/* Temperature, then the draw from the softmax. A temperature so small
+	 * that 1/T overflows is greedy. */
+	double inv_t = 1.0 / (double)s->p.temp;
+	if (!isfinite(inv_t))
+		return imax;
+	double sum = 0.0;
+	for (int i = 0; i < n; i++)
+		sum += exp(((double)c[i].logit - lmax) * inv_t);
+	double u = rng_uniform(s) * sum, cum = 0.0;
+	for (int i = 0; i < n; i++) {
+		cum += exp(((double)c[i].logit - lmax) * inv_t);
+		if (u < cum)
+			return c[i].id;
+	}
+	/* Rounding left u at the very top: take the last candidate with mass. */
+	for (int i = n - 1; i > 0; i--) {
+		if (exp(((double)c[i].logit - lmax) * inv_t) > 0.0)
+			return c[i].id;
+	}
+	return c[0].id;
+}
