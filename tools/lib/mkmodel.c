@@ -1,0 +1,458 @@
+/* tools/lib/mkmodel.c: synthetic models of real shapes.
+ *
+ * Speed depends on shape, not on values, so benchmarks and load tests run on
+ * models with the exact tensor shapes and types of real ones (TinyLlama
+ * 1.1B, Llama 3.2 1B, Qwen2.5 0.5B, Qwen3 0.6B) filled with random weights.
+ * The scale keeps activations sane through many layers: matrices draw from
+ * N(0, 1/n_in), norms are 1, biases small. The vocabulary (tokenizer.*
+ * metadata) is copied from a vocab GGUF, or synthesized (a byte-fallback SPM
+ * vocab) for the small test shapes, so no external data is needed for tests.
+ *
+ * Values are a pure function of (seed, tensor name, row), so a model is
+ * reproducible whatever the thread count. */
+#include "tools/lib/tools.h"
+
+#include "engine/gguf.h"
+#include "engine/quant.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+struct shape {
+	const char *name;
+	const char *arch;
+	const char *vocab; /* default vocab file under $EDGELM_TESTDATA/vocab, NULL: synthetic */
+	uint32_t n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim, n_ctx;
+	float eps, rope_base;
+	bool tied, qkv_bias, qk_norm, llama3_rope;
+};
+
+static const struct shape shapes[] = {
+	{"tinyllama-1.1b", "llama", "ggml-vocab-llama-spm.gguf", 2048, 22, 32, 4, 5632, 64, 2048,
+	 1e-5f, 10000.0f, false, false, false, false},
+	{"llama-3.2-1b", "llama", "ggml-vocab-llama-bpe.gguf", 2048, 16, 32, 8, 8192, 64, 131072,
+	 1e-5f, 500000.0f, true, false, false, true},
+	{"qwen2.5-0.5b", "qwen2", "ggml-vocab-qwen2.gguf", 896, 24, 14, 2, 4864, 64, 32768, 1e-6f,
+	 1000000.0f, true, true, false, false},
+	{"qwen3-0.6b", "qwen3", "ggml-vocab-qwen2.gguf", 1024, 28, 16, 8, 3072, 128, 40960, 1e-6f,
+	 1000000.0f, true, false, true, false},
+	/* small shapes for tests: fast, every row a multiple of 256 (small) or
+	 * not a multiple of 32 anywhere in the FFN (tiny) */
+	{"tiny", "llama", NULL, 64, 2, 4, 2, 172, 16, 256, 1e-5f, 10000.0f, false, false, false,
+	 false},
+	{"small", "llama", NULL, 256, 4, 8, 4, 768, 32, 512, 1e-5f, 10000.0f, true, false, false,
+	 false},
+	{"small-qwen2", "qwen2", NULL, 256, 2, 8, 2, 768, 32, 512, 1e-6f, 1000000.0f, true, true,
+	 false, false},
+	{"small-qwen3", "qwen3", NULL, 256, 2, 4, 2, 768, 128, 512, 1e-6f, 1000000.0f, true, false,
+	 true, false},
+};
+
+void tools_mkmodel_usage(FILE *o)
+{
+	fprintf(o, "usage: edgelm-gguf mkmodel --shape NAME -o OUT.gguf [--type T] [--vocab FILE]\n"
+		   "                          [--seed N] [--layers N] [--ctx N] [--threads N]\n"
+		   "  --shape   one of:");
+	for (size_t i = 0; i < CM_ARRAY_LEN(shapes); i++)
+		fprintf(o, " %s", shapes[i].name);
+	fprintf(o, "\n  --type    type of the 2-D weights: F32, F16, BF16, Q8_0, Q4_0 (default Q4_0);\n"
+		   "            a tensor whose rows do not divide the block keeps F16\n"
+		   "  --vocab   vocab GGUF to copy tokenizer.* from ('synthetic' for a byte-level\n"
+		   "            SPM vocab; default: the shape's real vocab from\n"
+		   "            $EDGELM_TESTDATA/vocab, synthetic for the test shapes)\n"
+		   "  --layers  override the layer count (smaller files for tests)\n");
+}
+
+/* splitmix64: the per-row stream seed; xoshiro-like quality is not needed. */
+static uint64_t mix64(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+static uint64_t hash_str(const char *s)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 1099511628211ull;
+	return h;
+}
+
+/* Approximately normal: sum of 4 uniforms, scaled to unit variance. */
+static void fill_normal(float *x, int64_t n, uint64_t seed, float std)
+{
+	uint64_t s = seed;
+	const float k = std * 1.7320508f / 4294967296.0f; /* sqrt(3) / 2^32 */
+	for (int64_t i = 0; i < n; i++) {
+		s = mix64(s);
+		uint32_t a = (uint32_t)s, b = (uint32_t)(s >> 32);
+		s = mix64(s);
+		uint32_t c = (uint32_t)s, d = (uint32_t)(s >> 32);
+		float u = (float)a + (float)b + (float)c + (float)d - 2.0f * 4294967296.0f;
+		x[i] = u * k;
+	}
+}
+
+struct gen_tensor {
+	char name[GGUF_MAX_NAME];
+	uint32_t type;
+	uint32_t n_dims;
+	int64_t ne[2];
+	float std;   /* 0: constant `value` */
+	float value;
+	const float *values; /* explicit f32 values (rope_freqs) */
+	uint8_t *data;
+	size_t row_bytes;
+};
+
+struct gen_job {
+	struct gen_tensor *t;
+	int n;
+	uint64_t seed;
+	int next;
+	pthread_mutex_t mu;
+	int failed;
+};
+
+static void gen_one(struct gen_tensor *t, uint64_t seed, float *row)
+{
+	uint64_t ts = seed ^ hash_str(t->name);
+	for (int64_t r = 0; r < t->ne[1]; r++) {
+		if (t->values)
+			memcpy(row, t->values, (size_t)t->ne[0] * sizeof(float));
+		else if (t->std > 0)
+			fill_normal(row, t->ne[0], mix64(ts + (uint64_t)r), t->std);
+		else
+			for (int64_t i = 0; i < t->ne[0]; i++)
+				row[i] = t->value;
+		quantize_row(t->type, row, t->data + (size_t)r * t->row_bytes, t->ne[0]);
+	}
+}
+
+static void *gen_worker(void *arg)
+{
+	struct gen_job *j = arg;
+	float *row = NULL;
+	size_t cap = 0;
+	for (;;) {
+		pthread_mutex_lock(&j->mu);
+		int i = j->next++;
+		pthread_mutex_unlock(&j->mu);
+		if (i >= j->n)
+			break;
+		struct gen_tensor *t = &j->t[i];
+		if ((size_t)t->ne[0] > cap) {
+			free(row);
+			cap = (size_t)t->ne[0];
+			row = malloc(cap * sizeof(float));
+			if (!row) {
+				j->failed = 1;
+				break;
+			}
+		}
+		gen_one(t, j->seed, row);
+	}
+	free(row);
+	return NULL;
+}
+
+static bool skip_non_tokenizer(const char *key, void *ctx)
+{
+	(void)ctx;
+	return strncmp(key, "tokenizer.", 10) != 0;
+}
+
+/* A byte-fallback SPM vocab: <unk> <s> </s>, 256 byte tokens, then common
+ * English pieces so that text tokenizes into a plausible number of tokens. */
+#define SP "\xe2\x96\x81" /* U+2581, SentencePiece's space */
+static int synth_vocab(struct gguf_writer *w, uint32_t *ret_n)
+{
+	static const char *pieces[] = {
+		SP "", "e", "t", "a", "o", "n", "i", "s", "h", "r", "d", "l", "u", SP "t",
+		SP "a", "he", "in", SP "the", SP "s", "er", "on", "an", SP "w",
+		"ed", SP "b", "nd", SP "and", "ing", SP "to", SP "was",
+		SP "Once", SP "upon", SP "time", ".", ",", SP "He",
+	};
+	uint32_t n = 3 + 256 + CM_ARRAY_LEN(pieces);
+	const char **toks = calloc(n, sizeof(*toks));
+	char(*bytes)[8] = calloc(256, 8);
+	float *scores = calloc(n, sizeof(float));
+	int32_t *types = calloc(n, sizeof(int32_t));
+	int r = -ENOMEM;
+	if (!toks || !bytes || !scores || !types)
+		goto out;
+	toks[0] = "<unk>", types[0] = 2;
+	toks[1] = "<s>", types[1] = 3;
+	toks[2] = "</s>", types[2] = 3;
+	for (int b = 0; b < 256; b++) {
+		snprintf(bytes[b], 8, "<0x%02X>", b);
+		toks[3 + b] = bytes[b];
+		types[3 + b] = 6;
+	}
+	for (size_t i = 0; i < CM_ARRAY_LEN(pieces); i++) {
+		toks[259 + i] = pieces[i];
+		types[259 + i] = 1;
+		scores[259 + i] = -(float)i;
+	}
+	if ((r = gguf_writer_set_str(w, "tokenizer.ggml.model", "llama")) ||
+	    (r = gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, NULL, n)) ||
+	    (r = gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, n)) ||
+	    (r = gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, n)) ||
+	    (r = gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1)) ||
+	    (r = gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2)) ||
+	    (r = gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0)))
+		goto out;
+	*ret_n = n;
+out:
+	free(toks);
+	free(bytes);
+	free(scores);
+	free(types);
+	return r;
+}
+
+/* Llama 3.x rope frequency divisors (gguf-formats §4.3), factor 32 as 3.2. */
+static void llama3_freqs(float *f, uint32_t n_rot, float base)
+{
+	const double factor = 32, low = 1, high = 4, old = 8192;
+	for (uint32_t i = 0; i < n_rot / 2; i++) {
+		double freq = pow(base, -2.0 * i / n_rot);
+		double wavelen = 2 * M_PI / freq;
+		if (wavelen < old / high)
+			f[i] = 1;
+		else if (wavelen > old / low)
+			f[i] = (float)factor;
+		else {
+			double smooth = (old / wavelen - low) / (high - low);
+			f[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+		}
+	}
+}
+
+int tools_mkmodel_main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"shape", required_argument, NULL, 's'}, {"type", required_argument, NULL, 'T'},
+		{"vocab", required_argument, NULL, 'v'}, {"seed", required_argument, NULL, 'S'},
+		{"layers", required_argument, NULL, 'l'}, {"ctx", required_argument, NULL, 'c'},
+		{"threads", required_argument, NULL, 't'}, {"output", required_argument, NULL, 'o'},
+		{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
+	};
+	const char *shape_name = NULL, *vocab = NULL, *out = NULL, *type_name = "Q4_0";
+	long seed = 1, layers = 0, ctx = 0, threads = 0;
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "s:T:v:S:l:c:t:o:h", opts, NULL)) != -1) {
+		switch (c) {
+		case 's': shape_name = optarg; break;
+		case 'T': type_name = optarg; break;
+		case 'v': vocab = optarg; break;
+		case 'S': seed = strtol(optarg, NULL, 0); break;
+		case 'l': layers = strtol(optarg, NULL, 10); break;
+		case 'c': ctx = strtol(optarg, NULL, 10); break;
+		case 't': threads = strtol(optarg, NULL, 10); break;
+		case 'o': out = optarg; break;
+		case 'h': tools_mkmodel_usage(stdout); return 0;
+		default: tools_mkmodel_usage(stderr); return 1;
+		}
+	}
+	const struct shape *sh = NULL;
+	for (size_t i = 0; shape_name && i < CM_ARRAY_LEN(shapes); i++)
+		if (strcasecmp(shapes[i].name, shape_name) == 0)
+			sh = &shapes[i];
+	int wtype = dtype_from_name(type_name);
+	bool type_ok = wtype == ENGINE_DTYPE_F32 || wtype == ENGINE_DTYPE_F16 ||
+		       wtype == ENGINE_DTYPE_BF16 || wtype == ENGINE_DTYPE_Q8_0 ||
+		       wtype == ENGINE_DTYPE_Q4_0;
+	if (!sh || !out || !type_ok || layers < 0 || layers > 512 || ctx < 0 || optind < argc) {
+		if (shape_name && !sh)
+			fprintf(stderr, "edgelm-gguf: unknown shape '%s'\n", shape_name);
+		if (!type_ok)
+			fprintf(stderr, "edgelm-gguf: unsupported type '%s'\n", type_name);
+		tools_mkmodel_usage(stderr);
+		return 1;
+	}
+	uint32_t n_layer = layers ? (uint32_t)layers : sh->n_layer;
+	uint32_t n_ctx = ctx ? (uint32_t)ctx : sh->n_ctx;
+	char vocab_path[4096] = "";
+	if (!vocab && sh->vocab) {
+		const char *root = getenv("EDGELM_TESTDATA");
+		snprintf(vocab_path, sizeof(vocab_path), "%s/vocab/%s", root && *root ? root : "../shared",
+			 sh->vocab);
+		vocab = vocab_path;
+	}
+	if (vocab && strcmp(vocab, "synthetic") == 0)
+		vocab = NULL;
+
+	struct cm_err err = {0};
+	struct gguf_writer *w = NULL;
+	struct gguf_file *vf = NULL;
+	struct gen_tensor *ts = NULL;
+	float *rope_f = NULL;
+	int rc = 2, nt = 0;
+	uint32_t n_vocab = 0;
+	quant_init();
+	if (gguf_writer_new(&w, &err) != 0)
+		goto fail;
+	char key[128], gname[128];
+	snprintf(gname, sizeof(gname), "synthetic %s", sh->name);
+#define K(s) (snprintf(key, sizeof(key), "%s." s, sh->arch), key)
+	gguf_writer_set_str(w, "general.architecture", sh->arch);
+	gguf_writer_set_str(w, "general.name", gname);
+	gguf_writer_set_u32(w, "general.file_type",
+			    wtype == ENGINE_DTYPE_F32    ? 0
+			    : wtype == ENGINE_DTYPE_F16  ? 1
+			    : wtype == ENGINE_DTYPE_BF16 ? 32
+			    : wtype == ENGINE_DTYPE_Q8_0 ? 7
+							 : 2);
+	gguf_writer_set_u32(w, K("context_length"), n_ctx);
+	gguf_writer_set_u32(w, K("embedding_length"), sh->n_embd);
+	gguf_writer_set_u32(w, K("block_count"), n_layer);
+	gguf_writer_set_u32(w, K("feed_forward_length"), sh->n_ff);
+	gguf_writer_set_u32(w, K("attention.head_count"), sh->n_head);
+	gguf_writer_set_u32(w, K("attention.head_count_kv"), sh->n_head_kv);
+	gguf_writer_set_f32(w, K("attention.layer_norm_rms_epsilon"), sh->eps);
+	gguf_writer_set_f32(w, K("rope.freq_base"), sh->rope_base);
+	if (sh->head_dim != sh->n_embd / sh->n_head) {
+		gguf_writer_set_u32(w, K("attention.key_length"), sh->head_dim);
+		gguf_writer_set_u32(w, K("attention.value_length"), sh->head_dim);
+	}
+	gguf_writer_set_u32(w, K("rope.dimension_count"), sh->head_dim);
+#undef K
+	if (vocab) {
+		if (gguf_open(vocab, &vf, &err) != 0)
+			goto fail;
+		if (gguf_writer_copy_kv(w, vf, skip_non_tokenizer, NULL) != 0) {
+			cm_err_set(&err, -ENOMEM, "cannot copy the vocabulary");
+			goto fail;
+		}
+		const struct gguf_kv *kv = gguf_find_kv(vf, "tokenizer.ggml.tokens");
+		if (!kv || kv->type != GGUF_TYPE_ARRAY || kv->arr_type != GGUF_TYPE_STRING ||
+		    kv->arr_n == 0 || kv->arr_n > (1u << 22)) {
+			cm_err_set(&err, -EPROTO, "%s: no usable tokenizer.ggml.tokens", vocab);
+			goto fail;
+		}
+		n_vocab = (uint32_t)kv->arr_n;
+	} else if (synth_vocab(w, &n_vocab) != 0) {
+		cm_err_set(&err, -ENOMEM, "cannot build the synthetic vocabulary");
+		goto fail;
+	}
+
+	/* The tensor list, in llama.cpp's order. */
+	size_t max_t = 4 + (size_t)n_layer * 16;
+	ts = calloc(max_t, sizeof(*ts));
+	if (!ts)
+		goto fail_oom;
+	uint32_t E = sh->n_embd, QD = sh->head_dim * sh->n_head, KD = sh->head_dim * sh->n_head_kv;
+#define MAT(nm, nin, nout)                                                                 \
+	do {                                                                               \
+		struct gen_tensor *t_ = &ts[nt++];                                         \
+		snprintf(t_->name, sizeof(t_->name), "%s", nm);                            \
+		t_->n_dims = 2, t_->ne[0] = (nin), t_->ne[1] = (nout);                     \
+		t_->type = dtype_row_size((uint32_t)wtype, (nin)) ? (uint32_t)wtype       \
+								  : ENGINE_DTYPE_F16;     \
+		t_->std = 1.0f / sqrtf((float)(nin));                                      \
+	} while (0)
+#define VEC(nm, n, sd, val)                                                                \
+	do {                                                                               \
+		struct gen_tensor *t_ = &ts[nt++];                                         \
+		snprintf(t_->name, sizeof(t_->name), "%s", nm);                            \
+		t_->n_dims = 1, t_->ne[0] = (n), t_->ne[1] = 1;                            \
+		t_->type = ENGINE_DTYPE_F32, t_->std = (sd), t_->value = (val);            \
+	} while (0)
+	char nm[GGUF_MAX_NAME];
+	MAT("token_embd.weight", E, n_vocab);
+	ts[nt - 1].std = 1.0f; /* embeddings: unit scale, RMSNorm follows */
+	VEC("output_norm.weight", E, 0, 1.0f);
+	if (!sh->tied)
+		MAT("output.weight", E, n_vocab);
+	if (sh->llama3_rope) {
+		rope_f = malloc(sizeof(float) * sh->head_dim / 2);
+		if (!rope_f)
+			goto fail_oom;
+		llama3_freqs(rope_f, sh->head_dim, sh->rope_base);
+		VEC("rope_freqs.weight", sh->head_dim / 2, 0, 0);
+		ts[nt - 1].values = rope_f;
+	}
+	for (uint32_t l = 0; l < n_layer; l++) {
+#define N(s) (snprintf(nm, sizeof(nm), "blk.%u." s, l), nm)
+		VEC(N("attn_norm.weight"), E, 0, 1.0f);
+		MAT(N("attn_q.weight"), E, QD);
+		MAT(N("attn_k.weight"), E, KD);
+		MAT(N("attn_v.weight"), E, KD);
+		if (sh->qkv_bias) {
+			VEC(N("attn_q.bias"), QD, 0.02f, 0);
+			VEC(N("attn_k.bias"), KD, 0.02f, 0);
+			VEC(N("attn_v.bias"), KD, 0.02f, 0);
+		}
+		if (sh->qk_norm) {
+			VEC(N("attn_q_norm.weight"), sh->head_dim, 0, 1.0f);
+			VEC(N("attn_k_norm.weight"), sh->head_dim, 0, 1.0f);
+		}
+		MAT(N("attn_output.weight"), QD, E);
+		VEC(N("ffn_norm.weight"), E, 0, 1.0f);
+		MAT(N("ffn_gate.weight"), E, sh->n_ff);
+		MAT(N("ffn_up.weight"), E, sh->n_ff);
+		MAT(N("ffn_down.weight"), sh->n_ff, E);
+#undef N
+	}
+#undef MAT
+#undef VEC
+	for (int i = 0; i < nt; i++) {
+		struct gen_tensor *t = &ts[i];
+		t->row_bytes = dtype_row_size(t->type, t->ne[0]);
+		t->data = malloc(t->row_bytes * (size_t)t->ne[1]);
+		if (!t->data)
+			goto fail_oom;
+	}
+	struct gen_job job = {.t = ts, .n = nt, .seed = mix64((uint64_t)seed)};
+	pthread_mutex_init(&job.mu, NULL);
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	int nth = threads > 0 ? (int)threads : (int)(ncpu > 0 ? CM_MIN(ncpu, 16) : 1);
+	pthread_t th[16];
+	int started = 0;
+	for (int i = 1; i < nth && i < 16; i++)
+		if (pthread_create(&th[started], NULL, gen_worker, &job) == 0)
+			started++;
+	gen_worker(&job);
+	for (int i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	pthread_mutex_destroy(&job.mu);
+	if (job.failed)
+		goto fail_oom;
+	uint64_t total = 0;
+	for (int i = 0; i < nt; i++) {
+		if (gguf_writer_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne,
+					   ts[i].data, &err) != 0)
+			goto fail;
+		total += ts[i].row_bytes * (uint64_t)ts[i].ne[1];
+	}
+	if (gguf_writer_write(w, out, &err) != 0) {
+		rc = 3;
+		goto fail;
+	}
+	fprintf(stderr, "edgelm-gguf: wrote %s: %s, %u layers, vocab %u, %s weights, %.1f MiB\n",
+		out, sh->name, n_layer, n_vocab, dtype_name((uint32_t)wtype),
+		(double)total / (1 << 20));
+	rc = 0;
+	goto out;
+fail_oom:
+	cm_err_set(&err, -ENOMEM, "out of memory");
+fail:
+	fprintf(stderr, "edgelm-gguf: mkmodel: %s\n", err.msg);
+out:
+	for (int i = 0; ts && i < nt; i++)
+		free(ts[i].data);
+	free(ts);
+	free(rope_f);
+	gguf_close(vf);
+	gguf_writer_free(w);
+	return rc;
+}
