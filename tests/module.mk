@@ -39,7 +39,7 @@ check: tests
 	@$(MAKE) --no-print-directory SAN=address,undefined CFLAGS="-O1 -g" check-san
 
 check-san: tests
-	@BUILD=$(BUILD) TEST_PASS=asan+ubsan tests/run-tests.sh
+	@BUILD=$(BUILD) TEST_PASS=asan+ubsan EDGELM_AGREE_STORIES=$${EDGELM_AGREE_STORIES:-24} tests/run-tests.sh
 
 test: check
 .PHONY: tests check-san

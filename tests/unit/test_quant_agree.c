@@ -1,0 +1,240 @@
+/* tests/unit/test_quant_agree.c: quantized models against F32, teacher-forced
+ * on the held-out stories ($EDGELM_TESTDATA/reference/stories-heldout.jsonl,
+ * token ids fed as they are, one story per batch).
+ *
+ * Top-1 agreement = share of positions where the quantized model's argmax
+ * equals the F32 model's. Bars:
+ * - stories260K quantized to Q8_0 by our edgelm-quantize: >= 97%
+ *   (ffn_down stays F16: its rows of 172 do not divide the block);
+ * - stories3M Q8_0 as llama.cpp wrote it: >= 99.0% (llama.cpp measures
+ *   99.50% for this file, models/README.md);
+ * - Q4_0 figures are printed for docs/engine.md, with a loose floor that
+ *   only catches a broken kernel.
+ * EDGELM_AGREE_STORIES=N limits the number of stories (default all 400). */
+#include "engine/engine.h"
+#include "tests/test.h"
+
+#include <jansson.h>
+#include <sys/wait.h>
+
+struct story {
+	int32_t *ids;
+	int n;
+};
+
+static struct story *stories;
+static int n_stories;
+
+static int load_stories(void)
+{
+	if (stories)
+		return 0;
+	FILE *f = fopen(test_data_path("reference/stories-heldout.jsonl"), "r");
+	if (!f)
+		return -1;
+	int limit = 400;
+	const char *e = getenv("EDGELM_AGREE_STORIES");
+	if (e && atoi(e) > 0)
+		limit = atoi(e);
+	stories = calloc((size_t)limit, sizeof(*stories));
+	char *line = NULL;
+	size_t cap = 0;
+	while (n_stories < limit && getline(&line, &cap, f) > 0) {
+		json_error_t je;
+		json_t *j = json_loads(line, 0, &je);
+		json_t *ids = json_object_get(j, "ids");
+		size_t n = json_array_size(ids);
+		if (n >= 2) {
+			struct story *s = &stories[n_stories++];
+			s->n = (int)n;
+			s->ids = malloc(n * sizeof(int32_t));
+			for (size_t i = 0; i < n; i++)
+				s->ids[i] = (int32_t)json_integer_value(json_array_get(ids, i));
+		}
+		json_decref(j);
+	}
+	free(line);
+	fclose(f);
+	return n_stories > 0 ? 0 : -1;
+}
+
+static engine_model *load(const char *path)
+{
+	struct engine_params p = {.n_threads = 0};
+	struct cm_err err = {0};
+	engine_model *m = NULL;
+	if (engine_model_load(path, &p, &m, &err) != 0)
+		fprintf(stderr, "load %s: %s\n", path, err.msg);
+	return m;
+}
+
+static int argmax(const float *l, int n)
+{
+	int b = 0;
+	for (int i = 1; i < n; i++)
+		if (l[i] > l[b])
+			b = i;
+	return b;
+}
+
+/* Argmax at every position of every story (the next-token prediction). */
+static int32_t *predictions(engine_model *m, int lim, long *ret_n)
+{
+	struct engine_model_info info;
+	engine_model_get_info(m, &info);
+	struct engine_ctx_params cp = {.n_seq = 1, .n_batch = info.n_ctx};
+	engine_ctx *c = NULL;
+	struct cm_err err = {0};
+	if (engine_ctx_new(m, &cp, &c, &err) != 0)
+		return NULL;
+	long total = 0;
+	for (int s = 0; s < lim; s++)
+		total += CM_MIN(stories[s].n, (int)info.n_ctx);
+	int32_t *pred = malloc(sizeof(int32_t) * (size_t)total);
+	int32_t *pos = malloc(sizeof(int32_t) * info.n_ctx);
+	bool *want = malloc(info.n_ctx);
+	long k = 0;
+	for (int s = 0; s < lim && pred && pos && want; s++) {
+		int n = CM_MIN(stories[s].n, (int)info.n_ctx);
+		for (int i = 0; i < n; i++)
+			pos[i] = i, want[i] = true;
+		engine_seq_truncate(c, 0, 0);
+		struct engine_batch b = {.n = n, .tokens = stories[s].ids, .pos = pos, .want_logits = want};
+		if (engine_decode(c, &b, &err) != 0) {
+			fprintf(stderr, "decode: %s\n", err.msg);
+			free(pred);
+			pred = NULL;
+			break;
+		}
+		for (int i = 0; i < n; i++)
+			pred[k++] = argmax(engine_get_logits(c, i), (int)info.n_vocab);
+	}
+	free(pos);
+	free(want);
+	engine_ctx_free(c);
+	*ret_n = k;
+	return pred;
+}
+
+/* The 3M model costs ~13x the 260K one per token: it runs on a subset. */
+static int story_limit(const char *model)
+{
+	return strstr(model, "3M") ? CM_MIN(n_stories, 80) : n_stories;
+}
+
+static double agreement(engine_model *ref, engine_model *q, int lim)
+{
+	long n1 = 0, n2 = 0;
+	int32_t *a = predictions(ref, lim, &n1), *b = predictions(q, lim, &n2);
+	double r = -1;
+	if (a && b && n1 == n2 && n1 > 0) {
+		long same = 0;
+		for (long i = 0; i < n1; i++)
+			same += a[i] == b[i];
+		r = (double)same / (double)n1;
+	}
+	free(a);
+	free(b);
+	return r;
+}
+
+static int quantize(const char *in, const char *out, const char *type)
+{
+	const char *build = getenv("BUILD");
+	char cmd[8192];
+	snprintf(cmd, sizeof(cmd), "%s/bin/edgelm-quantize '%s' '%s' %s >/dev/null 2>&1",
+		 build && *build ? build : "build", in, out, type);
+	int st = system(cmd);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static bool have_data(const char *model)
+{
+	if (!test_file_exists(test_data_path(model)) || load_stories() != 0) {
+		TEST_SKIP("%s or reference/stories-heldout.jsonl not found under $EDGELM_TESTDATA",
+			  model);
+		return false;
+	}
+	return true;
+}
+
+static void check_ours(const char *model, const char *type, double floor)
+{
+	if (!have_data(model))
+		return;
+	char ref_path[4096], out[4096];
+	snprintf(ref_path, sizeof(ref_path), "%s", test_data_path(model));
+	snprintf(out, sizeof(out), "%s/agree-%s.gguf", test_tmpdir(), type);
+	CHECK_EQ_INT(quantize(ref_path, out, type), 0);
+	engine_model *a = load(ref_path), *b = load(out);
+	CHECK(a && b);
+	if (a && b) {
+		double r = agreement(a, b, story_limit(model));
+		fprintf(stderr, "%s -> %s (edgelm-quantize): top-1 agreement %.2f%% over %d stories\n",
+			model, type, r * 100, story_limit(model));
+		CHECK_MSG(r >= floor, "agreement %.4f below %.4f", r, floor);
+	}
+	engine_model_free(a);
+	engine_model_free(b);
+	remove(out);
+}
+
+static void check_file(const char *model, const char *qmodel, double floor)
+{
+	if (!have_data(model))
+		return;
+	if (!test_file_exists(test_data_path(qmodel))) {
+		TEST_SKIP("%s not found under $EDGELM_TESTDATA", qmodel);
+		return;
+	}
+	char ref_path[4096];
+	snprintf(ref_path, sizeof(ref_path), "%s", test_data_path(model));
+	engine_model *a = load(ref_path), *b = load(test_data_path(qmodel));
+	CHECK(a && b);
+	if (a && b) {
+		double r = agreement(a, b, story_limit(model));
+		fprintf(stderr, "%s (llama.cpp's file): top-1 agreement %.2f%% over %d stories\n",
+			qmodel, r * 100, story_limit(model));
+		CHECK_MSG(r >= floor, "agreement %.4f below %.4f", r, floor);
+	}
+	engine_model_free(a);
+	engine_model_free(b);
+}
+
+static void test_260k_q8_0(void)
+{
+	check_ours("models/stories260K-f32.gguf", "Q8_0", 0.97);
+}
+
+static void test_260k_q4_0(void)
+{
+	check_ours("models/stories260K-f32.gguf", "Q4_0", 0.50);
+}
+
+static void test_3m_q8_0_ours(void)
+{
+	check_ours("models/stories3M-f32.gguf", "Q8_0", 0.99);
+}
+
+static void test_3m_q4_0_ours(void)
+{
+	check_ours("models/stories3M-f32.gguf", "Q4_0", 0.75);
+}
+
+static void test_3m_q8_0_llamacpp(void)
+{
+	check_file("models/stories3M-f32.gguf", "models/stories3M-q8_0.gguf", 0.99);
+}
+
+int main(void)
+{
+	TEST_RUN(test_260k_q8_0);
+	TEST_RUN(test_260k_q4_0);
+	TEST_RUN(test_3m_q8_0_ours);
+	TEST_RUN(test_3m_q4_0_ours);
+	TEST_RUN(test_3m_q8_0_llamacpp);
+	for (int i = 0; i < n_stories; i++)
+		free(stories[i].ids);
+	free(stories);
+	return test_finish();
+}
