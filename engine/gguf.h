@@ -148,6 +148,10 @@ int gguf_writer_set_u64(struct gguf_writer *w, const char *key, uint64_t v);
 int gguf_writer_set_f32(struct gguf_writer *w, const char *key, float v);
 int gguf_writer_set_bool(struct gguf_writer *w, const char *key, bool v);
 int gguf_writer_set_str(struct gguf_writer *w, const char *key, const char *v);
+/* Any fixed-size scalar type (UINT8..FLOAT64, BOOL): `v` points at one value
+ * of that type in host order (copied). -EINVAL for STRING/ARRAY. */
+int gguf_writer_set_scalar(struct gguf_writer *w, const char *key, enum gguf_vtype type,
+			   const void *v);
 /* Numeric array: `data` holds n packed elements of elem_type (copied). */
 int gguf_writer_set_arr(struct gguf_writer *w, const char *key, enum gguf_vtype elem_type,
 			const void *data, uint64_t n);
