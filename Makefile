@@ -40,8 +40,21 @@ ifeq ($(NATIVE),1)
 EDGELM_CFLAGS += -march=native
 endif
 
-JANSSON_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags jansson 2>/dev/null)
-JANSSON_LIBS   ?= $(or $(shell $(PKG_CONFIG) --libs jansson 2>/dev/null),-ljansson)
+# External libraries (Debian packages, see packaging/build-deps). nng installs
+# no nng.pc (upstream or Debian), so it falls back to -lnng.
+pc_libs = $(or $(shell $(PKG_CONFIG) --libs $(1) 2>/dev/null),$(2))
+JANSSON_LIBS    ?= $(call pc_libs,jansson,-ljansson)
+NNG_LIBS        ?= $(call pc_libs,nng,-lnng)
+CPUID_LIBS      ?= $(call pc_libs,libcpuid,-lcpuid)
+PROC2_LIBS      ?= $(call pc_libs,libproc2,-lproc2)
+MHD_LIBS        ?= $(call pc_libs,libmicrohttpd,-lmicrohttpd)
+SYSTEMD_LIBS    ?= $(call pc_libs,libsystemd,-lsystemd)
+PCRE2_LIBS      ?= $(call pc_libs,libpcre2-8,-lpcre2-8)
+NUMA_LIBS       ?= -lnuma
+# Programs link every module library they need; --as-needed keeps unused
+# shared libraries out of each binary's NEEDED list.
+EXT_LIBS = -Wl,--as-needed $(NNG_LIBS) $(JANSSON_LIBS) $(SYSTEMD_LIBS) $(PROC2_LIBS) \
+	   $(MHD_LIBS) $(CPUID_LIBS) $(NUMA_LIBS) $(PCRE2_LIBS) -lm -pthread
 
 ifeq ($(V),1)
 Q :=
@@ -59,6 +72,12 @@ CLEAN_EXTRA :=
 
 include common/module.mk
 include engine/module.mk
+include tuning/module.mk
+include monitor/module.mk
+include ipc/module.mk
+# Module libraries in link order (dependents first).
+MODULE_LIBS = $(IPC_LIB) $(MONITOR_LIB) $(TUNING_LIB) $(ENGINE_LIB) $(COMMON_LIB)
+include daemon/module.mk
 include tools/module.mk
 include tests/module.mk
 
@@ -101,6 +120,8 @@ check-deps:
 install: all
 	install -d $(DESTDIR)$(BINDIR)
 	for b in $(INSTALL_BINS); do install -m 0755 $(BUILD)/bin/$$b $(DESTDIR)$(BINDIR)/$$b; done
+	install -d $(DESTDIR)$(SBINDIR)
+	for b in $(INSTALL_SBINS); do install -m 0755 $(BUILD)/bin/$$b $(DESTDIR)$(SBINDIR)/$$b; done
 
 uninstall:
 	for b in $(INSTALL_BINS); do rm -f $(DESTDIR)$(BINDIR)/$$b; done

@@ -6,29 +6,32 @@ FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_REPLAY  := $(FUZZ_TARGETS:%=$(BUILD)/tests/fuzz/replay_%)
 TESTS += $(UNIT_TESTS) $(FUZZ_REPLAY)
 
-TEST_LDLIBS := $(JANSSON_LIBS) $(ENGINE_LDLIBS)
+TEST_LDLIBS = $(EXT_LIBS)
 
-$(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $(ENGINE_LIB) $(COMMON_LIB)
+$(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $(MODULE_LIBS)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(TEST_LDLIBS)
 
-$(BUILD)/tests/kernels/%: $(BUILD)/tests/kernels/%.o $(ENGINE_LIB) $(COMMON_LIB)
+$(BUILD)/tests/kernels/%: $(BUILD)/tests/kernels/%.o $(MODULE_LIBS)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(TEST_LDLIBS)
 
 # Fuzz targets replayed over their checked-in corpus by a plain driver, so no
 # clang is needed for `make check`. `make fuzz` builds the libFuzzer versions.
-$(BUILD)/tests/fuzz/replay_%: $(BUILD)/tests/fuzz/fuzz_%.o $(BUILD)/tests/fuzz/replay.o $(ENGINE_LIB) $(COMMON_LIB)
+$(BUILD)/tests/fuzz/replay_%: $(BUILD)/tests/fuzz/fuzz_%.o $(BUILD)/tests/fuzz/replay.o $(MODULE_LIBS)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(TEST_LDLIBS)
 
 FUZZ_CC ?= clang
 FUZZ_BUILD := build-fuzz
 fuzz: $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
-$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(ENGINE_SRCS) $(COMMON_SRCS)
+# The fuzz build compiles the module sources directly (no ISA variants: the
+# generic kernels are the ones that see untrusted data first).
+FUZZ_SRCS = $(COMMON_SRCS) $(filter-out engine/kernels/kern_avx% engine/kernels/kern_amx% engine/kernels/kern_neon%,$(ENGINE_SRCS)) $(IPC_SRCS) $(MONITOR_SRCS) $(TUNING_SRCS)
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_SRCS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -I. -g -O1 -pthread -fsanitize=fuzzer,address,undefined \
-		-o $@ $(filter-out engine/kernels/kern_avx%.c,$^) -lm
+		-o $@ $^ $(EXT_LIBS)
 
 tests: $(TESTS) $(BINS)
 

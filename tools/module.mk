@@ -1,13 +1,13 @@
-# Command-line tools: each tools/edgelm-*.c is one program; code shared by
-# several tools lives in tools/lib/ (libtools.a).
-TOOL_NAMES := $(patsubst tools/%.c,%,$(wildcard tools/edgelm-*.c))
+# Command-line tools: each tools/edgelm-*.c and tools/edgelmctl.c is one
+# program; code shared by several tools lives in tools/lib/ (libtools.a).
+TOOL_NAMES := $(patsubst tools/%.c,%,$(wildcard tools/edgelm-*.c tools/edgelmctl.c))
 TOOL_BINS  := $(TOOL_NAMES:%=$(BUILD)/bin/%)
 TOOLS_LIB  := $(BUILD)/tools/libtools.a
 $(TOOLS_LIB): $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/lib/*.c))
 BINS += $(TOOL_BINS)
 INSTALL_BINS += $(TOOL_NAMES)
 
-$(BUILD)/bin/%: $(BUILD)/tools/%.o $(TOOLS_LIB) $(ENGINE_LIB) $(COMMON_LIB)
+$(BUILD)/bin/%: $(BUILD)/tools/%.o $(TOOLS_LIB) $(MODULE_LIBS)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(JANSSON_LIBS) $(ENGINE_LDLIBS)
+	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(EXT_LIBS)
