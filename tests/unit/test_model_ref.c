@@ -163,7 +163,8 @@ static void test_stories260k_f32(void)
 
 static void test_stories260k_f16(void)
 {
-	check_model("models/stories260K-f16.gguf", "reference/stories260K-f32.json", false, 0);
+	/* F16 weights: same tokens; logits within a looser, measured bound. */
+	check_model("models/stories260K-f16.gguf", "reference/stories260K-f32.json", true, 0.02);
 }
 
 static void test_stories3m_f32(void)

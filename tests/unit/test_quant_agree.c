@@ -141,7 +141,7 @@ static double agreement(engine_model *ref, engine_model *q, int lim)
 static int quantize(const char *in, const char *out, const char *type)
 {
 	const char *build = getenv("BUILD");
-	char cmd[8192];
+	char cmd[16384];
 	snprintf(cmd, sizeof(cmd), "%s/bin/edgelm-quantize '%s' '%s' %s >/dev/null 2>&1",
 		 build && *build ? build : "build", in, out, type);
 	int st = system(cmd);
