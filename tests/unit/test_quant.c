@@ -1,0 +1,177 @@
+/* tests/unit/test_quant.c: the ggml type table (gguf-formats §2.1), name
+ * lookup and row sizes, and the thread-safe fp16 table initialisation.
+ * Conversions and quantizers are covered by tests/kernels/test_kern.c. */
+#include "common/common.h"
+#include "engine/quant.h"
+
+#include "tests/test.h"
+
+#include <pthread.h>
+#include <stdint.h>
+
+/* §2.1, typed in from the spec: id, name, elements and bytes per block. */
+static const struct {
+	uint32_t id;
+	const char *name;
+	uint32_t blck, size;
+} spec[] = {
+	{ 0, "F32", 1, 4 },	    { 1, "F16", 1, 2 },		{ 2, "Q4_0", 32, 18 },
+	{ 3, "Q4_1", 32, 20 },	    { 6, "Q5_0", 32, 22 },	{ 7, "Q5_1", 32, 24 },
+	{ 8, "Q8_0", 32, 34 },	    { 9, "Q8_1", 32, 36 },	{ 10, "Q2_K", 256, 84 },
+	{ 11, "Q3_K", 256, 110 },   { 12, "Q4_K", 256, 144 },	{ 13, "Q5_K", 256, 176 },
+	{ 14, "Q6_K", 256, 210 },   { 15, "Q8_K", 256, 292 },	{ 16, "IQ2_XXS", 256, 66 },
+	{ 17, "IQ2_XS", 256, 74 },  { 18, "IQ3_XXS", 256, 98 }, { 19, "IQ1_S", 256, 50 },
+	{ 20, "IQ4_NL", 32, 18 },   { 21, "IQ3_S", 256, 110 },	{ 22, "IQ2_S", 256, 82 },
+	{ 23, "IQ4_XS", 256, 136 }, { 24, "I8", 1, 1 },		{ 25, "I16", 1, 2 },
+	{ 26, "I32", 1, 4 },	    { 27, "I64", 1, 8 },	{ 28, "F64", 1, 8 },
+	{ 29, "IQ1_M", 256, 56 },   { 30, "BF16", 1, 2 },	{ 34, "TQ1_0", 256, 54 },
+	{ 35, "TQ2_0", 256, 66 },
+};
+
+static const uint32_t removed[] = { 4, 5, 31, 32, 33, 36, 37, 38 };
+
+static void test_table_sizes(void)
+{
+	for (size_t i = 0; i < CM_ARRAY_LEN(spec); i++) {
+		const struct dtype_info *ti = dtype_get(spec[i].id);
+		CHECK_MSG(ti != NULL, "type %u missing", spec[i].id);
+		if (!ti)
+			continue;
+		CHECK_STREQ(ti->name, spec[i].name);
+		CHECK_MSG(ti->blck == spec[i].blck && ti->size == spec[i].size,
+			  "%s: %u/%u, expected %u/%u", spec[i].name, ti->blck, ti->size,
+			  spec[i].blck, spec[i].size);
+		CHECK_STREQ(dtype_name(spec[i].id), spec[i].name);
+	}
+	CHECK_EQ_INT(CM_ARRAY_LEN(spec) + CM_ARRAY_LEN(removed), ENGINE_DTYPE_COUNT);
+}
+
+static void test_table_invalid(void)
+{
+	for (size_t i = 0; i < CM_ARRAY_LEN(removed); i++) {
+		CHECK_MSG(dtype_get(removed[i]) == NULL, "removed id %u", removed[i]);
+		CHECK_STREQ(dtype_name(removed[i]), "?");
+		CHECK_EQ_INT(dtype_row_size(removed[i], 32), 0);
+	}
+	CHECK(dtype_get(ENGINE_DTYPE_COUNT) == NULL);
+	CHECK(dtype_get(39) == NULL); /* MXFP4 in later ggml */
+	CHECK(dtype_get(133) == NULL);
+	CHECK(dtype_get(UINT32_MAX) == NULL);
+	CHECK_STREQ(dtype_name(UINT32_MAX), "?");
+}
+
+static void test_computable(void)
+{
+	for (uint32_t t = 0; t < ENGINE_DTYPE_COUNT; t++) {
+		const struct dtype_info *ti = dtype_get(t);
+		if (!ti)
+			continue;
+		bool want = t == ENGINE_DTYPE_F32 || t == ENGINE_DTYPE_F16 ||
+			    t == ENGINE_DTYPE_BF16 || t == ENGINE_DTYPE_Q8_0 || t == ENGINE_DTYPE_Q4_0;
+		CHECK_MSG(ti->computable == want, "%s computable = %d", ti->name, ti->computable);
+	}
+}
+
+static void test_from_name(void)
+{
+	for (size_t i = 0; i < CM_ARRAY_LEN(spec); i++)
+		CHECK_EQ_INT(dtype_from_name(spec[i].name), spec[i].id);
+	CHECK_EQ_INT(dtype_from_name("q4_0"), ENGINE_DTYPE_Q4_0);
+	CHECK_EQ_INT(dtype_from_name("q8_0"), ENGINE_DTYPE_Q8_0);
+	CHECK_EQ_INT(dtype_from_name("f16"), ENGINE_DTYPE_F16);
+	CHECK_EQ_INT(dtype_from_name("Bf16"), ENGINE_DTYPE_BF16);
+	CHECK_EQ_INT(dtype_from_name("iq4_nl"), ENGINE_DTYPE_IQ4_NL);
+	CHECK_EQ_INT(dtype_from_name("q6_k"), ENGINE_DTYPE_Q6_K);
+	CHECK_EQ_INT(dtype_from_name("Q4_K_M"), -1); /* a file type, not a tensor type */
+	CHECK_EQ_INT(dtype_from_name("Q4_"), -1);
+	CHECK_EQ_INT(dtype_from_name("Q4_00"), -1);
+	CHECK_EQ_INT(dtype_from_name(" Q4_0"), -1);
+	CHECK_EQ_INT(dtype_from_name(""), -1);
+	CHECK_EQ_INT(dtype_from_name("?"), -1);
+	CHECK_EQ_INT(dtype_from_name(NULL), -1);
+}
+
+static void test_row_size(void)
+{
+	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_F32, 5), 20);
+	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_F16, 7), 14);
+	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_BF16, 1), 2);
+	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_Q4_0, 64), 36);
+	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_Q4_0, 4096), 2304);
+	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_Q8_0, 4096), 4352);
+	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_Q8_0, 172), 0); /* stories260K's FFN */
+	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_Q4_0, 33), 0);
+	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_Q6_K, 768), 3 * 210);
+	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_Q4_K, 896), 0); /* 3.5 super-blocks */
+	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_IQ4_NL, 896), 28 * 18);
+	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_F32, 0), 0);
+	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_F32, -4), 0);
+	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_Q8_0, -32), 0);
+	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_COUNT, 32), 0);
+	/* Overflow of n / blck * size is refused, not wrapped. */
+	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_F64, INT64_MAX - 7), 0);
+	CHECK(dtype_row_size(ENGINE_DTYPE_Q8_0, (INT64_MAX / 32) * 32) ==
+	      (uint64_t)(INT64_MAX / 32) * 34); /* large but representable */
+	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_I8, INT64_MAX),
+		     (uint64_t)INT64_MAX <= SIZE_MAX ? (long long)INT64_MAX : 0);
+	/* Every valid type: one block is `size` bytes, one element short is 0. */
+	for (size_t i = 0; i < CM_ARRAY_LEN(spec); i++) {
+		CHECK_EQ_INT(dtype_row_size(spec[i].id, spec[i].blck), spec[i].size);
+		CHECK_EQ_INT(dtype_row_size(spec[i].id, 3 * (int64_t)spec[i].blck),
+			     3 * spec[i].size);
+		if (spec[i].blck > 1)
+			CHECK_EQ_INT(dtype_row_size(spec[i].id, spec[i].blck - 1), 0);
+	}
+}
+
+/* The block structs match the table. */
+static void test_block_structs(void)
+{
+	CHECK_EQ_INT(sizeof(struct block_q4_0), dtype_get(ENGINE_DTYPE_Q4_0)->size);
+	CHECK_EQ_INT(sizeof(struct block_q8_0), dtype_get(ENGINE_DTYPE_Q8_0)->size);
+	CHECK_EQ_INT(QK4_0, dtype_get(ENGINE_DTYPE_Q4_0)->blck);
+	CHECK_EQ_INT(QK8_0, dtype_get(ENGINE_DTYPE_Q8_0)->blck);
+	CHECK_EQ_INT(QK_K, dtype_get(ENGINE_DTYPE_Q4_K)->blck);
+}
+
+/* quant_init from many threads at once: every thread sees a full table. */
+static void *init_thread(void *arg)
+{
+	int *bad = arg;
+	quant_init();
+	/* 0x3c00 = 1, 0xc000 = -2, 0x7bff = 65504, 0x0001 = 2^-24, 0x7c00 = inf */
+	*bad = !(quant_fp16_table[0x3c00] == 1.0f && quant_fp16_table[0xc000] == -2.0f &&
+		 quant_fp16_table[0x7bff] == 65504.0f && quant_fp16_table[0x0001] == 0x1p-24f &&
+		 isinf(quant_fp16_table[0x7c00]) && isnan(quant_fp16_table[0xfe00]) &&
+		 quant_fp16_table[0x3555] == 0x1.554p-2f);
+	return NULL;
+}
+
+static void test_init_threads(void)
+{
+	pthread_t th[8];
+	int bad[8] = { 0 };
+	int started = 0;
+	for (int i = 0; i < 8; i++)
+		if (pthread_create(&th[i], NULL, init_thread, &bad[i]) == 0)
+			started++;
+		else
+			break;
+	for (int i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	CHECK(started > 0);
+	for (int i = 0; i < started; i++)
+		CHECK_EQ_INT(bad[i], 0);
+}
+
+int main(void)
+{
+	TEST_RUN(test_table_sizes);
+	TEST_RUN(test_table_invalid);
+	TEST_RUN(test_computable);
+	TEST_RUN(test_from_name);
+	TEST_RUN(test_row_size);
+	TEST_RUN(test_block_structs);
+	TEST_RUN(test_init_threads);
+	return test_finish();
+}
