@@ -1,0 +1,1209 @@
+/* tests/kernels/test_kern.c: half/bfloat conversion, the reference
+ * quantizers, and every compiled-in kernel variant against independent
+ * expectations.
+ *
+ * Nothing here checks a function against itself. The expectations come
+ * from (a) hand-written known-answer vectors, (b) decoders written in this
+ * file straight from gguf-formats §2 with ldexp() (ref_decode), sharing no
+ * code with the engine, and (c) error bounds derived from the formats.
+ * The variant tests loop over kern_variant_names(), so a new SIMD file is
+ * tested as soon as it is listed in kern_select.c; variants this CPU cannot
+ * run are reported and skipped. */
+#include "engine/kernels/kern.h"
+#include "engine/quant.h"
+
+#include "tests/test.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static uint64_t rng_u64(void)
+{
+	/* splitmix64 */
+	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static double rng_unif(double lo, double hi)
+{
+	return lo + (hi - lo) * ((double)(rng_u64() >> 11) * 0x1.0p-53);
+}
+
+static double rng_normal(void)
+{
+	double u = rng_unif(1e-12, 1.0), v = rng_unif(0.0, 1.0);
+	return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+static uint32_t f2u(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	return u;
+}
+
+static float u2f(uint32_t u)
+{
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+	if (!p) {
+		fprintf(stderr, "test_kern: out of memory\n");
+		exit(2);
+	}
+	return p;
+}
+
+/* Independent decoders, from the spec text only. */
+static double ref_f16(uint16_t h)
+{
+	int e = (h >> 10) & 31, m = h & 1023;
+	double v;
+	if (e == 0)
+		v = ldexp(m, -24);
+	else if (e == 31)
+		v = m ? NAN : INFINITY;
+	else
+		v = ldexp(1024 + m, e - 25);
+	return (h & 0x8000) ? -v : v;
+}
+
+static double ref_bf16(uint16_t b)
+{
+	int e = (b >> 7) & 255, m = b & 127;
+	double v;
+	if (e == 0)
+		v = ldexp(m, -133);
+	else if (e == 255)
+		v = m ? NAN : INFINITY;
+	else
+		v = ldexp(128 + m, e - 134);
+	return (b & 0x8000) ? -v : v;
+}
+
+static uint16_t rd16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | p[1] << 8);
+}
+
+/* Decode n elements of `type` (F32, F16, BF16, Q8_0, Q4_0) to double. */
+static void ref_decode(uint32_t type, const void *src, int64_t n, double *out)
+{
+	const uint8_t *p = src;
+	switch (type) {
+	case ENGINE_DTYPE_F32:
+		for (int64_t i = 0; i < n; i++) {
+			float f;
+			memcpy(&f, p + 4 * i, 4);
+			out[i] = f;
+		}
+		break;
+	case ENGINE_DTYPE_F16:
+		for (int64_t i = 0; i < n; i++)
+			out[i] = ref_f16(rd16(p + 2 * i));
+		break;
+	case ENGINE_DTYPE_BF16:
+		for (int64_t i = 0; i < n; i++)
+			out[i] = ref_bf16(rd16(p + 2 * i));
+		break;
+	case ENGINE_DTYPE_Q8_0:
+		for (int64_t b = 0; b < n / 32; b++, p += 34) {
+			double d = ref_f16(rd16(p));
+			for (int j = 0; j < 32; j++)
+				out[32 * b + j] = d * (int8_t)p[2 + j];
+		}
+		break;
+	case ENGINE_DTYPE_Q4_0:
+		for (int64_t b = 0; b < n / 32; b++, p += 18) {
+			double d = ref_f16(rd16(p));
+			for (int j = 0; j < 16; j++) {
+				out[32 * b + j] = d * ((p[2 + j] & 15) - 8);
+				out[32 * b + j + 16] = d * ((p[2 + j] >> 4) - 8);
+			}
+		}
+		break;
+	default:
+		fprintf(stderr, "ref_decode: type %u not handled\n", type);
+		abort();
+	}
+}
+
+/* Bytes of n elements, from the §2.1 sizes (not from dtype_row_size). */
+static size_t ref_bytes(uint32_t type, int64_t n)
+{
+	switch (type) {
+	case ENGINE_DTYPE_F32:
+		return (size_t)n * 4;
+	case ENGINE_DTYPE_F16:
+	case ENGINE_DTYPE_BF16:
+		return (size_t)n * 2;
+	case ENGINE_DTYPE_Q8_0:
+		return (size_t)n / 32 * 34;
+	case ENGINE_DTYPE_Q4_0:
+		return (size_t)n / 32 * 18;
+	}
+	return 0;
+}
+
+/* A random half with a normal exponent in [emin, emax] (biased) and sign. */
+static uint16_t rand_half(int emin, int emax, int allow_neg)
+{
+	uint16_t e = (uint16_t)(emin + (int)(rng_u64() % (uint64_t)(emax - emin + 1)));
+	uint16_t h = (uint16_t)((e << 10) | (rng_u64() & 1023));
+	if (allow_neg && (rng_u64() & 1))
+		h |= 0x8000;
+	return h;
+}
+
+/* ---- half precision ------------------------------------------------------------- */
+
+static void test_fp16_decode_exhaustive(void)
+{
+	quant_init();
+	quant_init(); /* idempotent */
+	for (uint32_t h = 0; h < 65536; h++) {
+		float f = fp16_to_f32((uint16_t)h);
+		double r = ref_f16((uint16_t)h);
+		if (isnan(r)) {
+			CHECK_MSG(isnan(f) && !!signbit(f) == !!(h & 0x8000), "half 0x%04x", h);
+		} else {
+			CHECK_MSG(f == r && !!signbit(f) == !!signbit(r), "half 0x%04x: %g vs %g", h, f,
+				  r);
+		}
+		CHECK_MSG(f2u(quant_fp16_table[h]) == f2u(f), "table entry 0x%04x", h);
+		if (test_cur_failed > 10)
+			return;
+	}
+}
+
+static void test_fp16_roundtrip_exhaustive(void)
+{
+	for (uint32_t h = 0; h < 65536; h++) {
+		float f = (float)ref_f16((uint16_t)h);
+		uint16_t r = fp32_to_fp16(f);
+		if (isnan(f)) {
+			/* Payload aside, a NaN must stay a NaN of the same sign. */
+			CHECK_MSG((r & 0x7c00) == 0x7c00 && (r & 0x3ff) && (r & 0x8000) == (h & 0x8000),
+				  "nan 0x%04x -> 0x%04x", h, r);
+		} else {
+			CHECK_MSG(r == h, "0x%04x -> %g -> 0x%04x", h, f, r);
+		}
+		if (test_cur_failed > 10)
+			return;
+	}
+}
+
+/* Every midpoint between adjacent finite halves (both signs): a tie goes to
+ * the even code, one float ulp either side goes to the nearer code. */
+static void test_fp16_rne_midpoints(void)
+{
+	for (uint32_t h = 0; h < 0x7bff; h++) {
+		double lo = ref_f16((uint16_t)h), hi = ref_f16((uint16_t)(h + 1));
+		float mid = (float)((lo + hi) / 2);
+		CHECK_MSG((double)mid == (lo + hi) / 2, "midpoint of 0x%04x not exact", h);
+		uint16_t even = (h & 1) ? (uint16_t)(h + 1) : (uint16_t)h;
+		float up = nextafterf(mid, INFINITY), down = nextafterf(mid, 0.0f);
+		CHECK_MSG(fp32_to_fp16(mid) == even, "tie above 0x%04x -> 0x%04x", h,
+			  fp32_to_fp16(mid));
+		CHECK_MSG(fp32_to_fp16(up) == h + 1, "above mid of 0x%04x", h);
+		CHECK_MSG(fp32_to_fp16(down) == h, "below mid of 0x%04x", h);
+		CHECK_MSG(fp32_to_fp16(-mid) == (even | 0x8000), "negative tie 0x%04x", h);
+		CHECK_MSG(fp32_to_fp16(-up) == ((h + 1) | 0x8000), "negative above 0x%04x", h);
+		if (test_cur_failed > 10)
+			return;
+	}
+}
+
+static void test_fp16_known_values(void)
+{
+	static const struct {
+		float f;
+		uint16_t h;
+	} kv[] = {
+		{ 0.0f, 0x0000 },
+		{ -0.0f, 0x8000 },
+		{ 1.0f, 0x3c00 },
+		{ -2.0f, 0xc000 },
+		{ 0.1f, 0x2e66 },
+		{ 0.33333334f, 0x3555 },
+		{ 65504.0f, 0x7bff },	    /* largest half */
+		{ -65504.0f, 0xfbff },
+		{ 65519.0f, 0x7bff },	    /* below the midpoint to 2^16 */
+		{ 65520.0f, 0x7c00 },	    /* the midpoint: ties to even = overflow */
+		{ -65520.0f, 0xfc00 },
+		{ 1e10f, 0x7c00 },
+		{ 3.4e38f, 0x7c00 },
+		{ 6.103515625e-5f, 0x0400 }, /* smallest normal 2^-14 */
+		{ 6.1e-5f, 0x03ff },	    /* just below: largest subnormal */
+		{ 5.96e-8f, 0x0001 },	    /* smallest subnormal 2^-24 */
+		{ 0x1p-24f, 0x0001 },
+		{ 0x1p-25f, 0x0000 },	    /* tie between 0 and 2^-24 -> 0 */
+		{ 2.98e-8f, 0x0000 },
+		{ 3e-8f, 0x0001 },
+		{ 0x1.8p-24f, 0x0002 },    /* 1.5 * 2^-24: tie -> 2 */
+		{ 1e-30f, 0x0000 },
+		{ -1e-45f, 0x8000 },	    /* f32 subnormal */
+		{ 1.00048828125f, 0x3c00 }, /* 1 + 2^-11: tie -> even 1.0 */
+		{ 1.00146484375f, 0x3c02 }, /* 1 + 3*2^-11: tie -> even 0x3c02 */
+		{ 1.0005f, 0x3c01 },	    /* above the tie */
+		{ 2049.0f, 0x6800 },
+		{ 2051.0f, 0x6802 },
+		{ INFINITY, 0x7c00 },
+		{ -INFINITY, 0xfc00 },
+	};
+	for (size_t i = 0; i < sizeof(kv) / sizeof(kv[0]); i++)
+		CHECK_MSG(fp32_to_fp16(kv[i].f) == kv[i].h, "%.9g -> 0x%04x, expected 0x%04x",
+			  kv[i].f, fp32_to_fp16(kv[i].f), kv[i].h);
+
+	/* NaNs: a payload only in the low 13 bits must not turn into inf. */
+	static const uint32_t nans[] = { 0x7fc00000u, 0x7f800001u, 0xff800001u, 0x7fbfffffu,
+					 0xffffffffu };
+	for (size_t i = 0; i < sizeof(nans) / sizeof(nans[0]); i++) {
+		uint16_t r = fp32_to_fp16(u2f(nans[i]));
+		CHECK_MSG((r & 0x7c00) == 0x7c00 && (r & 0x3ff) != 0, "nan 0x%08x -> 0x%04x",
+			  nans[i], r);
+		CHECK_EQ_INT(r >> 15, nans[i] >> 31);
+	}
+}
+
+/* Random floats over the whole range: the result is a nearest half. */
+static void test_fp16_random_nearest(void)
+{
+	for (int i = 0; i < 200000; i++) {
+		float f = u2f((uint32_t)rng_u64());
+		if (isnan(f))
+			continue;
+		uint16_t h = fp32_to_fp16(f);
+		double err = fabs(ref_f16(h) - f);
+		double af = fabs((double)f);
+		if (af >= 65520.0) {
+			CHECK_MSG((h & 0x7fff) == 0x7c00, "%g -> 0x%04x", f, h);
+			continue;
+		}
+		/* No neighbour of h is strictly closer. */
+		uint16_t mag = h & 0x7fff;
+		if (mag < 0x7bff)
+			CHECK_MSG(err <= fabs(ref_f16((uint16_t)(h + 1)) - f), "%g -> 0x%04x", f, h);
+		if (mag > 0)
+			CHECK_MSG(err <= fabs(ref_f16((uint16_t)(h - 1)) - f), "%g -> 0x%04x", f, h);
+		else
+			CHECK_MSG(af <= ldexp(1, -25), "%g -> 0x%04x", f, h);
+		CHECK_MSG(!!(h & 0x8000) == !!signbit(f), "sign of %g", f);
+		if (test_cur_failed > 10)
+			return;
+	}
+}
+
+/* ---- bfloat16 ------------------------------------------------------------------- */
+
+static void test_bf16(void)
+{
+	/* Exhaustive round trip; NaNs stay NaN and come back quiet. */
+	for (uint32_t b = 0; b < 65536; b++) {
+		double r = ref_bf16((uint16_t)b);
+		float f = bf16_to_f32((uint16_t)b);
+		uint16_t back = fp32_to_bf16(f);
+		if (isnan(r)) {
+			CHECK_MSG(isnan(f), "0x%04x", b);
+			CHECK_MSG((back & 0x7f80) == 0x7f80 && (back & 0x40) &&
+					  (back & 0x8000) == (b & 0x8000),
+				  "nan 0x%04x -> 0x%04x", b, back);
+		} else {
+			CHECK_MSG(f == r && !!signbit(f) == !!signbit(r), "decode 0x%04x", b);
+			CHECK_MSG(back == b, "0x%04x -> 0x%04x", b, back);
+		}
+		if (test_cur_failed > 10)
+			return;
+	}
+	/* Every midpoint between adjacent finite positive bfloats. */
+	for (uint32_t b = 0; b < 0x7f80; b++) {
+		uint32_t mid = (b << 16) | 0x8000;
+		uint16_t even = (b & 1) ? (uint16_t)(b + 1) : (uint16_t)b;
+		CHECK_MSG(fp32_to_bf16(u2f(mid)) == even, "tie at 0x%08x", mid);
+		CHECK_MSG(fp32_to_bf16(u2f(mid + 1)) == b + 1, "above 0x%08x", mid);
+		CHECK_MSG(fp32_to_bf16(u2f(mid - 1)) == b, "below 0x%08x", mid);
+		CHECK_MSG(fp32_to_bf16(u2f(mid | 0x80000000u)) == (even | 0x8000), "neg tie 0x%08x",
+			  mid);
+		if (test_cur_failed > 10)
+			return;
+	}
+	CHECK_EQ_INT(fp32_to_bf16(1.0f), 0x3f80);
+	CHECK_EQ_INT(fp32_to_bf16(-2.0f), 0xc000);
+	CHECK_EQ_INT(fp32_to_bf16(u2f(0x3f808000u)), 0x3f80); /* tie -> even */
+	CHECK_EQ_INT(fp32_to_bf16(u2f(0x3f818000u)), 0x3f82); /* tie -> even */
+	CHECK_EQ_INT(fp32_to_bf16(u2f(0x3f808001u)), 0x3f81);
+	CHECK_EQ_INT(fp32_to_bf16(u2f(0x7f7fffffu)), 0x7f80); /* FLT_MAX rounds to inf */
+	CHECK_EQ_INT(fp32_to_bf16(u2f(0x7f7f7fffu)), 0x7f7f);
+	CHECK_EQ_INT(fp32_to_bf16(INFINITY), 0x7f80);
+	CHECK_EQ_INT(fp32_to_bf16(-INFINITY), 0xff80);
+	CHECK_EQ_INT(fp32_to_bf16(u2f(0x00000001u)), 0x0000); /* tiny subnormal */
+	CHECK_EQ_INT(fp32_to_bf16(u2f(0x80018000u)), 0x8002);
+	uint16_t qn = fp32_to_bf16(u2f(0x7f800001u)); /* signalling, low payload */
+	CHECK_MSG((qn & 0x7f80) == 0x7f80 && (qn & 0x7f), "nan -> 0x%04x", qn);
+}
+
+/* ---- known-answer vectors ------------------------------------------------------- */
+
+static void test_q8_0_known_answer(void)
+{
+	/* Dequantize: d = 0.5 (0x3800). */
+	static const uint8_t blk[34] = {
+		0x00, 0x38, 0x01, 0xff, 0x7f, 0x80, 0x00, 0x02, 0xfe, 0x40, 0xc0, 0x10,
+		0x03, 0x05, 0x07, 0x09, 0x0b, 0x0d, 0x0f, 0x11, 0x13, 0x15, 0x17, 0x19,
+		0x1b, 0x1d, 0x1f, 0x21, 0x23, 0x25, 0x27, 0x29, 0x2b, 0x81,
+	};
+	static const float want[32] = {
+		0.5f, -0.5f, 63.5f, -64.0f, 0.0f, 1.0f, -1.0f, 32.0f, -32.0f, 8.0f, 1.5f,
+		2.5f, 3.5f, 4.5f, 5.5f, 6.5f, 7.5f, 8.5f, 9.5f, 10.5f, 11.5f, 12.5f,
+		13.5f, 14.5f, 15.5f, 16.5f, 17.5f, 18.5f, 19.5f, 20.5f, 21.5f, -63.5f,
+	};
+	float y[32];
+	CHECK_OK(dequantize_row(ENGINE_DTYPE_Q8_0, blk, y, 32));
+	for (int j = 0; j < 32; j++)
+		CHECK_MSG(y[j] == want[j], "elem %d: %g, expected %g", j, y[j], want[j]);
+
+	/* Subnormal scale 2^-24 (0x0001), q = 127 and -128. */
+	uint8_t sub[34] = { 0x01, 0x00, 0x7f, 0x80 };
+	CHECK_OK(dequantize_row(ENGINE_DTYPE_Q8_0, sub, y, 32));
+	CHECK(y[0] == 127.0f * 0x1p-24f && y[1] == -128.0f * 0x1p-24f && y[2] == 0.0f);
+
+	/* Quantize: amax = 127 makes d = 1 exactly; roundf() rounds halves
+	 * away from zero. */
+	static const float x[32] = {
+		127.0f, -127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 1.49f, -1.51f, 0.0f, 100.2f, -64.7f,
+		126.5f, 3.0f, 0.25f, -0.75f, 50.5f, 8, 9, 10, 11, 12, 13, 14, 15,
+		16, 17, 18, 19, 20, 21, 22, -23,
+	};
+	static const int8_t q[32] = {
+		127, -127, 3, -3, 1, -1, 1, -2, 0, 100, -65, 127, 3, 0, -1, 51,
+		8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, -23,
+	};
+	uint8_t out[34];
+	quantize_row_q8_0_ref(x, out, 32);
+	CHECK(out[0] == 0x00 && out[1] == 0x3c);
+	for (int j = 0; j < 32; j++)
+		CHECK_MSG((int8_t)out[2 + j] == q[j], "q[%d] = %d, expected %d", j,
+			  (int8_t)out[2 + j], q[j]);
+
+	/* amax = 63.5: d = 0.5 (0x3800), 1/d = 2. */
+	float x2[32] = { 63.5f, 0.25f, -0.75f, -63.5f, 0.2f };
+	quantize_row_q8_0_ref(x2, out, 32);
+	CHECK(out[0] == 0x00 && out[1] == 0x38);
+	CHECK((int8_t)out[2] == 127 && (int8_t)out[3] == 1 && (int8_t)out[4] == -2);
+	CHECK((int8_t)out[5] == -127 && (int8_t)out[6] == 0 && (int8_t)out[7] == 0);
+
+	/* All zeros: d = 0 and 1/d is taken as 0, so no NaN anywhere. */
+	float z[64] = { 0 };
+	uint8_t out2[68];
+	memset(out2, 0x55, sizeof(out2));
+	quantize_row_q8_0_ref(z, out2, 64);
+	for (int j = 0; j < 68; j++)
+		CHECK_MSG(out2[j] == 0, "byte %d = 0x%02x", j, out2[j]);
+}
+
+static void test_q4_0_known_answer(void)
+{
+	/* max = -8 (largest |x|, negative) so d = 1 and q = min(15, trunc(x + 8.5)). */
+	float x[32] = {
+		-8.0f, 7.0f, 7.6f, 0.0f, 0.5f, -0.5f, 0.49f, -3.2f,
+		1.5f, -1.5f, 3.7f, -7.9f, 2.0f, -2.0f, 6.5f, -6.5f,
+	};
+	for (int i = 0; i < 16; i++)
+		x[16 + i] = (float)(i - 8) + 0.25f; /* -> q = i */
+	static const uint8_t want[18] = {
+		0x00, 0x3c, 0x00, 0x1f, 0x2f, 0x38, 0x49, 0x58, 0x68,
+		0x75, 0x8a, 0x97, 0xac, 0xb0, 0xca, 0xd6, 0xef, 0xf2,
+	};
+	uint8_t out[18];
+	quantize_row_q4_0_ref(x, out, 32);
+	for (int j = 0; j < 18; j++)
+		CHECK_MSG(out[j] == want[j], "byte %d = 0x%02x, expected 0x%02x", j, out[j],
+			  want[j]);
+
+	/* ...and back: d * (q - 8). */
+	static const float deq[32] = {
+		-8, 7, 7, 0, 1, 0, 0, -3, 2, -1, 4, -8, 2, -2, 7, -6,
+		-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7,
+	};
+	float y[32];
+	CHECK_OK(dequantize_row(ENGINE_DTYPE_Q4_0, want, y, 32));
+	for (int j = 0; j < 32; j++)
+		CHECK_MSG(y[j] == deq[j], "elem %d: %g, expected %g", j, y[j], deq[j]);
+
+	/* max = +4 (positive): d = -0.5 (0xb800), 1/d = -2. */
+	float x2[32] = {
+		4.0f, -4.0f, 1.0f, -1.0f, 0.25f, -0.25f, 0.0f, 3.5f,
+		-3.5f, 0.3f, -0.3f, 2.0f, -2.0f, 3.9f, -3.9f, 1.75f,
+	};
+	static const uint8_t want2[18] = {
+		0x00, 0xb8, 0x80, 0x8f, 0x86, 0x8a, 0x88, 0x89, 0x88,
+		0x81, 0x8f, 0x87, 0x89, 0x84, 0x8c, 0x80, 0x8f, 0x85,
+	};
+	quantize_row_q4_0_ref(x2, out, 32);
+	for (int j = 0; j < 18; j++)
+		CHECK_MSG(out[j] == want2[j], "byte %d = 0x%02x, expected 0x%02x", j, out[j],
+			  want2[j]);
+
+	/* Dequantize with d = 2 (0x4000): 0x9f -> lo 7*2, hi 1*2. */
+	uint8_t blk[18] = { 0x00, 0x40, 0x9f, 0x0f, 0xf0 };
+	CHECK_OK(dequantize_row(ENGINE_DTYPE_Q4_0, blk, y, 32));
+	CHECK(y[0] == 14.0f && y[16] == 2.0f);
+	CHECK(y[1] == 14.0f && y[17] == -16.0f);
+	CHECK(y[2] == -16.0f && y[18] == 14.0f);
+	CHECK(y[3] == -16.0f && y[19] == -16.0f); /* zero bytes: q = 0 -> -8 */
+
+	/* All zeros: every q = 8 (the zero code) and d = 0 / -8 = -0, stored as
+	 * 0x8000 -- ggml writes the same bytes. */
+	float z[32] = { 0 };
+	quantize_row_q4_0_ref(z, out, 32);
+	CHECK(out[0] == 0x00 && out[1] == 0x80);
+	for (int j = 2; j < 18; j++)
+		CHECK_MSG(out[j] == 0x88, "byte %d = 0x%02x", j, out[j]);
+}
+
+/* vec_dot on hand-made blocks with results worked out by hand. */
+static void test_vec_dot_known_answer(void)
+{
+	const struct kern_ops *g = &kern_generic_ops;
+	uint8_t w8[68], a8[68], w4[36];
+	float s = -1;
+
+	/* Q8_0: d_w = 0.5, q_w = 2; d_a = 0.25, q_a = 3: 32 * 0.5*0.25*6 = 24/block. */
+	for (int b = 0; b < 2; b++) {
+		w8[34 * b] = 0x00, w8[34 * b + 1] = 0x38;
+		a8[34 * b] = 0x00, a8[34 * b + 1] = 0x34;
+		memset(w8 + 34 * b + 2, 2, 32);
+		memset(a8 + 34 * b + 2, 3, 32);
+	}
+	g->t[ENGINE_DTYPE_Q8_0].vec_dot(64, &s, w8, a8);
+	CHECK_NEAR(s, 48.0, 0.0);
+
+	/* Q4_0: d = 2, bytes 0x9f: lo = +7, hi = +1. Activation d = 1, q = 1 for
+	 * j < 16 and -2 for j >= 16: 2 * (16*7 - 16*2) = 160 per block. */
+	for (int b = 0; b < 2; b++) {
+		w4[18 * b] = 0x00, w4[18 * b + 1] = 0x40;
+		memset(w4 + 18 * b + 2, 0x9f, 16);
+		a8[34 * b] = 0x00, a8[34 * b + 1] = 0x3c;
+		memset(a8 + 34 * b + 2, 1, 16);
+		memset(a8 + 34 * b + 18, 0xfe, 16);
+	}
+	a8[34 + 1] = 0xbc; /* second block: d_a = -1 */
+	g->t[ENGINE_DTYPE_Q4_0].vec_dot(64, &s, w4, a8);
+	CHECK_NEAR(s, 0.0, 0.0);
+	g->t[ENGINE_DTYPE_Q4_0].vec_dot(32, &s, w4, a8);
+	CHECK_NEAR(s, 160.0, 0.0);
+
+	/* F16 weights 1.5 (0x3e00) and -0.25 (0xb400) against 2, 4: 3 - 1 = 2. */
+	uint8_t wh[4] = { 0x00, 0x3e, 0x00, 0xb4 };
+	float a2[2] = { 2.0f, 4.0f };
+	g->t[ENGINE_DTYPE_F16].vec_dot(2, &s, wh, a2);
+	CHECK_NEAR(s, 2.0, 0.0);
+	/* BF16 1.5 (0x3fc0) and -0.25 (0xbe80). */
+	uint8_t wb[4] = { 0xc0, 0x3f, 0x80, 0xbe };
+	g->t[ENGINE_DTYPE_BF16].vec_dot(2, &s, wb, a2);
+	CHECK_NEAR(s, 2.0, 0.0);
+}
+
+/* ---- quantization error bounds ---------------------------------------------------
+ *
+ * Q8_0 (block amax A): d = A/127 in f32, q = roundf(x * (1/d)), |q| <= 127, and
+ * the file stores d_h = fp16(d). Then
+ *     |x - d_h q| <= |x - d q| + |q| |d - d_h| <= d/2 + 127 |d - d_h|,
+ * with |d - d_h| <= 2^-11 d for a normal half (2^-25 absolute when subnormal),
+ * so about A/254 + A/2048 ~= A/226. A few f32 ulps of A cover the rounding of
+ * x * (1/d); we allow 1e-6 A.
+ *
+ * Q4_0 (signed element of largest magnitude M, A = |M|): d = M / -8, t = x/d in
+ * [-8, 8], q = min(15, trunc(t + 8.5)), x' = d_h (q - 8). When t < 7.5 the
+ * truncation rounds t to the nearest integer, so |x - d(q-8)| <= |d|/2 = A/16.
+ * When t >= 7.5 (only elements of the sign opposite to M, with |x| >= 15A/16)
+ * the code clamps at 15, q - 8 = 7, and the error is up to |d| = A/8. The fp16
+ * rounding of d adds |q - 8| |d - d_h| <= 8 |d - d_h| (<= A/2048 when normal).
+ */
+
+static double q8_0_bound(double amax, double d_h, int q)
+{
+	double d = amax / 127.0;
+	return d / 2 + fabs((double)q) * fabs(d - d_h) + 1e-6 * amax;
+}
+
+/* Check quantized Q8_0 bytes y (from x) against the bound; returns failures. */
+static int check_q8_0_bound(const float *x, const uint8_t *y, int64_t n, const char *what)
+{
+	int bad = 0;
+	for (int64_t b = 0; b < n / 32; b++) {
+		const uint8_t *blk = y + 34 * b;
+		double amax = 0;
+		for (int j = 0; j < 32; j++)
+			amax = fmax(amax, fabs((double)x[32 * b + j]));
+		double d = amax / 127.0, d_h = ref_f16(rd16(blk));
+		/* The stored scale is d correctly rounded to half. */
+		double ulp = d_h >= ldexp(1, -14) ? ldexp(d_h, -10) : ldexp(1, -24);
+		if (!(fabs(d - d_h) <= ulp / 2 * (1 + 1e-6)) || signbit(d_h)) {
+			if (bad++ < 5)
+				fprintf(stderr, "  %s: block %lld: d %.9g stored as %.9g\n", what,
+					(long long)b, d, d_h);
+		}
+		for (int j = 0; j < 32; j++) {
+			int q = (int8_t)blk[2 + j];
+			double xv = x[32 * b + j], err = fabs(xv - d_h * q);
+			double bound = q8_0_bound(amax, d_h, q);
+			if (!(err <= bound) || q < -127) {
+				if (bad++ < 5)
+					fprintf(stderr,
+						"  %s: block %lld elem %d: x %.9g q %d d %.9g err %.3g > %.3g\n",
+						what, (long long)b, j, xv, q, d_h, err, bound);
+			}
+		}
+	}
+	return bad;
+}
+
+static int check_q4_0_bound(const float *x, const uint8_t *y, int64_t n, const char *what)
+{
+	int bad = 0;
+	for (int64_t b = 0; b < n / 32; b++) {
+		const uint8_t *blk = y + 18 * b;
+		double amax = 0, max = 0;
+		for (int j = 0; j < 32; j++) {
+			if (amax < fabs((double)x[32 * b + j])) {
+				amax = fabs((double)x[32 * b + j]);
+				max = x[32 * b + j];
+			}
+		}
+		double d = max / -8.0, d_h = ref_f16(rd16(blk));
+		double ulp = fabs(d_h) >= ldexp(1, -14) ? ldexp(fabs(d_h), -10) : ldexp(1, -24);
+		if (!(fabs(d - d_h) <= ulp / 2 * (1 + 1e-6))) {
+			if (bad++ < 5)
+				fprintf(stderr, "  %s: block %lld: d %.9g stored as %.9g\n", what,
+					(long long)b, d, d_h);
+		}
+		for (int j = 0; j < 32; j++) {
+			int nib = j < 16 ? blk[2 + j] & 15 : blk[2 + j - 16] >> 4;
+			double xv = x[32 * b + j];
+			double t = d != 0 ? xv / d : 0;
+			double c = t >= 7.5 - 1e-4 ? 1.0 : 0.5;
+			double bound = c * fabs(d) + 8 * fabs(d - d_h) + 1e-6 * amax;
+			double err = fabs(xv - d_h * (nib - 8));
+			if (!(err <= bound)) {
+				if (bad++ < 5)
+					fprintf(stderr,
+						"  %s: block %lld elem %d: x %.9g q %d d %.9g err %.3g > %.3g\n",
+						what, (long long)b, j, xv, nib, d_h, err, bound);
+			}
+		}
+	}
+	return bad;
+}
+
+/* Test inputs: gaussian blocks with per-block scales over many decades, the
+ * occasional all-zero block, exact ties and (when huge != 0) one huge element.
+ * The largest usable magnitude is bounded by the f16 scale: 65504 * 127 for
+ * Q8_0, 65504 * 8 for Q4_0; beyond that d overflows to inf (as in ggml). */
+static void fill_input(float *x, int64_t n, float huge)
+{
+	for (int64_t b = 0; b < n / 32; b++) {
+		double scale = exp(rng_unif(-9, 9));
+		int kind = (int)(rng_u64() % 8);
+		for (int j = 0; j < 32; j++) {
+			float v;
+			switch (kind) {
+			case 0:
+				v = 0.0f;
+				break;
+			case 1: /* ties for q8_0: amax 127 -> d 1, x = k + 0.5 */
+				v = j == 0 ? 127.0f : (float)((int)(rng_u64() % 200) - 100) + 0.5f;
+				break;
+			case 2: /* subnormal-half scales */
+				v = (float)(rng_normal() * 1e-5);
+				break;
+			default:
+				v = (float)(rng_normal() * scale);
+			}
+			x[32 * b + j] = v;
+		}
+	}
+	if (huge != 0 && n > 0)
+		x[rng_u64() % (uint64_t)n] = huge;
+}
+
+static void test_q8_0_roundtrip_bound(void)
+{
+	static const int64_t sizes[] = { 32, 64, 4096, 32 * 33 };
+	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+		int64_t n = sizes[si];
+		float *x = xmalloc((size_t)n * sizeof(float));
+		uint8_t *y = xmalloc(ref_bytes(ENGINE_DTYPE_Q8_0, n));
+		for (int rep = 0; rep < 20; rep++) {
+			fill_input(x, n, (rep & 1) ? 1e6f : 0.0f);
+			CHECK_OK(quantize_row(ENGINE_DTYPE_Q8_0, x, y, n));
+			CHECK_EQ_INT(check_q8_0_bound(x, y, n, "q8_0"), 0);
+		}
+		free(x);
+		free(y);
+	}
+}
+
+/* In each block, set the neighbour of the largest element to about minus it:
+ * its t = x/d is just under 8, so it hits the clamp at 15. */
+static void put_opposite_max(float *x, int64_t n)
+{
+	for (int64_t b = 0; b < n / 32; b++) {
+		float *xb = x + 32 * b;
+		int k = 0;
+		for (int j = 1; j < 32; j++)
+			if (fabsf(xb[j]) > fabsf(xb[k]))
+				k = j;
+		xb[(k + 1) % 32] = -xb[k] * 0.99999f;
+	}
+}
+
+static void test_q4_0_roundtrip_bound(void)
+{
+	static const int64_t sizes[] = { 32, 64, 4096, 32 * 33 };
+	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+		int64_t n = sizes[si];
+		float *x = xmalloc((size_t)n * sizeof(float));
+		uint8_t *y = xmalloc(ref_bytes(ENGINE_DTYPE_Q4_0, n));
+		for (int rep = 0; rep < 20; rep++) {
+			fill_input(x, n, (rep & 1) ? -4e5f : 0.0f);
+			/* Put the far side of the range in some blocks: x = -max. */
+			if (rep % 3 == 0)
+				put_opposite_max(x, n);
+			CHECK_OK(quantize_row(ENGINE_DTYPE_Q4_0, x, y, n));
+			CHECK_EQ_INT(check_q4_0_bound(x, y, n, "q4_0"), 0);
+		}
+		free(x);
+		free(y);
+	}
+}
+
+/* quantize_row / dequantize_row dispatch for the float types and errors. */
+static void test_row_dispatch(void)
+{
+	float x[64], y[64];
+	uint8_t buf[256];
+	for (int i = 0; i < 64; i++)
+		x[i] = (float)(rng_normal() * 1000);
+
+	CHECK_OK(quantize_row(ENGINE_DTYPE_F32, x, buf, 64));
+	CHECK(memcmp(buf, x, sizeof(x)) == 0);
+	CHECK_OK(dequantize_row(ENGINE_DTYPE_F32, buf, y, 64));
+	CHECK(memcmp(y, x, sizeof(x)) == 0);
+
+	CHECK_OK(quantize_row(ENGINE_DTYPE_F16, x, buf, 63));
+	CHECK_OK(dequantize_row(ENGINE_DTYPE_F16, buf, y, 63));
+	for (int i = 0; i < 63; i++) {
+		CHECK(rd16(buf + 2 * i) == fp32_to_fp16(x[i]));
+		CHECK(y[i] == ref_f16(rd16(buf + 2 * i)));
+		/* nearest half: relative error <= 2^-11 */
+		CHECK(fabs(y[i] - x[i]) <= ldexp(fabs(x[i]), -11));
+	}
+	CHECK_OK(quantize_row(ENGINE_DTYPE_BF16, x, buf, 63));
+	CHECK_OK(dequantize_row(ENGINE_DTYPE_BF16, buf, y, 63));
+	for (int i = 0; i < 63; i++) {
+		CHECK(y[i] == ref_bf16(rd16(buf + 2 * i)));
+		CHECK(fabs(y[i] - x[i]) <= ldexp(fabs(x[i]), -8));
+	}
+
+	/* Types without (de)quantizers, bad lengths, removed ids. */
+	CHECK(quantize_row(ENGINE_DTYPE_Q4_K, x, buf, 256) < 0);
+	CHECK(dequantize_row(ENGINE_DTYPE_Q6_K, buf, y, 256) < 0);
+	CHECK(quantize_row(ENGINE_DTYPE_Q8_0, x, buf, 33) < 0);
+	CHECK(dequantize_row(ENGINE_DTYPE_Q4_0, buf, y, 48) < 0);
+	CHECK(dequantize_row(4, buf, y, 32) < 0);
+	CHECK(dequantize_row(1000, buf, y, 32) < 0);
+	CHECK(quantize_row(ENGINE_DTYPE_F16, x, buf, -1) < 0);
+	CHECK_OK(quantize_row(ENGINE_DTYPE_Q8_0, x, buf, 0));
+}
+
+/* ---- variants ------------------------------------------------------------------- */
+
+/* The variant under test; the generic table is the oracle for cross-checks. */
+static const struct kern_ops *V;
+static const char *V_name;
+
+enum wmode { W_RANDOM, W_ZERO, W_ZERO_SCALE, W_MAX_POS, W_MAX_NEG, W_MAX_MIX, W_COUNT };
+static const char *const wmode_names[W_COUNT] = { "random", "zero", "zero-scale",
+						  "max+", "max-", "max-mixed" };
+
+/* Weight bytes of `type` built directly (not through our quantizers). */
+static void make_weight(uint32_t type, int64_t n, enum wmode m, uint8_t *w)
+{
+	size_t bytes = ref_bytes(type, n);
+	if (m == W_ZERO) {
+		memset(w, 0, bytes);
+		return;
+	}
+	switch (type) {
+	case ENGINE_DTYPE_F32:
+		for (int64_t i = 0; i < n; i++) {
+			float v = m == W_RANDOM || m == W_ZERO_SCALE ? (float)rng_normal()
+				  : m == W_MAX_POS			 ? 3e18f
+				  : m == W_MAX_NEG			 ? -3e18f
+				  : (i & 1)				 ? 3e18f
+									 : -2.9e18f;
+			memcpy(w + 4 * i, &v, 4);
+		}
+		break;
+	case ENGINE_DTYPE_F16:
+	case ENGINE_DTYPE_BF16:
+		for (int64_t i = 0; i < n; i++) {
+			uint16_t h;
+			if (type == ENGINE_DTYPE_F16) {
+				h = m == W_MAX_POS ? 0x7bff
+				    : m == W_MAX_NEG ? 0xfbff
+				    : m == W_MAX_MIX ? ((i & 1) ? 0x7bff : 0xfbfe)
+						     : (uint16_t)(rng_u64() & 0xffff);
+				if ((h & 0x7c00) == 0x7c00) /* no inf/nan */
+					h &= 0xbfff;
+			} else {
+				h = m == W_MAX_POS ? 0x5e80 /* 2^62 */
+				    : m == W_MAX_NEG ? 0xde80
+				    : m == W_MAX_MIX ? ((i & 1) ? 0x5e80 : 0xde7f)
+						     : (uint16_t)(((rng_u64() % 60 + 97) << 7) |
+								  (rng_u64() & 0x807f));
+			}
+			w[2 * i] = (uint8_t)h;
+			w[2 * i + 1] = (uint8_t)(h >> 8);
+		}
+		break;
+	case ENGINE_DTYPE_Q8_0:
+	case ENGINE_DTYPE_Q4_0: {
+		int q8 = type == ENGINE_DTYPE_Q8_0;
+		size_t bs = q8 ? 34 : 18, nq = q8 ? 32 : 16;
+		for (int64_t b = 0; b < n / 32; b++) {
+			uint8_t *blk = w + bs * b;
+			uint16_t d = m == W_ZERO_SCALE ? 0
+				     : m == W_RANDOM   ? rand_half(1, 22, 1)
+				     : (b & 1)	       ? 0xfbff
+							: 0x7bff; /* -+65504 */
+			blk[0] = (uint8_t)d;
+			blk[1] = (uint8_t)(d >> 8);
+			for (size_t j = 0; j < nq; j++) {
+				uint8_t v;
+				if (m == W_RANDOM || m == W_ZERO_SCALE)
+					v = (uint8_t)rng_u64(); /* includes q8 -128 */
+				else if (m == W_MAX_POS)
+					v = q8 ? 0x7f : 0xff; /* +127 / +7 */
+				else if (m == W_MAX_NEG)
+					v = q8 ? 0x80 : 0x00; /* -128 / -8 */
+				else
+					v = q8 ? ((j & 1) ? 0x81 : 0x7f) : ((j & 1) ? 0x0f : 0xf0);
+				blk[2 + j] = v;
+			}
+		}
+		break;
+	}
+	}
+}
+
+enum amode { A_QUANT, A_ZERO, A_ZERO_SCALE, A_MAX_POS, A_MAX_NEG, A_HUGE, A_COUNT };
+static const char *const amode_names[A_COUNT] = { "quantized", "zero", "zero-scale",
+						  "max+", "max-", "one-huge" };
+
+/* Activation bytes in layout act_type. A_QUANT and A_HUGE go through the
+ * variant's activation quantizer; the others are written directly (|q| <= 127,
+ * as every quantizer produces). */
+static void make_act(uint32_t act_type, int64_t n, enum amode m, float *x, uint8_t *a)
+{
+	for (int64_t i = 0; i < n; i++)
+		x[i] = (float)(rng_normal() * exp(rng_unif(-3, 3)));
+	if (m == A_HUGE)
+		x[rng_u64() % (uint64_t)n] = -1e6f;
+	if (m == A_QUANT || m == A_HUGE || act_type != ENGINE_DTYPE_Q8_0) {
+		if (act_type != ENGINE_DTYPE_Q8_0 && m != A_QUANT && m != A_HUGE) {
+			float v = m == A_MAX_POS ? 65504.0f : m == A_MAX_NEG ? -65504.0f : 0.0f;
+			for (int64_t i = 0; i < n; i++)
+				x[i] = v;
+		}
+		V->quant_act[act_type](x, a, n);
+		return;
+	}
+	for (int64_t b = 0; b < n / 32; b++) {
+		uint8_t *blk = a + 34 * b;
+		uint16_t d = m == A_ZERO || m == A_ZERO_SCALE ? 0
+			     : (b % 3 == 2)		      ? 0xfbff
+							      : 0x7bff;
+		blk[0] = (uint8_t)d;
+		blk[1] = (uint8_t)(d >> 8);
+		for (int j = 0; j < 32; j++) {
+			int q = m == A_ZERO	       ? 0
+				: m == A_ZERO_SCALE ? (int)(rng_u64() % 255) - 127
+				: m == A_MAX_POS    ? 127
+						    : -127;
+			blk[2 + j] = (uint8_t)(int8_t)q;
+		}
+	}
+}
+
+/* Compare one vec_dot against the f64 dot of the decoded operands.
+ *
+ * Tolerances, with S = sum |w_i a_i| and u = 2^-24:
+ * - integer formats: each block's int32 sum is exact; d_w*d_a and the product
+ *   with the sum round twice, and the nb-term float accumulation adds at
+ *   most nb*u*S, so |s - ref| <= (nb + 2) u S. We allow 2 u per term (any
+ *   summation order, fused or not) -- about 1.5e-5 S at n = 4096;
+ * - float formats, generic: the double sum is off by at most n 2^-53 S, then
+ *   one rounding to float: u |ref| + n 2^-53 S;
+ * - float formats, other variants (f32 accumulation in any order): (n + 2) u S.
+ */
+static void check_dot(uint32_t type, int64_t n, const uint8_t *w, const uint8_t *a,
+		      const char *label)
+{
+	const struct kern_type_ops *to = &V->t[type];
+	double *dw = xmalloc((size_t)n * sizeof(double));
+	double *da = xmalloc((size_t)n * sizeof(double));
+	ref_decode(type, w, n, dw);
+	ref_decode(to->act_type, a, n, da);
+	double ref = 0, S = 0;
+	for (int64_t i = 0; i < n; i++) {
+		ref += dw[i] * da[i];
+		S += fabs(dw[i] * da[i]);
+	}
+	double tol;
+	const double u = 0x1p-24;
+	if (type == ENGINE_DTYPE_Q8_0 || type == ENGINE_DTYPE_Q4_0)
+		tol = 2 * (double)(n / 32 + 2) * u * S;
+	else if (V == &kern_generic_ops)
+		tol = u * fabs(ref) + (double)n * 0x1p-53 * S;
+	else
+		tol = (double)(n + 2) * u * S;
+	tol += 1e-37; /* denormal noise when S == 0 */
+
+	float s = NAN;
+	to->vec_dot(n, &s, w, a);
+	CHECK_MSG(fabs(s - ref) <= tol, "%s %s n=%lld %s: %.9g vs f64 %.9g (tol %.3g)", V_name,
+		  dtype_name(type), (long long)n, label, s, ref, tol);
+	if (S == 0)
+		CHECK_MSG(s == 0, "%s %s %s: %g, expected exactly 0", V_name, dtype_name(type),
+			  label, s);
+
+	/* Same inputs through the oracle, when it reads the same layout. */
+	const struct kern_type_ops *go = &kern_generic_ops.t[type];
+	if (V != &kern_generic_ops && go->act_type == to->act_type) {
+		float sg = NAN;
+		go->vec_dot(n, &sg, w, a);
+		CHECK_MSG(fabs(s - sg) <= 2 * tol, "%s %s n=%lld %s: %.9g vs generic %.9g", V_name,
+			  dtype_name(type), (long long)n, label, s, sg);
+	}
+	free(dw);
+	free(da);
+}
+
+static const uint32_t wtypes[] = { ENGINE_DTYPE_F32, ENGINE_DTYPE_F16, ENGINE_DTYPE_BF16,
+				   ENGINE_DTYPE_Q8_0, ENGINE_DTYPE_Q4_0 };
+
+static void test_variant_table(void)
+{
+	CHECK(V->name && *V->name);
+	for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++) {
+		const struct kern_type_ops *to = &V->t[wtypes[ti]];
+		CHECK_MSG(to->vec_dot && to->dequant, "%s: %s missing", V_name,
+			  dtype_name(wtypes[ti]));
+		CHECK_MSG(to->act_type < ENGINE_DTYPE_COUNT && V->quant_act[to->act_type],
+			  "%s: %s: no quantizer for act type %u", V_name, dtype_name(wtypes[ti]),
+			  to->act_type);
+	}
+	CHECK_EQ_INT(V->t[ENGINE_DTYPE_Q8_0].act_type, ENGINE_DTYPE_Q8_0);
+	CHECK_EQ_INT(V->t[ENGINE_DTYPE_Q4_0].act_type, ENGINE_DTYPE_Q8_0);
+	CHECK(V->dot_f32 && V->axpy_f32);
+}
+
+static void test_variant_dequant(void)
+{
+	static const int64_t sizes[] = { 32, 64, 4096, 32 * 33 };
+	for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++) {
+		uint32_t type = wtypes[ti];
+		for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+			int64_t n = sizes[si];
+			uint8_t *w = xmalloc(ref_bytes(type, n));
+			float *y = xmalloc((size_t)n * sizeof(float));
+			double *r = xmalloc((size_t)n * sizeof(double));
+			for (int m = 0; m < W_COUNT; m++) {
+				make_weight(type, n, (enum wmode)m, w);
+				ref_decode(type, w, n, r);
+				V->t[type].dequant(w, y, n);
+				int bad = 0;
+				/* d * q is exact in f32 for every format here. */
+				for (int64_t i = 0; i < n; i++)
+					bad += !((double)y[i] == r[i]);
+				CHECK_MSG(!bad, "%s %s n=%lld %s: %d elements differ", V_name,
+					  dtype_name(type), (long long)n, wmode_names[m], bad);
+			}
+			free(w);
+			free(y);
+			free(r);
+		}
+	}
+}
+
+static void test_variant_vec_dot(void)
+{
+	static const int64_t qsizes[] = { 32, 64, 4096, 32 * 33 };
+	static const int64_t fsizes[] = { 1, 3, 31, 32, 33, 64, 1000, 4096, 32 * 33 };
+	for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++) {
+		uint32_t type = wtypes[ti];
+		bool quant = type == ENGINE_DTYPE_Q8_0 || type == ENGINE_DTYPE_Q4_0;
+		const int64_t *sizes = quant ? qsizes : fsizes;
+		size_t nsizes = quant ? 4 : sizeof(fsizes) / sizeof(fsizes[0]);
+		uint32_t at = V->t[type].act_type;
+		for (size_t si = 0; si < nsizes; si++) {
+			int64_t n = sizes[si];
+			uint8_t *w = xmalloc(ref_bytes(type, n));
+			uint8_t *a = xmalloc(ref_bytes(at, n) + 64);
+			float *x = xmalloc((size_t)n * sizeof(float));
+			for (int wm = 0; wm < W_COUNT; wm++) {
+				for (int am = 0; am < A_COUNT; am++) {
+					int reps = wm == W_RANDOM && am == A_QUANT ? 8 : 1;
+					for (int r = 0; r < reps; r++) {
+						char label[64];
+						make_weight(type, n, (enum wmode)wm, w);
+						make_act(at, n, (enum amode)am, x, a);
+						snprintf(label, sizeof(label), "w %s, a %s",
+							 wmode_names[wm], amode_names[am]);
+						check_dot(type, n, w, a, label);
+					}
+				}
+			}
+			free(w);
+			free(a);
+			free(x);
+		}
+		if (test_cur_failed > 20)
+			return;
+	}
+}
+
+/* Activation quantizers: the bound above, and against the oracle. SIMD
+ * variants may round ties to even where the reference uses roundf(), so they
+ * may differ from it by one step, never in the scale. */
+static void test_variant_quant_act(void)
+{
+	static const int64_t sizes[] = { 32, 64, 4096, 32 * 33 };
+	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+		int64_t n = sizes[si];
+		float *x = xmalloc((size_t)n * sizeof(float));
+		uint8_t *a = xmalloc(ref_bytes(ENGINE_DTYPE_Q8_0, n));
+		uint8_t *g = xmalloc(ref_bytes(ENGINE_DTYPE_Q8_0, n));
+		for (int rep = 0; rep < 10; rep++) {
+			fill_input(x, n, (rep & 1) ? 1e6f : 0.0f);
+			V->quant_act[ENGINE_DTYPE_Q8_0](x, a, n);
+			CHECK_EQ_INT(check_q8_0_bound(x, a, n, V_name), 0);
+			quantize_row_q8_0_ref(x, g, n);
+			int bad = 0;
+			for (int64_t b = 0; b < n / 32; b++) {
+				bad += rd16(a + 34 * b) != rd16(g + 34 * b);
+				for (int j = 0; j < 32; j++)
+					bad += abs((int8_t)a[34 * b + 2 + j] -
+						   (int8_t)g[34 * b + 2 + j]) > 1;
+			}
+			CHECK_MSG(!bad, "%s: %d differences from the reference", V_name, bad);
+		}
+		/* One huge element: only its block gets the big scale. */
+		for (int64_t i = 0; i < n; i++)
+			x[i] = (float)rng_normal();
+		x[n - 1] = 1e6f;
+		V->quant_act[ENGINE_DTYPE_Q8_0](x, a, n);
+		CHECK_EQ_INT(check_q8_0_bound(x, a, n, V_name), 0);
+		double d_last = ref_f16(rd16(a + 34 * (n / 32 - 1)));
+		CHECK_NEAR(d_last, 1e6 / 127, 1e6 / 127 * 0x1p-11);
+		CHECK_EQ_INT((int8_t)a[34 * (n / 32 - 1) + 33], 127);
+		if (n > 32)
+			CHECK(ref_f16(rd16(a)) < 1.0);
+
+		/* F32 activations are a plain copy. */
+		uint32_t ft = V->t[ENGINE_DTYPE_F32].act_type;
+		if (ft == ENGINE_DTYPE_F32) {
+			float *c = xmalloc((size_t)n * sizeof(float));
+			V->quant_act[ENGINE_DTYPE_F32](x, c, n);
+			CHECK(memcmp(c, x, (size_t)n * sizeof(float)) == 0);
+			free(c);
+		}
+		free(x);
+		free(a);
+		free(g);
+	}
+}
+
+static void test_variant_f32_helpers(void)
+{
+	static const int64_t sizes[] = { 0, 1, 7, 31, 64, 1000, 4096 };
+	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+		int64_t n = sizes[si];
+		float *a = xmalloc((size_t)(n + 1) * sizeof(float));
+		float *b = xmalloc((size_t)(n + 1) * sizeof(float));
+		float *y = xmalloc((size_t)(n + 1) * sizeof(float));
+		double ref = 0, S = 0;
+		for (int64_t i = 0; i < n; i++) {
+			a[i] = (float)rng_normal();
+			b[i] = (float)(rng_normal() * 100);
+			ref += (double)a[i] * b[i];
+			S += fabs((double)a[i] * b[i]);
+		}
+		float s = V->dot_f32(n, a, b);
+		CHECK_MSG(fabs(s - ref) <= (double)(n + 2) * 0x1p-24 * S, "%s dot_f32 n=%lld",
+			  V_name, (long long)n);
+		if (V == &kern_generic_ops)
+			CHECK(fabs(s - ref) <= 0x1p-24 * fabs(ref) + (double)n * 0x1p-53 * S);
+
+		/* axpy: each y_i + alpha x_i rounded once (or fused): <= 1 ulp-ish. */
+		float alpha = -1.75f;
+		for (int64_t i = 0; i < n; i++)
+			y[i] = (float)rng_normal();
+		y[n] = 12345.0f; /* must stay untouched */
+		float *y0 = xmalloc((size_t)(n + 1) * sizeof(float));
+		memcpy(y0, y, (size_t)(n + 1) * sizeof(float));
+		V->axpy_f32(n, alpha, a, y);
+		int bad = 0;
+		for (int64_t i = 0; i < n; i++) {
+			double e = (double)y0[i] + (double)alpha * a[i];
+			bad += !(fabs(y[i] - e) <= 0x1p-23 * (fabs(y0[i]) + fabs(alpha * a[i])));
+		}
+		CHECK_MSG(!bad, "%s axpy n=%lld: %d bad", V_name, (long long)n, bad);
+		CHECK(y[n] == 12345.0f);
+		free(a);
+		free(b);
+		free(y);
+		free(y0);
+	}
+}
+
+/* ---- selection and detection ------------------------------------------------- */
+
+static void test_select(void)
+{
+	struct kern_caps caps, none;
+	memset(&none, 0, sizeof(none));
+	kern_detect_caps(&caps);
+
+	const char *const *names = kern_variant_names();
+	CHECK(names && names[0]);
+	size_t n = 0;
+	while (names && names[n])
+		n++;
+	CHECK(n >= 1 && strcmp(names[n - 1], "scalar") == 0); /* best first: scalar last */
+
+	CHECK(kern_select(&none, NULL) == &kern_generic_ops);
+	CHECK(kern_select(&none, "") == &kern_generic_ops);
+	CHECK(kern_select(&none, "auto") == &kern_generic_ops);
+	CHECK(kern_select(&caps, "scalar") == &kern_generic_ops);
+	CHECK(kern_select(&caps, "generic") == &kern_generic_ops);
+	CHECK(kern_select(&caps, "no-such-isa") == NULL);
+	CHECK(kern_select(NULL, NULL) != NULL);
+	CHECK_STREQ(kern_generic_ops.name, "scalar");
+
+	/* auto = the first listed variant this CPU supports. */
+	const struct kern_ops *best = kern_select(&caps, NULL);
+	for (size_t i = 0; i < n; i++) {
+		const struct kern_ops *o = kern_select(&caps, names[i]);
+		if (o) {
+			CHECK_MSG(o == best, "auto picked %s, first supported is %s", best->name,
+				  names[i]);
+			break;
+		}
+	}
+	/* With no caps, every variant but scalar must be refused. */
+	for (size_t i = 0; i + 1 < n; i++)
+		CHECK_MSG(kern_select(&none, names[i]) == NULL, "%s accepted without caps",
+			  names[i]);
+}
+
+static void test_detect_caps(void)
+{
+	struct kern_caps c;
+	memset(&c, 0xff, sizeof(c));
+	kern_detect_caps(&c);
+#if defined(__x86_64__) && defined(__GNUC__)
+	/* The compiler's runtime checks CPUID and XCR0 its own way. */
+	__builtin_cpu_init();
+	CHECK_EQ_INT(c.avx2, !!__builtin_cpu_supports("avx2"));
+	CHECK_EQ_INT(c.fma, !!__builtin_cpu_supports("fma"));
+	CHECK_EQ_INT(c.avx512f, !!__builtin_cpu_supports("avx512f"));
+	CHECK_EQ_INT(c.avx512bw, !!__builtin_cpu_supports("avx512bw"));
+	CHECK_EQ_INT(c.avx512vl, !!__builtin_cpu_supports("avx512vl"));
+	CHECK_EQ_INT(c.avx512dq, !!__builtin_cpu_supports("avx512dq"));
+	CHECK_EQ_INT(c.avx512vnni, !!__builtin_cpu_supports("avx512vnni"));
+	CHECK_EQ_INT(c.avx512bf16, !!__builtin_cpu_supports("avx512bf16"));
+	CHECK(!c.neon && !c.dotprod && !c.i8mm);
+#else
+	CHECK(!c.avx2 && !c.avx512f && !c.amx_tile);
+#endif
+	/* Implications any sane detection keeps. */
+	CHECK(!c.avx512bw || c.avx512f);
+	CHECK(!c.avxvnni || c.avx2);
+	CHECK(!c.dotprod || c.neon);
+	fprintf(stderr,
+		"caps: avx2 %d fma %d f16c %d avx512f %d bw %d vl %d dq %d vnni %d bf16 %d avxvnni %d "
+		"amx %d/%d/%d neon %d dotprod %d i8mm %d\n",
+		c.avx2, c.fma, c.f16c, c.avx512f, c.avx512bw, c.avx512vl, c.avx512dq, c.avx512vnni,
+		c.avx512bf16, c.avxvnni, c.amx_tile, c.amx_int8, c.amx_bf16, c.neon, c.dotprod,
+		c.i8mm);
+}
+
+static void test_act_row_size(void)
+{
+	CHECK_EQ_INT(kern_act_row_size(ENGINE_DTYPE_F32, 100), 400);
+	CHECK_EQ_INT(kern_act_row_size(ENGINE_DTYPE_Q8_0, 4096), 4096 / 32 * 34);
+	CHECK_EQ_INT(kern_act_row_size(ENGINE_DTYPE_Q8_0, 33), 0);
+	CHECK_EQ_INT(kern_act_row_size(ENGINE_DTYPE_Q8_K, 512), 2 * 292);
+	CHECK_EQ_INT(kern_act_row_size(ENGINE_DTYPE_F16, 3), 6);
+}
+
+static void run_variant_test(void (*fn)(void), const char *test)
+{
+	static char name[128];
+	snprintf(name, sizeof(name), "%s/%s", V_name, test);
+	test_run_one(fn, name);
+}
+
+int main(void)
+{
+	TEST_RUN(test_fp16_decode_exhaustive);
+	TEST_RUN(test_fp16_roundtrip_exhaustive);
+	TEST_RUN(test_fp16_rne_midpoints);
+	TEST_RUN(test_fp16_known_values);
+	TEST_RUN(test_fp16_random_nearest);
+	TEST_RUN(test_bf16);
+	TEST_RUN(test_q8_0_known_answer);
+	TEST_RUN(test_q4_0_known_answer);
+	TEST_RUN(test_vec_dot_known_answer);
+	TEST_RUN(test_q8_0_roundtrip_bound);
+	TEST_RUN(test_q4_0_roundtrip_bound);
+	TEST_RUN(test_row_dispatch);
+	TEST_RUN(test_select);
+	TEST_RUN(test_detect_caps);
+	TEST_RUN(test_act_row_size);
+
+	struct kern_caps caps;
+	kern_detect_caps(&caps);
+	for (const char *const *nm = kern_variant_names(); *nm; nm++) {
+		V = kern_select(&caps, *nm);
+		V_name = *nm;
+		if (!V) {
+			fprintf(stderr, "variant %s: not supported by this CPU, not tested\n", *nm);
+			continue;
+		}
+		run_variant_test(test_variant_table, "table");
+		run_variant_test(test_variant_dequant, "dequant");
+		run_variant_test(test_variant_vec_dot, "vec_dot");
+		run_variant_test(test_variant_quant_act, "quant_act");
+		run_variant_test(test_variant_f32_helpers, "f32_helpers");
+	}
+	return test_finish();
+}
