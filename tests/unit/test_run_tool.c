@@ -1,0 +1,189 @@
+/* tests/unit/test_run_tool.c: edgelm-run end to end, as a user runs it.
+ * - greedy text for every reference prompt equals the reference story;
+ * - --json gives the reference ids and top logits (within 1e-3);
+ * - --tokenize prints the reference prompt ids (on the model and on a
+ *   vocab-only GGUF);
+ * - usage errors exit 1. */
+#include "common/common.h"
+#include "tests/test.h"
+
+#include <jansson.h>
+#include <sys/wait.h>
+
+static const char *bin(void)
+{
+	static char b[4096];
+	const char *build = getenv("BUILD");
+	snprintf(b, sizeof(b), "%s/bin/edgelm-run", build && *build ? build : "build");
+	return b;
+}
+
+/* Run a shell command, capture stdout (malloc'ed), return exit status. */
+static int run(const char *cmd, char **ret_out)
+{
+	FILE *p = popen(cmd, "r");
+	if (!p)
+		return -1;
+	size_t cap = 1 << 16, n = 0, r;
+	char *buf = malloc(cap + 1);
+	while ((r = fread(buf + n, 1, cap - n, p)) > 0) {
+		n += r;
+		if (n == cap)
+			buf = realloc(buf, (cap *= 2) + 1);
+	}
+	buf[n] = '\0';
+	int st = pclose(p);
+	*ret_out = buf;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Single-quote a string for the shell. */
+static void shq(char *dst, size_t cap, const char *s)
+{
+	size_t k = 0;
+	dst[k++] = '\'';
+	for (; *s && k + 5 < cap; s++) {
+		if (*s == '\'') {
+			memcpy(dst + k, "'\\''", 4);
+			k += 4;
+		} else {
+			dst[k++] = *s;
+		}
+	}
+	dst[k++] = '\'';
+	dst[k] = '\0';
+}
+
+static json_t *ref;
+
+static bool need_ref(void)
+{
+	const char *m = test_data_path("models/stories260K-f32.gguf");
+	if (!test_file_exists(m) ||
+	    !test_file_exists(test_data_path("reference/stories260K-f32.json"))) {
+		TEST_SKIP("stories260K model or reference not found under $EDGELM_TESTDATA");
+		return false;
+	}
+	if (!ref)
+		ref = json_load_file(test_data_path("reference/stories260K-f32.json"), 0, NULL);
+	return ref != NULL;
+}
+
+static void test_reference_text(void)
+{
+	if (!need_ref())
+		return;
+	char model[4096];
+	snprintf(model, sizeof(model), "%s", test_data_path("models/stories260K-f32.gguf"));
+	size_t i;
+	json_t *item;
+	json_array_foreach(ref, i, item) {
+		char q[1024], cmd[16384], *out = NULL;
+		shq(q, sizeof(q), json_string_value(json_object_get(item, "prompt")));
+		size_t n_steps = json_array_size(json_object_get(item, "steps"));
+		snprintf(cmd, sizeof(cmd), "%s -m '%s' -p %s -n %zu --temp 0 -q", bin(), model, q,
+			 n_steps);
+		CHECK_EQ_INT(run(cmd, &out), 0);
+		const char *want = json_string_value(json_object_get(item, "text"));
+		size_t wl = strlen(want);
+		CHECK_MSG(strncmp(out, want, wl) == 0 && strcmp(out + wl, "\n") == 0,
+			  "prompt %zu:\n got: %s\nwant: %s", i, out, want);
+		free(out);
+	}
+}
+
+static void test_json_mode(void)
+{
+	if (!need_ref())
+		return;
+	json_t *item = json_array_get(ref, 0);
+	char q[1024], cmd[16384], *out = NULL;
+	shq(q, sizeof(q), json_string_value(json_object_get(item, "prompt")));
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p %s -n 16 --temp 0 -q --json --top-logits 8",
+		 bin(), test_data_path("models/stories260K-f32.gguf"), q);
+	CHECK_EQ_INT(run(cmd, &out), 0);
+	json_t *steps = json_object_get(item, "steps");
+	char *line = out, *save = NULL;
+	int k = 0;
+	for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save), k++) {
+		json_error_t je;
+		json_t *j = json_loads(line, 0, &je);
+		CHECK_MSG(j != NULL, "line %d is not JSON: %s", k, line);
+		json_t *st = json_array_get(steps, (size_t)k);
+		CHECK_EQ_INT(json_integer_value(json_object_get(j, "id")),
+			     json_integer_value(json_object_get(st, "token")));
+		CHECK(json_is_string(json_object_get(j, "text")));
+		json_t *top = json_object_get(j, "top"), *rtop = json_object_get(st, "top");
+		CHECK_EQ_INT(json_array_size(top), 8);
+		for (size_t t = 0; t < json_array_size(top) && t < json_array_size(rtop); t++) {
+			json_t *a = json_array_get(top, t), *b = json_array_get(rtop, t);
+			CHECK_EQ_INT(json_integer_value(json_array_get(a, 0)),
+				     json_integer_value(json_array_get(b, 0)));
+			CHECK_NEAR(json_number_value(json_array_get(a, 1)),
+				   json_number_value(json_array_get(b, 1)), 1e-3);
+		}
+		json_decref(j);
+	}
+	CHECK_EQ_INT(k, 16);
+	free(out);
+}
+
+static void test_tokenize_mode(void)
+{
+	if (!need_ref())
+		return;
+	const char *files[] = {"models/stories260K-f32.gguf", "models/stories260K-f16.gguf"};
+	for (size_t f = 0; f < CM_ARRAY_LEN(files); f++) {
+		size_t i;
+		json_t *item;
+		json_array_foreach(ref, i, item) {
+			char q[1024], cmd[16384], *out = NULL;
+			shq(q, sizeof(q), json_string_value(json_object_get(item, "prompt")));
+			snprintf(cmd, sizeof(cmd), "%s -m '%s' -p %s --tokenize", bin(),
+				 test_data_path(files[f]), q);
+			CHECK_EQ_INT(run(cmd, &out), 0);
+			json_t *got = json_loads(out, 0, NULL);
+			CHECK_MSG(json_equal(got, json_object_get(item, "prompt_tokens")),
+				  "prompt %zu: %s", i, out);
+			json_decref(got);
+			free(out);
+		}
+	}
+	/* vocab-only GGUF (no tensors at all) */
+	const char *v = test_data_path("vocab/ggml-vocab-llama-spm.gguf");
+	if (test_file_exists(v)) {
+		char cmd[16384], *out = NULL;
+		snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Hello world' --tokenize", bin(), v);
+		CHECK_EQ_INT(run(cmd, &out), 0);
+		CHECK_STREQ(out, "[1, 15043, 3186]\n");
+		free(out);
+	}
+}
+
+static void test_usage_errors(void)
+{
+	char cmd[16384], *out = NULL;
+	snprintf(cmd, sizeof(cmd), "%s 2>/dev/null", bin());
+	CHECK_EQ_INT(run(cmd, &out), 1);
+	free(out);
+	snprintf(cmd, sizeof(cmd), "%s -m x.gguf --temp abc 2>/dev/null", bin());
+	CHECK_EQ_INT(run(cmd, &out), 1);
+	free(out);
+	snprintf(cmd, sizeof(cmd), "%s -m /nonexistent.gguf -p hi 2>/dev/null", bin());
+	CHECK_EQ_INT(run(cmd, &out), 2);
+	free(out);
+	snprintf(cmd, sizeof(cmd), "%s --help", bin());
+	CHECK_EQ_INT(run(cmd, &out), 0);
+	CHECK(strstr(out, "usage: edgelm-run") != NULL);
+	free(out);
+}
+
+int main(void)
+{
+	TEST_RUN(test_reference_text);
+	TEST_RUN(test_json_mode);
+	TEST_RUN(test_tokenize_mode);
+	TEST_RUN(test_usage_errors);
+	json_decref(ref);
+	return test_finish();
+}
