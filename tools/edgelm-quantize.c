@@ -1,0 +1,362 @@
+/* tools/edgelm-quantize.c: convert the matrices of a GGUF model to another
+ * tensor type.
+ *
+ *   edgelm-quantize [-t N] IN.gguf OUT.gguf TYPE     (TYPE: Q8_0 Q4_0 F16 BF16 F32)
+ *
+ * Follows llama-quantize's choices (gguf-formats §3) for these types:
+ * - only weight matrices are converted: names ending in "weight", at least
+ *   two dimensions (ggml_n_dims >= 2, trailing 1s not counted), not norms
+ *   ("_norm.weight"), not the MoE router or position/token-type embeddings.
+ *   Everything else (1-D tensors, norms, biases) is copied unchanged;
+ * - for Q4_0, llama.cpp makes the output matrix (output.weight, or
+ *   token_embd.weight when the embedding is tied) Q6_K. We have no Q6_K yet,
+ *   so it becomes Q8_0 and a line says so;
+ * - a matrix whose rows (ne[0]) do not divide the block becomes F16, with a
+ *   line "edgelm-quantize: NAME: row N not a multiple of B, kept as F16".
+ * Sources may be F32, F16, BF16, Q8_0 or Q4_0; a tensor that is converted is
+ * dequantized to f32 row by row first. A tensor already of the target type
+ * is copied as is. All metadata is copied; general.file_type and
+ * general.quantization_version are set.
+ *
+ * Rows are split over worker threads (-t, default one per usable CPU). The
+ * converted tensors are held in memory until the file is written.
+ * Exit codes: 0 ok, 1 usage, 2 bad input, 3 write (or memory) error. */
+#include "common/common.h"
+#include "engine/gguf.h"
+#include "engine/quant.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define EXIT_USAGE 1
+#define EXIT_INPUT 2
+#define EXIT_WRITE 3
+
+#define MAX_THREADS 256
+/* Below this many elements a tensor is converted on the main thread. */
+#define MIN_PARALLEL_ELEMS 8192
+
+static const struct {
+	const char *name;
+	uint32_t type;
+	uint32_t file_type; /* general.file_type (llama_ftype) */
+} targets[] = {
+	{ "Q8_0", ENGINE_DTYPE_Q8_0, 7 }, { "Q4_0", ENGINE_DTYPE_Q4_0, 2 },
+	{ "F16", ENGINE_DTYPE_F16, 1 },	  { "BF16", ENGINE_DTYPE_BF16, 32 },
+	{ "F32", ENGINE_DTYPE_F32, 0 },
+};
+
+static void usage(FILE *o)
+{
+	fprintf(o,
+		"usage: edgelm-quantize [-t N] IN.gguf OUT.gguf TYPE\n"
+		"\n"
+		"Convert the weight matrices of IN to TYPE (Q8_0, Q4_0, F16, BF16 or F32)\n"
+		"and write OUT, with llama-quantize's rules: 1-D tensors and norms are\n"
+		"copied unchanged; matrices whose rows do not divide the block stay F16;\n"
+		"for Q4_0 the output matrix becomes Q8_0 (Q6_K in llama.cpp).\n"
+		"\n"
+		"  -t, --threads N   worker threads (default: one per usable CPU)\n"
+		"  -h, --help\n"
+		"\n"
+		"Exit codes: 0 ok, 1 usage, 2 bad input, 3 write error.\n");
+}
+
+/* Source types we can read rows of (dequantize_row). */
+static bool can_read(uint32_t type)
+{
+	return type == ENGINE_DTYPE_F32 || type == ENGINE_DTYPE_F16 || type == ENGINE_DTYPE_BF16 ||
+	       type == ENGINE_DTYPE_Q8_0 || type == ENGINE_DTYPE_Q4_0;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), m = strlen(suffix);
+	return n >= m && memcmp(s + n - m, suffix, m) == 0;
+}
+
+/* ggml_n_dims: dimensions not counting trailing ones. */
+static int eff_dims(const struct gguf_tensor *t)
+{
+	int n = (int)t->n_dims;
+	while (n > 1 && t->ne[n - 1] == 1)
+		n--;
+	return n;
+}
+
+static bool is_matrix_weight(const struct gguf_tensor *t)
+{
+	return ends_with(t->name, "weight") && eff_dims(t) >= 2 &&
+	       !strstr(t->name, "_norm.weight") && !strstr(t->name, "ffn_gate_inp.weight") &&
+	       strcmp(t->name, "position_embd.weight") != 0 &&
+	       strcmp(t->name, "token_types.weight") != 0;
+}
+
+/* ---- row conversion ------------------------------------------------------------ */
+
+struct work {
+	const struct gguf_tensor *t;
+	uint32_t out_type;
+	uint8_t *out;
+	size_t out_row;
+	int64_t r0, r1;
+	int rc;
+};
+
+static void *convert_rows(void *arg)
+{
+	struct work *w = arg;
+	int64_t ne0 = w->t->ne[0];
+	/* Always through a buffer: rows in the mapping need not be aligned for
+	 * f32 loads when general.alignment is small. */
+	float *tmp = cm_malloc((size_t)ne0 * sizeof(float));
+	if (!tmp) {
+		w->rc = -ENOMEM;
+		return NULL;
+	}
+	const uint8_t *src = w->t->data;
+	for (int64_t r = w->r0; r < w->r1; r++) {
+		if (dequantize_row(w->t->type, src + (uint64_t)r * w->t->row_bytes, tmp, ne0) ||
+		    quantize_row(w->out_type, tmp, w->out + (uint64_t)r * w->out_row, ne0)) {
+			w->rc = -EINVAL;
+			break;
+		}
+	}
+	cm_free(tmp);
+	return NULL;
+}
+
+/* Convert tensor t into out (rows * out_row bytes) with up to nthreads. */
+static int convert_tensor(const struct gguf_tensor *t, uint32_t out_type, uint8_t *out,
+			  size_t out_row, int nthreads)
+{
+	int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
+	int64_t elems = rows * t->ne[0];
+	int nth = elems < MIN_PARALLEL_ELEMS ? 1 : nthreads;
+	if (nth > rows)
+		nth = (int)rows;
+	if (nth < 1)
+		nth = 1;
+
+	struct work wk[MAX_THREADS];
+	pthread_t th[MAX_THREADS];
+	bool started[MAX_THREADS] = { false };
+	for (int i = 0; i < nth; i++) {
+		wk[i] = (struct work){ .t = t, .out_type = out_type, .out = out, .out_row = out_row,
+				       .r0 = rows * i / nth, .r1 = rows * (i + 1) / nth };
+	}
+	/* Workers 1..nth-1 on threads, worker 0 here; a thread that cannot be
+	 * created has its share done here too. */
+	for (int i = 1; i < nth; i++)
+		started[i] = pthread_create(&th[i], NULL, convert_rows, &wk[i]) == 0;
+	convert_rows(&wk[0]);
+	for (int i = 1; i < nth; i++) {
+		if (started[i])
+			pthread_join(th[i], NULL);
+		else
+			convert_rows(&wk[i]);
+	}
+	for (int i = 0; i < nth; i++)
+		if (wk[i].rc)
+			return wk[i].rc;
+	return 0;
+}
+
+static int default_threads(void)
+{
+	cpu_set_t set;
+	int n = 0;
+	if (sched_getaffinity(0, sizeof(set), &set) == 0)
+		n = CPU_COUNT(&set);
+	if (n < 1) {
+		long c = sysconf(_SC_NPROCESSORS_ONLN);
+		n = c > 0 ? (int)CM_MIN(c, MAX_THREADS) : 1;
+	}
+	return CM_MIN(n, MAX_THREADS);
+}
+
+static double mib(uint64_t b)
+{
+	return (double)b / (1024.0 * 1024.0);
+}
+
+static uint64_t file_size(const char *path)
+{
+	struct stat st;
+	return stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+
+/* ---- main ----------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+	static const struct option long_opts[] = {
+		{ "threads", required_argument, NULL, 't' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int nthreads = 0, c;
+
+	while ((c = getopt_long(argc, argv, "t:h", long_opts, NULL)) != -1) {
+		switch (c) {
+		case 't': {
+			char *end;
+			long v = strtol(optarg, &end, 10);
+			if (*optarg == '\0' || *end || v < 1 || v > MAX_THREADS) {
+				fprintf(stderr, "edgelm-quantize: bad thread count '%s' (1..%d)\n",
+					optarg, MAX_THREADS);
+				return EXIT_USAGE;
+			}
+			nthreads = (int)v;
+			break;
+		}
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return EXIT_USAGE;
+		}
+	}
+	if (argc - optind != 3) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	const char *in_path = argv[optind], *out_path = argv[optind + 1];
+	const char *type_name = argv[optind + 2];
+	size_t ti;
+	for (ti = 0; ti < CM_ARRAY_LEN(targets); ti++)
+		if (dtype_from_name(type_name) == (int)targets[ti].type)
+			break;
+	if (ti == CM_ARRAY_LEN(targets)) {
+		fprintf(stderr,
+			"edgelm-quantize: unsupported type '%s' (Q8_0, Q4_0, F16, BF16, F32)\n",
+			type_name);
+		return EXIT_USAGE;
+	}
+	const uint32_t target = targets[ti].type;
+	if (!nthreads)
+		nthreads = default_threads();
+
+	struct cm_err err = { 0 };
+	struct gguf_file *f = NULL;
+	struct gguf_writer *w = NULL;
+	void **owned = NULL;
+	int ret = EXIT_WRITE, rc;
+	unsigned n_by_type[ENGINE_DTYPE_COUNT] = { 0 };
+	uint64_t in_bytes = 0, out_bytes = 0;
+
+	if ((rc = gguf_open(in_path, &f, &err))) {
+		fprintf(stderr, "edgelm-quantize: %s\n", err.msg);
+		return rc == -ENOMEM ? EXIT_WRITE : EXIT_INPUT;
+	}
+	owned = cm_calloc(f->n_tensors ? f->n_tensors : 1, sizeof(*owned));
+	if (!owned || gguf_writer_new(&w, &err)) {
+		fprintf(stderr, "edgelm-quantize: out of memory\n");
+		goto out;
+	}
+	if ((rc = gguf_writer_copy_kv(w, f, NULL, NULL)) ||
+	    (rc = gguf_writer_set_u32(w, "general.file_type", targets[ti].file_type)) ||
+	    (rc = gguf_writer_set_u32(w, "general.quantization_version", 2))) {
+		fprintf(stderr, "edgelm-quantize: copying metadata: %s\n", strerror(-rc));
+		goto out;
+	}
+
+	const bool has_output = gguf_find_tensor(f, "output.weight") != NULL;
+	for (uint64_t i = 0; i < f->n_tensors; i++) {
+		const struct gguf_tensor *t = &f->tensors[i];
+		uint32_t out_type = t->type;
+		const void *data = t->data;
+
+		if (is_matrix_weight(t)) {
+			out_type = target;
+			bool is_output = !strcmp(t->name, "output.weight") ||
+					 (!has_output && !strcmp(t->name, "token_embd.weight"));
+			if (target == ENGINE_DTYPE_Q4_0 && is_output) {
+				out_type = ENGINE_DTYPE_Q8_0;
+				fprintf(stderr,
+					"edgelm-quantize: %s: Q6_K in llama.cpp, not implemented "
+					"here, using Q8_0\n",
+					t->name);
+			}
+			uint32_t blck = dtype_get(out_type)->blck;
+			if (t->ne[0] % blck != 0) {
+				fprintf(stderr,
+					"edgelm-quantize: %s: row %" PRId64
+					" not a multiple of %u, kept as F16\n",
+					t->name, t->ne[0], blck);
+				out_type = ENGINE_DTYPE_F16;
+			}
+		}
+		if (out_type != t->type) {
+			if (!can_read(t->type)) {
+				fprintf(stderr, "edgelm-quantize: %s: cannot convert from %s\n",
+					t->name, dtype_name(t->type));
+				ret = EXIT_INPUT;
+				goto out;
+			}
+			size_t out_row = dtype_row_size(out_type, t->ne[0]);
+			uint64_t rows = (uint64_t)(t->ne[1] * t->ne[2] * t->ne[3]), nbytes;
+			if (!out_row || cm_mul_overflow_u64(rows, out_row, &nbytes) ||
+			    nbytes > SIZE_MAX) {
+				fprintf(stderr, "edgelm-quantize: %s: size overflows\n", t->name);
+				ret = EXIT_INPUT;
+				goto out;
+			}
+			uint8_t *buf = cm_malloc((size_t)nbytes);
+			if (!buf) {
+				fprintf(stderr, "edgelm-quantize: %s: out of memory (%.1f MiB)\n",
+					t->name, mib(nbytes));
+				goto out;
+			}
+			owned[i] = buf;
+			if ((rc = convert_tensor(t, out_type, buf, out_row, nthreads))) {
+				fprintf(stderr, "edgelm-quantize: %s: conversion failed: %s\n",
+					t->name, strerror(-rc));
+				goto out;
+			}
+			data = buf;
+		}
+		if (gguf_writer_add_tensor(w, t->name, out_type, t->n_dims, t->ne, data, &err)) {
+			fprintf(stderr, "edgelm-quantize: %s\n", err.msg);
+			goto out;
+		}
+		n_by_type[out_type]++;
+		in_bytes += t->nbytes;
+		out_bytes += dtype_row_size(out_type, t->ne[0]) *
+			     (uint64_t)(t->ne[1] * t->ne[2] * t->ne[3]);
+	}
+
+	if (gguf_writer_write(w, out_path, &err)) {
+		fprintf(stderr, "edgelm-quantize: %s\n", err.msg);
+		goto out;
+	}
+
+	printf("edgelm-quantize: %s -> %s (%s): %" PRIu64 " tensors:", in_path, out_path,
+	       targets[ti].name, f->n_tensors);
+	const char *sep = " ";
+	for (uint32_t t = 0; t < ENGINE_DTYPE_COUNT; t++) {
+		if (n_by_type[t]) {
+			printf("%s%s %u", sep, dtype_name(t), n_by_type[t]);
+			sep = ", ";
+		}
+	}
+	printf("\nedgelm-quantize: tensor data %.2f MiB -> %.2f MiB, file %.2f MiB -> %.2f MiB\n",
+	       mib(in_bytes), mib(out_bytes), mib(file_size(in_path)), mib(file_size(out_path)));
+	ret = 0;
+out:
+	if (owned)
+		for (uint64_t i = 0; i < f->n_tensors; i++)
+			cm_free(owned[i]);
+	cm_free(owned);
+	gguf_writer_free(w);
+	gguf_close(f);
+	return ret;
+}
