@@ -1,7 +1,10 @@
 /* tests/unit/test_quant.c: the ggml type table (gguf-formats §2.1), name
- * lookup and row sizes, and the thread-safe fp16 table initialisation.
- * Conversions and quantizers are covered by tests/kernels/test_kern.c. */
+ * lookup and row sizes, the thread-safe fp16 table initialisation, and our
+ * reference quantizers byte for byte against llama.cpp's files (skipped
+ * without the test data). Conversions, error bounds and kernels are covered
+ * by tests/kernels/test_kern.c. */
 #include "common/common.h"
+#include "engine/gguf.h"
 #include "engine/quant.h"
 
 #include "tests/test.h"
@@ -67,7 +70,8 @@ static void test_computable(void)
 		if (!ti)
 			continue;
 		bool want = t == ENGINE_DTYPE_F32 || t == ENGINE_DTYPE_F16 ||
-			    t == ENGINE_DTYPE_BF16 || t == ENGINE_DTYPE_Q8_0 || t == ENGINE_DTYPE_Q4_0;
+			    t == ENGINE_DTYPE_BF16 || t == ENGINE_DTYPE_Q8_0 ||
+			    t == ENGINE_DTYPE_Q4_0;
 		CHECK_MSG(ti->computable == want, "%s computable = %d", ti->name, ti->computable);
 	}
 }
@@ -164,6 +168,71 @@ static void test_init_threads(void)
 		CHECK_EQ_INT(bad[i], 0);
 }
 
+/* stories3M-q8_0.gguf and stories3M-q4_0.gguf were written by llama-quantize
+ * (no importance matrix) from stories3M-f32.gguf: every Q8_0 / Q4_0 tensor
+ * in them must be what our quantizer makes of the F32 source. */
+static void check_llama_cpp_file(const char *qfile, uint32_t qtype)
+{
+	char src_path[4096], q_path[4096];
+	snprintf(src_path, sizeof(src_path), "%s", test_data_path("models/stories3M-f32.gguf"));
+	snprintf(q_path, sizeof(q_path), "%s", test_data_path(qfile));
+	if (!test_file_exists(src_path) || !test_file_exists(q_path)) {
+		TEST_SKIP("%s or %s not found (set EDGELM_TESTDATA)", src_path, q_path);
+		return;
+	}
+	struct gguf_file *src = NULL, *q = NULL;
+	struct cm_err err = { 0 };
+	CHECK_OK(gguf_open(src_path, &src, &err));
+	CHECK_OK(gguf_open(q_path, &q, &err));
+	if (!src || !q) {
+		fprintf(stderr, "  %s\n", err.msg);
+		gguf_close(src);
+		gguf_close(q);
+		return;
+	}
+	int n_checked = 0;
+	for (uint64_t i = 0; i < q->n_tensors; i++) {
+		const struct gguf_tensor *tq = &q->tensors[i];
+		if (tq->type != qtype)
+			continue;
+		const struct gguf_tensor *ts = gguf_find_tensor(src, tq->name);
+		int64_t ne0 = tq->ne[0], rows = tq->ne[1] * tq->ne[2] * tq->ne[3];
+		bool match = ts && ts->type == ENGINE_DTYPE_F32 && ts->ne[0] == ne0 &&
+			     ts->nbytes == (uint64_t)(ne0 * rows) * 4;
+		CHECK_MSG(match, "%s: no matching F32 source", tq->name);
+		if (!match)
+			continue;
+		float *row = malloc((size_t)ne0 * sizeof(float));
+		uint8_t *out = malloc(tq->row_bytes);
+		int bad_rows = 0;
+		for (int64_t r = 0; row && out && r < rows; r++) {
+			memcpy(row, (const uint8_t *)ts->data + r * ts->row_bytes,
+			       (size_t)ne0 * sizeof(float));
+			CHECK_OK(quantize_row(qtype, row, out, ne0));
+			bad_rows += memcmp(out, (const uint8_t *)tq->data + r * tq->row_bytes,
+					   tq->row_bytes) != 0;
+		}
+		CHECK_MSG(bad_rows == 0, "%s: %d of %lld rows differ from llama.cpp's", tq->name,
+			  bad_rows, (long long)rows);
+		free(row);
+		free(out);
+		n_checked++;
+	}
+	CHECK_MSG(n_checked >= 29, "only %d %s tensors compared", n_checked, dtype_name(qtype));
+	gguf_close(src);
+	gguf_close(q);
+}
+
+static void test_llama_cpp_q8_0(void)
+{
+	check_llama_cpp_file("models/stories3M-q8_0.gguf", ENGINE_DTYPE_Q8_0);
+}
+
+static void test_llama_cpp_q4_0(void)
+{
+	check_llama_cpp_file("models/stories3M-q4_0.gguf", ENGINE_DTYPE_Q4_0);
+}
+
 int main(void)
 {
 	TEST_RUN(test_table_sizes);
@@ -173,5 +242,7 @@ int main(void)
 	TEST_RUN(test_row_size);
 	TEST_RUN(test_block_structs);
 	TEST_RUN(test_init_threads);
+	TEST_RUN(test_llama_cpp_q8_0);
+	TEST_RUN(test_llama_cpp_q4_0);
 	return test_finish();
 }
