@@ -182,8 +182,8 @@ static void test_fp16_decode_exhaustive(void)
 		if (isnan(r)) {
 			CHECK_MSG(isnan(f) && !!signbit(f) == !!(h & 0x8000), "half 0x%04x", h);
 		} else {
-			CHECK_MSG(f == r && !!signbit(f) == !!signbit(r), "half 0x%04x: %g vs %g", h, f,
-				  r);
+			CHECK_MSG(f == r && !!signbit(f) == !!signbit(r), "half 0x%04x: %g vs %g",
+				  h, f, r);
 		}
 		CHECK_MSG(f2u(quant_fp16_table[h]) == f2u(f), "table entry 0x%04x", h);
 		if (test_cur_failed > 10)
@@ -198,7 +198,8 @@ static void test_fp16_roundtrip_exhaustive(void)
 		uint16_t r = fp32_to_fp16(f);
 		if (isnan(f)) {
 			/* Payload aside, a NaN must stay a NaN of the same sign. */
-			CHECK_MSG((r & 0x7c00) == 0x7c00 && (r & 0x3ff) && (r & 0x8000) == (h & 0x8000),
+			CHECK_MSG((r & 0x7c00) == 0x7c00 && (r & 0x3ff) &&
+					  (r & 0x8000) == (h & 0x8000),
 				  "nan 0x%04x -> 0x%04x", h, r);
 		} else {
 			CHECK_MSG(r == h, "0x%04x -> %g -> 0x%04x", h, f, r);
@@ -297,10 +298,12 @@ static void test_fp16_random_nearest(void)
 		}
 		/* No neighbour of h is strictly closer. */
 		uint16_t mag = h & 0x7fff;
+		double e_up = fabs(ref_f16((uint16_t)(h + 1)) - f);
+		double e_down = fabs(ref_f16((uint16_t)(h - 1)) - f);
 		if (mag < 0x7bff)
-			CHECK_MSG(err <= fabs(ref_f16((uint16_t)(h + 1)) - f), "%g -> 0x%04x", f, h);
+			CHECK_MSG(err <= e_up, "%g -> 0x%04x", f, h);
 		if (mag > 0)
-			CHECK_MSG(err <= fabs(ref_f16((uint16_t)(h - 1)) - f), "%g -> 0x%04x", f, h);
+			CHECK_MSG(err <= e_down, "%g -> 0x%04x", f, h);
 		else
 			CHECK_MSG(af <= ldexp(1, -25), "%g -> 0x%04x", f, h);
 		CHECK_MSG(!!(h & 0x8000) == !!signbit(f), "sign of %g", f);
@@ -566,7 +569,8 @@ static int check_q8_0_bound(const float *x, const uint8_t *y, int64_t n, const c
 			if (!(err <= bound) || q < -127) {
 				if (bad++ < 5)
 					fprintf(stderr,
-						"  %s: block %lld elem %d: x %.9g q %d d %.9g err %.3g > %.3g\n",
+						"  %s: block %lld elem %d: x %.9g q %d d %.9g "
+						"err %.3g > %.3g\n",
 						what, (long long)b, j, xv, q, d_h, err, bound);
 			}
 		}
@@ -603,7 +607,8 @@ static int check_q4_0_bound(const float *x, const uint8_t *y, int64_t n, const c
 			if (!(err <= bound)) {
 				if (bad++ < 5)
 					fprintf(stderr,
-						"  %s: block %lld elem %d: x %.9g q %d d %.9g err %.3g > %.3g\n",
+						"  %s: block %lld elem %d: x %.9g q %d d %.9g "
+						"err %.3g > %.3g\n",
 						what, (long long)b, j, xv, nib, d_h, err, bound);
 			}
 		}
@@ -1149,8 +1154,8 @@ static void test_detect_caps(void)
 	CHECK(!c.avxvnni || c.avx2);
 	CHECK(!c.dotprod || c.neon);
 	fprintf(stderr,
-		"caps: avx2 %d fma %d f16c %d avx512f %d bw %d vl %d dq %d vnni %d bf16 %d avxvnni %d "
-		"amx %d/%d/%d neon %d dotprod %d i8mm %d\n",
+		"caps: avx2 %d fma %d f16c %d avx512f %d bw %d vl %d dq %d vnni %d bf16 %d "
+		"avxvnni %d amx %d/%d/%d neon %d dotprod %d i8mm %d\n",
 		c.avx2, c.fma, c.f16c, c.avx512f, c.avx512bw, c.avx512vl, c.avx512dq, c.avx512vnni,
 		c.avx512bf16, c.avxvnni, c.amx_tile, c.amx_int8, c.amx_bf16, c.neon, c.dotprod,
 		c.i8mm);
