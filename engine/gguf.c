@@ -150,6 +150,12 @@ static const char *escape_str(char buf[ESC_MAX], const void *p, uint64_t len)
 	return buf;
 }
 
+/* A tensor name (from the file: may hold any byte but NUL) for a message. */
+static const char *esc_name(char buf[ESC_MAX], const char *name)
+{
+	return escape_str(buf, name, strlen(name));
+}
+
 /* ---- hash indexes ----------------------------------------------------------- */
 
 /* Open addressing with linear probing over FNV-1a hashes. Slots hold an
@@ -294,11 +300,10 @@ static int read_header(struct rd *r, uint32_t *ret_version, uint64_t *ret_nt, ui
 	uint32_t version = ld32(r->base + 4);
 	uint32_t swapped = __builtin_bswap32(version);
 	if ((version & 0xffff) == 0 && swapped >= 1 && swapped <= 3)
-		return cm_err_set(
-		    r->err, -EPROTO,
-		    "gguf: byte-swapped (big-endian) file, version %u; only little-endian "
-		    "files are supported",
-		    swapped);
+		return cm_err_set(r->err, -EPROTO,
+		                  "gguf: byte-swapped (big-endian) file, version %u; only "
+		                  "little-endian files are supported",
+		                  swapped);
 	if (version < 2 || version > 3)
 		return cm_err_set(
 		    r->err, -EPROTO,
@@ -312,21 +317,20 @@ static int read_header(struct rd *r, uint32_t *ret_version, uint64_t *ret_nt, ui
 	if (nkv > left / MIN_KV_RECORD)
 		return cm_err_set(r->err, -EPROTO,
 		                  "gguf: offset 16: kv_count %" PRIu64
-		                  " too large for file size %" PRIu64 " (at most "
-		                  "%" PRIu64 " records fit)",
+		                  " too large for file size %" PRIu64 " (at most %" PRIu64
+		                  " records fit)",
 		                  nkv, r->size, (left / MIN_KV_RECORD));
 	if (nt > left / MIN_TENSOR_RECORD)
 		return cm_err_set(r->err, -EPROTO,
 		                  "gguf: offset 8: tensor_count %" PRIu64
-		                  " too large for file size %" PRIu64 " (at most "
-		                  "%" PRIu64 " records fit)",
+		                  " too large for file size %" PRIu64 " (at most %" PRIu64
+		                  " records fit)",
 		                  nt, r->size, (left / MIN_TENSOR_RECORD));
 	/* Both bounded above, so the sum cannot overflow. */
 	if (nkv * MIN_KV_RECORD + nt * MIN_TENSOR_RECORD > left)
 		return cm_err_set(r->err, -EPROTO,
 		                  "gguf: offset 8: tensor_count %" PRIu64 " and kv_count %" PRIu64
-		                  " too large for file "
-		                  "size %" PRIu64,
+		                  " too large for file size %" PRIu64,
 		                  nt, nkv, r->size);
 	*ret_version = version;
 	*ret_nt = nt;
@@ -564,8 +568,7 @@ static int read_tensor_info(struct rd *r, uint64_t i, uint32_t alignment, struct
 	if (t->ne[0] % di->blck != 0)
 		return cm_err_set(r->err, -EPROTO,
 		                  "gguf: offset %" PRIu64 ": %s: ne[0] = %" PRId64
-		                  " is not a multiple of the %s block "
-		                  "size %u",
+		                  " is not a multiple of the %s block size %u",
 		                  at, where, t->ne[0], di->name, di->blck);
 	uint64_t rows = nel / (uint64_t)t->ne[0];
 	if (cm_mul_overflow_u64((uint64_t)t->ne[0] / di->blck, di->size, &t->row_bytes) ||
@@ -575,8 +578,7 @@ static int read_tensor_info(struct rd *r, uint64_t i, uint32_t alignment, struct
 	if (t->offset % alignment != 0)
 		return cm_err_set(r->err, -EPROTO,
 		                  "gguf: offset %" PRIu64 ": %s: data offset %" PRIu64
-		                  " is not a multiple of the "
-		                  "alignment %u",
+		                  " is not a multiple of the alignment %u",
 		                  at + 4, where, t->offset, alignment);
 	return 0;
 }
@@ -597,8 +599,7 @@ static int build_kv_index(struct gguf_file *f, struct gguf_index *ix, struct cm_
 			    !memcmp(o->key.ptr, kv->key.ptr, o->key.len))
 				return cm_err_set(err, -EPROTO,
 				                  "gguf: offset %" PRIu64 ": kv %" PRIu64
-				                  ": duplicate key '%s' (first "
-				                  "at kv %" PRIu64 ")",
+				                  ": duplicate key '%s' (first at kv %" PRIu64 ")",
 				                  kv->offset, k,
 				                  escape_str(esc, kv->key.ptr, kv->key.len),
 				                  (ix->kv_slots[i] - 1));
@@ -614,16 +615,17 @@ static int build_tensor_index(struct gguf_file *f, struct gguf_index *ix, struct
 	if (rc)
 		return cm_err_set(err, rc, "gguf: out of memory indexing %" PRIu64 " tensors",
 		                  f->n_tensors);
+	char esc[ESC_MAX];
 	for (uint64_t k = 0; k < f->n_tensors; k++) {
 		const char *name = f->tensors[k].name;
 		uint64_t i = fnv1a(name, strlen(name)) & ix->t_mask;
 		for (; ix->t_slots[i]; i = (i + 1) & ix->t_mask) {
 			if (!strcmp(f->tensors[ix->t_slots[i] - 1].name, name))
-				return cm_err_set(err, -EPROTO,
-				                  "gguf: tensor %" PRIu64
-				                  ": duplicate tensor name '%s' (first "
-				                  "at tensor %" PRIu64 ")",
-				                  k, name, (ix->t_slots[i] - 1));
+				return cm_err_set(
+				    err, -EPROTO,
+				    "gguf: tensor %" PRIu64
+				    ": duplicate tensor name '%s' (first at tensor %" PRIu64 ")",
+				    k, esc_name(esc, name), ix->t_slots[i] - 1);
 		}
 		ix->t_slots[i] = k + 1;
 	}
@@ -660,6 +662,7 @@ static int cmp_tensor_offset(const void *a, const void *b)
 /* Tensor data inside the file, and no two tensors sharing bytes. */
 static int check_tensor_data(struct gguf_file *f, struct cm_err *err)
 {
+	char esc[ESC_MAX], esc2[ESC_MAX];
 	for (uint64_t k = 0; k < f->n_tensors; k++) {
 		struct gguf_tensor *t = &f->tensors[k];
 		uint64_t start, end;
@@ -668,13 +671,12 @@ static int check_tensor_data(struct gguf_file *f, struct cm_err *err)
 			return cm_err_set(err, -EPROTO,
 			                  "gguf: tensor '%s': data offset %" PRIu64 " + %" PRIu64
 			                  " bytes overflows",
-			                  t->name, t->offset, t->nbytes);
+			                  esc_name(esc, t->name), t->offset, t->nbytes);
 		if (end > f->size)
 			return cm_err_set(err, -EPROTO,
 			                  "gguf: tensor '%s': data [%" PRIu64 ", %" PRIu64
-			                  ") past end of file (%" PRIu64 " "
-			                  "bytes)",
-			                  t->name, start, end, f->size);
+			                  ") past end of file (%" PRIu64 " bytes)",
+			                  esc_name(esc, t->name), start, end, f->size);
 		t->data = f->base + start;
 	}
 	if (f->n_tensors < 2)
@@ -694,8 +696,8 @@ static int check_tensor_data(struct gguf_file *f, struct cm_err *err)
 			rc = cm_err_set(err, -EPROTO,
 			                "gguf: tensors '%s' [%" PRIu64 ", %" PRIu64
 			                ") and '%s' [%" PRIu64 ", %" PRIu64 ") overlap",
-			                a->name, a->offset, (a->offset + a->nbytes), b->name,
-			                b->offset, (b->offset + b->nbytes));
+			                esc_name(esc, a->name), a->offset, a->offset + a->nbytes,
+			                esc_name(esc2, b->name), b->offset, b->offset + b->nbytes);
 			break;
 		}
 	}
@@ -1280,8 +1282,7 @@ int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t typ
 	if (ne[0] % di->blck != 0)
 		return cm_err_set(err, -EINVAL,
 		                  "gguf writer: tensor '%s': ne[0] = %" PRId64
-		                  " is not a multiple of the %s "
-		                  "block size %u",
+		                  " is not a multiple of the %s block size %u",
 		                  name, ne[0], di->name, di->blck);
 	uint64_t nbytes;
 	if (cm_mul_overflow_u64(nel / di->blck, di->size, &nbytes) || nbytes > SIZE_MAX)
