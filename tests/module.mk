@@ -37,7 +37,7 @@ tests: $(TESTS) $(BINS)
 
 # `make check`: the whole suite in the normal build, then the engine's unit
 # tests and the fuzz replays again under ASan+UBSan.
-check: tests
+check: check-deps tests
 	@BUILD=$(BUILD) tests/run-tests.sh
 	@$(MAKE) --no-print-directory SAN=address,undefined CFLAGS="-O1 -g" check-san
 

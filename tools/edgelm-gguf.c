@@ -1,6 +1,7 @@
 /* tools/edgelm-gguf.c: inspect GGUF files.
  *
  *   edgelm-gguf [info] [--json] FILE
+ *   edgelm-gguf mkmodel --shape NAME -o OUT.gguf [...]   (tools/lib/mkmodel.c)
  *
  * prints the header, every metadata key (arrays: element type, count and the
  * first few elements; long strings truncated), the tensor table and totals
@@ -11,6 +12,7 @@
  * `info FILE`. */
 #include "engine/gguf.h"
 #include "engine/quant.h"
+#include "tools/lib/tools.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -39,6 +41,8 @@ static int cmd_help(int argc, char **argv);
 
 static const struct cmd cmds[] = {
     {"info", cmd_info, "[--json] FILE", "print header, metadata, tensors and totals"},
+    {"mkmodel", tools_mkmodel_main, "--shape NAME -o OUT [--type T] [--vocab FILE] ...",
+     "write a synthetic model of a real shape (see 'mkmodel --help')"},
     {"help", cmd_help, "", "this text"},
 };
 
