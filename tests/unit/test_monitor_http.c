@@ -218,7 +218,7 @@ static void test_promtool_on_scrapes_under_load(void)
 	char file[4096];
 	snprintf(file, sizeof(file), "%s/edgelm-scrape-%d.prom", test_tmpdir(), (int)getpid());
 	for (int k = 0; k < 3; k++) {
-		usleep(250000);
+		usleep(150000);
 		struct http_reply r;
 		CHECK_OK(http_request(monitor_http_port(m), "GET", "/metrics", &r));
 		CHECK_EQ_INT(r.status, 200);

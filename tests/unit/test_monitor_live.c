@@ -152,11 +152,11 @@ static void test_live_cpu_hog_raises_cpu_contention(void)
 	CHECK_OK(monitor_start(m, &e));
 
 	/* Baseline: our worker alone, for 4 samples in a row (others' work on
-	 * this shared box may delay that; give it 6 s). */
+	 * this shared box may delay that; give it 3 s). */
 	(void)others_cpu_seconds();
 	double quiet = -1, t_base = cm_now();
-	while (quiet < 0 && cm_now() - t_base < 6.0) {
-		if (wait_flag(m, false, 6.0 - (cm_now() - t_base)) < 0)
+	while (quiet < 0 && cm_now() - t_base < 3.0) {
+		if (wait_flag(m, false, 3.0 - (cm_now() - t_base)) < 0)
 			break;
 		usleep(4 * interval * 1000);
 		if (!flag_on(m, MONITOR_FLAG_CPU_CONTENTION))
@@ -190,7 +190,7 @@ static void test_live_cpu_hog_raises_cpu_contention(void)
 		waitpid(hogs[i], NULL, 0);
 	double t_kill = cm_now();
 	(void)others_cpu_seconds();
-	double down = up >= 0 ? wait_flag(m, false, 8.0) : 0;
+	double down = up >= 0 ? wait_flag(m, false, 6.0) : 0;
 	others = others_cpu_seconds();
 	pthread_mutex_lock(&w.mu);
 	fprintf(stderr,

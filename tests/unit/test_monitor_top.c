@@ -167,7 +167,7 @@ static void run_loop(char key, int fail_first, int *ret_calls, char *out, size_t
 		return;
 	}
 	struct fetcher f = {.fail_first = fail_first, .json = j};
-	struct keys k = {.fd = p[1], .delay_ms = 230, .key = key};
+	struct keys k = {.fd = p[1], .delay_ms = 160, .key = key};
 	pthread_t th;
 	pthread_create(&th, NULL, press, &k);
 	uint64_t t0 = cm_now_ns();
@@ -194,13 +194,13 @@ static void test_loop_quits_on_q_ctrl_c_and_eof(void)
 	static char out[1 << 20];
 	int calls = 0;
 	run_loop('q', 0, &calls, out, sizeof(out));
-	CHECK_MSG(calls >= 3 && calls <= 7, "%d frames in 230 ms at 50 ms", calls);
+	CHECK_MSG(calls >= 2 && calls <= 6, "%d frames in 160 ms at 50 ms", calls);
 	CHECK(strstr(out, "edgelm top") != NULL);
 	CHECK(strstr(out, "\033[") == NULL);      /* not a terminal: no escape sequences */
 	run_loop(3, 0, &calls, out, sizeof(out)); /* Ctrl-C in raw mode */
-	CHECK(calls >= 3);
+	CHECK(calls >= 2);
 	run_loop(0, 0, &calls, out, sizeof(out)); /* EOF */
-	CHECK(calls >= 3);
+	CHECK(calls >= 2);
 	run_loop('Q', 2, &calls, out, sizeof(out)); /* the daemon is down, then back */
 	CHECK(strstr(out, "edgelm top: ipc: connection refused") != NULL);
 	CHECK(strstr(out, "\ncpu0  [") != NULL);
