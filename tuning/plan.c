@@ -9,8 +9,8 @@
  * at least 1: a worker more than the quota allows gets throttled and stalls
  * every barrier). On big.LITTLE only the big cores get workers: every op
  * ends in a barrier, so the step runs at the speed of the slowest worker, and
- * a LITTLE core (a third of a big one or less) makes the big ones wait
- * (llama.cpp#7176: default threads 2x slower on an RK3588, 4 threads on the
+ * a LITTLE core (often under half a big one) makes the big ones wait
+ * (llama.cpp#7176: default threads 2x slower on an Orange Pi 5, -t 4 on the
  * big cores fix it). The LITTLE cores host the service threads instead. A
  * config override takes big cores, then LITTLE cores, then SMT siblings.
  *

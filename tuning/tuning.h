@@ -516,7 +516,9 @@ void tuning_hugepage_free(struct tuning_hugepage_buf *b);
 int tuning_memory_rss(const struct tuning_paths *paths, const void *addr, size_t len,
                       uint64_t *ret_rss, uint64_t *ret_anon_huge, struct cm_err *err);
 /* Fault the range in now (MADV_POPULATE_READ/WRITE, else touch each page),
- * so the first request does not pay for it. */
+ * so the first request does not pay for it. write = true only for writable
+ * memory (the huge-page copy, the KV cache); the read-only model mapping
+ * takes write = false. */
 int tuning_prefault(void *addr, size_t len, bool write, struct cm_err *err);
 
 /* ---- output ------------------------------------------------------------- */
