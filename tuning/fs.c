@@ -53,7 +53,7 @@ int tuning_paths_from_env(struct tuning_paths *p, struct cm_err *err)
 		/* the cgroup fs follows the sysfs root unless set on its own */
 		if (strlen(p->sysfs_root) + sizeof("/fs/cgroup") > sizeof(p->cgroup_root))
 			return cm_err_set(err, -ENAMETOOLONG, "tuning: EDGELM_SYSFS_ROOT too long");
-		snprintf(p->cgroup_root, sizeof(p->cgroup_root), "%s/fs/cgroup",
+		snprintf(p->cgroup_root, sizeof(p->cgroup_root), "%.500s/fs/cgroup",
 		         strcmp(p->sysfs_root, "/") == 0 ? "" : p->sysfs_root);
 	}
 	if ((r = env_path(p->procfs_root, sizeof(p->procfs_root), "EDGELM_PROCFS_ROOT", err)) < 0)

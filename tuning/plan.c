@@ -280,7 +280,7 @@ static void plan_numa(const struct tuning_report *r, const struct tuning_config 
 	    knob(b, TUNING_KNOB_NUMA, TUNING_KNOB_APPLY, "process", cur, wanted);
 	if (r->mem.numa_balancing == 1)
 		REASON(k,
-		       "%s; kernel.numa_balancing=1 may migrate pages (sysctl "
+		       "%.160s; kernel.numa_balancing=1 may migrate pages (sysctl "
 		       "kernel.numa_balancing=0 to stop it)",
 		       why);
 	else

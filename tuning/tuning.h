@@ -269,9 +269,10 @@ struct tuning_report {
 
 void tuning_report_init(struct tuning_report *r);
 void tuning_report_fini(struct tuning_report *r);
-/* Read everything the report holds. Missing optional files (cpufreq, cache,
- * NUMA, cgroup) are recorded as absent, not errors; only an unreadable CPU
- * list fails (-ENOENT...). */
+/* Read everything the report holds into r (initialised with
+ * tuning_report_init; a used one is reset). Missing optional files
+ * (cpufreq, cache, NUMA, cgroup) are recorded as absent, not errors; only an
+ * unreadable CPU list (-ENOENT...) or no memory (-ENOMEM) fails. */
 int tuning_detect(const struct tuning_paths *paths, struct tuning_report *r, struct cm_err *err);
 
 /* ---- configuration ------------------------------------------------------ */
@@ -383,7 +384,8 @@ struct tuning_plan {
 
 void tuning_plan_init(struct tuning_plan *p);
 void tuning_plan_fini(struct tuning_plan *p);
-/* Decide workers, pinning and every knob from the report and config. Pure:
+/* Decide workers, pinning and every knob from the report and config into
+ * ret_plan (initialised with tuning_plan_init; a used one is reset). Pure:
  * reads no files and changes nothing. -EINVAL on a bad config value. */
 int tuning_plan_make(const struct tuning_report *r, const struct tuning_config *c,
                      struct tuning_plan *ret_plan, struct cm_err *err);

@@ -329,6 +329,44 @@ static void test_live_taskset(void)
 	CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %d", st);
 }
 
+/* Every allocation failing in turn: an error or a result, never a crash
+ * or a leak (ASan checks the latter). */
+static void test_alloc_failures(void)
+{
+	struct tuning_paths paths;
+	struct tuning_config c;
+	tuning_config_default(&c);
+	if (fake_shared("container", &paths) < 0) {
+		CHECK(0);
+		return;
+	}
+	int ok_at = -1;
+	for (long n = 0; n < 200 && ok_at < 0; n++) {
+		struct tuning_report r;
+		struct tuning_plan p;
+		struct tuning_state st;
+		char *json = NULL;
+		tuning_report_init(&r);
+		tuning_plan_init(&p);
+		tuning_state_init(&st);
+		cm_alloc_fail_reset(n);
+		int ret = tuning_detect(&paths, &r, NULL);
+		if (ret == 0)
+			ret = tuning_plan_make(&r, &c, &p, NULL);
+		if (ret == 0)
+			ret = tuning_state_json(&st, &p, &json, NULL);
+		cm_alloc_fail_reset(-1);
+		CHECK(ret == 0 || ret == -ENOMEM);
+		if (ret == 0 && r.n_cores == 8 && r.cgroup.has_quota && p.n_workers == 1)
+			ok_at = (int)n;
+		cm_free(json);
+		tuning_state_fini(&st);
+		tuning_plan_fini(&p);
+		tuning_report_fini(&r);
+	}
+	CHECK(ok_at > 0);
+}
+
 int main(void)
 {
 	TEST_RUN(test_xeon2s_interleave);
@@ -339,6 +377,7 @@ int main(void)
 	TEST_RUN(test_vm);
 	TEST_RUN(test_bad_config);
 	TEST_RUN(test_live_taskset);
+	TEST_RUN(test_alloc_failures);
 	fake_cleanup();
 	return test_finish();
 }
