@@ -49,7 +49,6 @@ void monitor_thresholds_default(struct monitor_thresholds *t)
 	    .wait_on = 0.15,
 	    .wait_off = 0.05,
 	    .nivcsw_on = 50,
-	    .nivcsw_off = 10,
 	    .psi_cpu_on = 0.25,
 	    .psi_cpu_off = 0.10,
 	    .mem_avail_on = 0.10,
@@ -146,7 +145,9 @@ int classify_step(struct classify_state *st, const struct monitor_thresholds *th
 	if (in->active && ge(in->worker_wait, th->wait_on))
 		why_add(&on, "workers wait for a cpu %.0f%% of the time >= %.0f%%",
 		        pct(in->worker_wait), pct(th->wait_on));
-	if (in->active && ge(in->nivcsw_rate, th->nivcsw_on))
+	/* Preemptions count only when they cost time: a wakeup of one of our
+	 * own threads preempts a worker cheaply. */
+	if (in->active && ge(in->nivcsw_rate, th->nivcsw_on) && ge(in->worker_wait, th->wait_off))
 		why_add(&on, "%.0f involuntary switches/s per worker >= %.0f", in->nivcsw_rate,
 		        th->nivcsw_on);
 	if (in->active && ge(in->psi_cpu, th->psi_cpu_on))
@@ -154,9 +155,8 @@ int classify_step(struct classify_state *st, const struct monitor_thresholds *th
 		        pct(th->psi_cpu_on));
 	on_rule = on.n > 0;
 	off_rule = below(in->steal, th->steal_off) && below(in->throttled, th->throttle_off) &&
-	           (!in->active || (below(in->worker_wait, th->wait_off) &&
-	                            below(in->nivcsw_rate, th->nivcsw_off) &&
-	                            below(in->psi_cpu, th->psi_cpu_off)));
+	           (!in->active ||
+	            (below(in->worker_wait, th->wait_off) && below(in->psi_cpu, th->psi_cpu_off)));
 	why_add(
 	    &off,
 	    "cleared: steal %.0f%%, workers wait %.0f%%, %.0f invol. switches/s, psi cpu %.0f%%",

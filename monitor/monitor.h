@@ -98,7 +98,7 @@ struct monitor_thresholds {
 	double steal_on, steal_off;         /* 0.05 / 0.02: steal share of all CPU time */
 	double throttle_on, throttle_off;   /* 0.10 / 0.03: cgroup throttled periods */
 	double wait_on, wait_off;           /* 0.15 / 0.05: workers' run-queue wait ratio */
-	double nivcsw_on, nivcsw_off;       /* 50 / 10: involuntary switches per worker-second */
+	double nivcsw_on; /* 50: involuntary switches per worker-second, with wait >= wait_off */
 	double psi_cpu_on, psi_cpu_off;     /* 0.25 / 0.10: PSI cpu some stall ratio */
 	double mem_avail_on, mem_avail_off; /* 0.10 / 0.15: MemAvailable/MemTotal (low = bad) */
 	double psi_mem_on, psi_mem_off;     /* 0.10 / 0.02: PSI memory some stall ratio */

@@ -386,6 +386,15 @@ static void test_classify_contention_needs_our_workers(void)
 	in.active = true;
 	CHECK_EQ_INT(classify_step(&st, &th, &in, 2, ev), 1);
 	CHECK(strstr(st.f[MONITOR_FLAG_CPU_CONTENTION].reason, "involuntary") != NULL);
+	/* Many preemptions that cost no waiting are not contention. */
+	struct classify_state st3 = {0};
+	in = quiet();
+	in.active = true;
+	in.worker_busy = 0.99;
+	in.nivcsw_rate = 400;
+	in.worker_wait = 0.01;
+	CHECK_EQ_INT(classify_step(&st3, &th, &in, 1, ev), 1);
+	CHECK_EQ_INT(ev[0].flag, MONITOR_FLAG_COMPUTE_BOUND);
 	/* Throttling by the cgroup counts even when idle. */
 	struct classify_state st2 = {0};
 	in = quiet();
