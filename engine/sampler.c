@@ -95,7 +95,7 @@ void engine_sampler_params_default(struct engine_sampler_params *p)
 }
 
 int engine_sampler_new(const struct engine_sampler_params *p, int n_vocab, engine_sampler **ret_s,
-		       struct cm_err *err)
+                       struct cm_err *err)
 {
 	*ret_s = NULL;
 	if (n_vocab <= 0)
@@ -104,13 +104,15 @@ int engine_sampler_new(const struct engine_sampler_params *p, int n_vocab, engin
 	    isnan(p->freq_penalty) || isnan(p->presence_penalty))
 		return cm_err_set(err, -EINVAL, "sampler: a parameter is NaN");
 	if (p->repeat_penalty <= 0.0f || isinf(p->repeat_penalty))
-		return cm_err_set(err, -EINVAL, "sampler: repeat_penalty %g must be positive and finite",
-				  (double)p->repeat_penalty);
-	if (p->penalty_last_n < -1 || p->penalty_last_n > PENALTY_WINDOW_MAX)
 		return cm_err_set(err, -EINVAL,
-				  "sampler: penalty_last_n %d out of range (-1 for the whole history, "
-				  "0 for none, at most %d)",
-				  (int)p->penalty_last_n, PENALTY_WINDOW_MAX);
+		                  "sampler: repeat_penalty %g must be positive and finite",
+		                  (double)p->repeat_penalty);
+	if (p->penalty_last_n < -1 || p->penalty_last_n > PENALTY_WINDOW_MAX)
+		return cm_err_set(
+		    err, -EINVAL,
+		    "sampler: penalty_last_n %d out of range (-1 for the whole history, "
+		    "0 for none, at most %d)",
+		    (int)p->penalty_last_n, PENALTY_WINDOW_MAX);
 
 	engine_sampler *s = cm_calloc(1, sizeof(*s));
 	if (!s)
@@ -125,7 +127,8 @@ int engine_sampler_new(const struct engine_sampler_params *p, int n_vocab, engin
 	}
 	if (!s->cand || !s->count || (s->ring_cap && !s->ring)) {
 		engine_sampler_free(s);
-		return cm_err_set(err, -ENOMEM, "sampler: out of memory for %d candidates", n_vocab);
+		return cm_err_set(err, -ENOMEM, "sampler: out of memory for %d candidates",
+		                  n_vocab);
 	}
 	rng_seed(s);
 	*ret_s = s;
@@ -177,7 +180,7 @@ static bool penalties_on(const engine_sampler *s)
 {
 	return s->p.penalty_last_n != 0 &&
 	       (s->p.repeat_penalty != 1.0f || s->p.freq_penalty != 0.0f ||
-		s->p.presence_penalty != 0.0f);
+	        s->p.presence_penalty != 0.0f);
 }
 
 /* The logit of token i after NaN cleanup and penalties. */

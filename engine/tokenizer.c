@@ -51,8 +51,8 @@ struct tok_slot {
 struct engine_tokenizer {
 	enum tok_model model;
 	int32_t n_vocab;
-	char *arena;    /* every text, each NUL-terminated */
-	uint32_t *off;  /* text of id i: arena + off[i], len[i] bytes */
+	char *arena;   /* every text, each NUL-terminated */
+	uint32_t *off; /* text of id i: arena + off[i], len[i] bytes */
 	uint32_t *len;
 	float *score;
 	uint32_t *attr; /* enum engine_token_attr bits */
@@ -162,20 +162,27 @@ static bool contains_ci(const char *s, size_t n, const char *needle)
 static uint32_t attr_from_type(int32_t type)
 {
 	switch (type) {
-	case 1: return ENGINE_TOKEN_NORMAL;
-	case 2: return ENGINE_TOKEN_UNKNOWN;
-	case 3: return ENGINE_TOKEN_CONTROL;
-	case 4: return ENGINE_TOKEN_USER_DEFINED;
-	case 5: return ENGINE_TOKEN_UNUSED;
-	case 6: return ENGINE_TOKEN_BYTE;
-	default: return 0; /* UNDEFINED and unknown types: no attribute */
+	case 1:
+		return ENGINE_TOKEN_NORMAL;
+	case 2:
+		return ENGINE_TOKEN_UNKNOWN;
+	case 3:
+		return ENGINE_TOKEN_CONTROL;
+	case 4:
+		return ENGINE_TOKEN_USER_DEFINED;
+	case 5:
+		return ENGINE_TOKEN_UNUSED;
+	case 6:
+		return ENGINE_TOKEN_BYTE;
+	default:
+		return 0; /* UNDEFINED and unknown types: no attribute */
 	}
 }
 
 /* A numeric per-token array: absent is fine (*ret_data = NULL), otherwise
  * it must have the given element type and n_vocab elements. */
 static int get_vocab_arr(const struct gguf_file *f, const char *key, enum gguf_vtype type,
-			 int32_t n_vocab, const void **ret_data, struct cm_err *err)
+                         int32_t n_vocab, const void **ret_data, struct cm_err *err)
 {
 	uint64_t n = 0;
 	*ret_data = NULL;
@@ -187,8 +194,9 @@ static int get_vocab_arr(const struct gguf_file *f, const char *key, enum gguf_v
 	if (r)
 		return cm_err_prefix(err, "tokenizer");
 	if (n != (uint64_t)n_vocab)
-		return cm_err_set(err, -EPROTO, "tokenizer: %s has %llu elements, expected n_vocab %d",
-				  key, (unsigned long long)n, (int)n_vocab);
+		return cm_err_set(err, -EPROTO,
+		                  "tokenizer: %s has %llu elements, expected n_vocab %d", key,
+		                  (unsigned long long)n, (int)n_vocab);
 	return 0;
 }
 
@@ -204,11 +212,12 @@ static int insert_text(engine_tokenizer *t, int32_t id, struct cm_err *err)
 			sl->id = id;
 			return 0;
 		}
-		if (sl->hash == h && t->len[sl->id] == n && memcmp(tok_text(t, sl->id), s, n) == 0) {
+		if (sl->hash == h && t->len[sl->id] == n &&
+		    memcmp(tok_text(t, sl->id), s, n) == 0) {
 			char b[64];
 			return cm_err_set(err, -EPROTO,
-					  "tokenizer: duplicate token text '%s' (ids %d and %d)",
-					  esc_text(b, s, n), (int)sl->id, (int)id);
+			                  "tokenizer: duplicate token text '%s' (ids %d and %d)",
+			                  esc_text(b, s, n), (int)sl->id, (int)id);
 		}
 	}
 }
@@ -222,10 +231,10 @@ static int load_vocab(engine_tokenizer *t, const struct gguf_file *f, struct cm_
 		return cm_err_set(err, -EPROTO, "tokenizer: missing %s", key);
 	if (kv->type != GGUF_TYPE_ARRAY || kv->arr_type != GGUF_TYPE_STRING)
 		return cm_err_set(err, -EPROTO, "tokenizer: %s is %s, expected an array of strings",
-				  key, gguf_vtype_name(kv->type));
+		                  key, gguf_vtype_name(kv->type));
 	if (kv->arr_n == 0 || kv->arr_n > INT32_MAX)
 		return cm_err_set(err, -EPROTO, "tokenizer: n_vocab %llu out of range (1 .. %d)",
-				  (unsigned long long)kv->arr_n, INT32_MAX);
+		                  (unsigned long long)kv->arr_n, INT32_MAX);
 	const int32_t n = (int32_t)kv->arr_n;
 	t->n_vocab = n;
 
@@ -250,8 +259,9 @@ static int load_vocab(engine_tokenizer *t, const struct gguf_file *f, struct cm_
 		total += (strs[i].len ? strs[i].len : 20) + 1;
 	if (total > UINT32_MAX) {
 		cm_free(strs);
-		return cm_err_set(err, -EPROTO, "tokenizer: token texts total %llu bytes (limit 4 GiB)",
-				  (unsigned long long)total);
+		return cm_err_set(err, -EPROTO,
+		                  "tokenizer: token texts total %llu bytes (limit 4 GiB)",
+		                  (unsigned long long)total);
 	}
 	size_t slots = 16;
 	while (slots < (size_t)n * 2)
@@ -305,7 +315,7 @@ static int load_vocab(engine_tokenizer *t, const struct gguf_file *f, struct cm_
 /* A special id: absent keeps the default; negative or >= n_vocab is
  * ignored (llama.cpp warns and keeps the default). */
 static int get_id(const struct gguf_file *f, const char *key, int32_t n_vocab, int32_t *id,
-		  struct cm_err *err)
+                  struct cm_err *err)
 {
 	int64_t v;
 	int r = gguf_get_i64(f, key, &v, err);
@@ -333,14 +343,14 @@ static int load_specials(engine_tokenizer *t, const struct gguf_file *f, struct 
 		const char *key;
 		int32_t *id;
 	} ids[] = {
-		{"tokenizer.ggml.bos_token_id", &t->bos},
-		{"tokenizer.ggml.eos_token_id", &t->eos},
-		{"tokenizer.ggml.unknown_token_id", &t->unk},
-		{"tokenizer.ggml.eot_token_id", &t->eot},
-		{"tokenizer.ggml.eom_token_id", &t->eom},
-		{"tokenizer.ggml.fim_pad_token_id", &fim_pad},
-		{"tokenizer.ggml.fim_rep_token_id", &fim_rep},
-		{"tokenizer.ggml.fim_sep_token_id", &fim_sep},
+	    {"tokenizer.ggml.bos_token_id", &t->bos},
+	    {"tokenizer.ggml.eos_token_id", &t->eos},
+	    {"tokenizer.ggml.unknown_token_id", &t->unk},
+	    {"tokenizer.ggml.eot_token_id", &t->eot},
+	    {"tokenizer.ggml.eom_token_id", &t->eom},
+	    {"tokenizer.ggml.fim_pad_token_id", &fim_pad},
+	    {"tokenizer.ggml.fim_rep_token_id", &fim_rep},
+	    {"tokenizer.ggml.fim_sep_token_id", &fim_sep},
 	};
 	for (size_t i = 0; i < CM_ARRAY_LEN(ids); i++) {
 		/* defaults (§5.2) that do not fit the vocabulary are dropped */
@@ -360,8 +370,13 @@ static int load_specials(engine_tokenizer *t, const struct gguf_file *f, struct 
 
 	/* No eot id: the first end-of-turn text found becomes eot (§5.2). */
 	static const char *const eot_texts[] = {
-		"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>",
-		"<\357\275\234end\342\226\201of\342\226\201sentence\357\275\234>", /* DeepSeek */
+	    "<|eot_id|>",
+	    "<|im_end|>",
+	    "<|end|>",
+	    "<end_of_turn>",
+	    "<|endoftext|>",
+	    "<EOT>",
+	    "<\357\275\234end\342\226\201of\342\226\201sentence\357\275\234>", /* DeepSeek */
 	};
 	for (size_t i = 0; t->eot < 0 && i < CM_ARRAY_LEN(eot_texts); i++) {
 		int32_t id = lookup(t, eot_texts[i], strlen(eot_texts[i]));
@@ -380,8 +395,8 @@ static int load_specials(engine_tokenizer *t, const struct gguf_file *f, struct 
 
 	/* End of generation: the ids, plus these texts (forced to CONTROL). */
 	static const char *const eog_texts[] = {
-		"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-		"<|eom_id|>", "<EOT>",
+	    "<|eot_id|>",    "<|im_end|>", "<|end|>", "<end_of_turn>",
+	    "<|endoftext|>", "<|eom_id|>", "<EOT>",
 	};
 	for (size_t i = 0; i < CM_ARRAY_LEN(eog_texts); i++) {
 		int32_t id = lookup(t, eog_texts[i], strlen(eog_texts[i]));
@@ -416,7 +431,8 @@ static int cmp_len_id(const void *a, const void *b)
  * attributes. */
 static int build_special_cache(engine_tokenizer *t, const struct gguf_file *f, struct cm_err *err)
 {
-	const uint32_t want = ENGINE_TOKEN_CONTROL | ENGINE_TOKEN_USER_DEFINED | ENGINE_TOKEN_UNKNOWN;
+	const uint32_t want =
+	    ENGINE_TOKEN_CONTROL | ENGINE_TOKEN_USER_DEFINED | ENGINE_TOKEN_UNKNOWN;
 	int32_t n = 0;
 	for (int32_t i = 0; i < t->n_vocab; i++)
 		n += (t->attr[i] & want) != 0;
@@ -516,8 +532,8 @@ int engine_tokenizer_new(const struct gguf_file *f, engine_tokenizer **ret_tok, 
 	if (!gguf_str_eq(model, "llama")) {
 		char b[64];
 		return cm_err_set(err, -ENOTSUP,
-				  "tokenizer model '%s' is not supported yet (supported: llama)",
-				  esc_text(b, model.ptr, model.len));
+		                  "tokenizer model '%s' is not supported yet (supported: llama)",
+		                  esc_text(b, model.ptr, model.len));
 	}
 
 	engine_tokenizer *t = cm_calloc(1, sizeof(*t));
@@ -608,7 +624,7 @@ int32_t engine_tokenizer_find(const engine_tokenizer *t, const char *text, size_
 /* ---- tokenize: shared state ----------------------------------------------------- */
 
 struct spm_sym {
-	int32_t off, n;    /* bytes of the escaped text; n == 0: merged away */
+	int32_t off, n; /* bytes of the escaped text; n == 0: merged away */
 	int32_t prev, next;
 };
 
@@ -621,7 +637,7 @@ struct spm_pair {
 struct tok_run {
 	const engine_tokenizer *t;
 	int32_t *out;
-	int64_t max, n; /* ids are counted past max, stored up to it */
+	int64_t max, n;    /* ids are counted past max, stored up to it */
 	bool prev_special; /* the previous fragment was a token, or there was none */
 	struct cm_err *err;
 	/* SPM scratch, grown as needed and reused across fragments */
@@ -790,7 +806,8 @@ static int spm_tokenize_raw(struct tok_run *r, const char *s, size_t n, bool pre
 		a->next = b->next;
 		if (a->next >= 0)
 			sym[a->next].prev = p.left;
-		if ((rc = spm_try_pair(r, a->prev, p.left)) || (rc = spm_try_pair(r, p.left, a->next)))
+		if ((rc = spm_try_pair(r, a->prev, p.left)) ||
+		    (rc = spm_try_pair(r, p.left, a->next)))
 			return rc;
 	}
 
@@ -804,9 +821,9 @@ static int spm_tokenize_raw(struct tok_run *r, const char *s, size_t n, bool pre
 			uint8_t c = (uint8_t)e[sym[i].off + j];
 			if (t->byte_tok[c] < 0)
 				return cm_err_set(r->err, -EPROTO,
-						  "tokenizer: no token for byte 0x%02X (no byte "
-						  "fallback and no unknown token)",
-						  c);
+				                  "tokenizer: no token for byte 0x%02X (no byte "
+				                  "fallback and no unknown token)",
+				                  c);
 			emit(r, t->byte_tok[c]);
 		}
 	}
@@ -881,7 +898,8 @@ static int partition(struct tok_run *r, const char *text, size_t len, bool parse
 	uint32_t *pos = cm_malloc((npos ? npos : 1) * sizeof(*pos));
 	int rc = 0;
 	if (!mark || !start || !pos) {
-		rc = cm_err_set(r->err, -ENOMEM, "tokenizer: out of memory for %zu bytes of text", len);
+		rc = cm_err_set(r->err, -ENOMEM, "tokenizer: out of memory for %zu bytes of text",
+		                len);
 		goto out;
 	}
 	for (size_t i = 0; i < npos; i++)
@@ -947,7 +965,8 @@ static int partition(struct tok_run *r, const char *text, size_t len, bool parse
 			for (j = 1; j < L; j++)
 				mark[p + j] = -1;
 			if (fl & TOK_F_LSTRIP) {
-				for (size_t q = p; q > 0 && mark[q - 1] == 0 && is_space(u[q - 1]); q--)
+				for (size_t q = p; q > 0 && mark[q - 1] == 0 && is_space(u[q - 1]);
+				     q--)
 					mark[q - 1] = -1;
 			}
 			size_t e = p + L;
@@ -981,15 +1000,16 @@ out:
 }
 
 int engine_tokenize(const engine_tokenizer *t, const char *text, size_t len, bool add_special,
-		    bool parse_special, int32_t *out, int max, int *ret_n, struct cm_err *err)
+                    bool parse_special, int32_t *out, int max, int *ret_n, struct cm_err *err)
 {
 	if (ret_n)
 		*ret_n = 0;
 	if ((!text && len) || max < 0 || (max > 0 && !out))
 		return cm_err_set(err, -EINVAL, "tokenizer: invalid arguments");
 	if (len > TOK_MAX_TEXT)
-		return cm_err_set(err, -EINVAL, "tokenizer: text of %zu bytes exceeds the limit of %zu",
-				  len, TOK_MAX_TEXT);
+		return cm_err_set(err, -EINVAL,
+		                  "tokenizer: text of %zu bytes exceeds the limit of %zu", len,
+		                  TOK_MAX_TEXT);
 	struct tok_run r = {.t = t, .out = out, .max = max, .prev_special = true, .err = err};
 	int rc = 0;
 	if (add_special && t->add_bos && t->bos >= 0)
@@ -1005,7 +1025,7 @@ int engine_tokenize(const engine_tokenizer *t, const char *text, size_t len, boo
 		*ret_n = (int)r.n;
 	if (r.n > max)
 		return cm_err_set(err, -ENOBUFS, "tokenizer: %lld tokens do not fit a buffer of %d",
-				  (long long)r.n, max);
+		                  (long long)r.n, max);
 	return 0;
 }
 
@@ -1092,7 +1112,8 @@ static int piece_next(struct piece *pc)
 	return -1;
 }
 
-int engine_token_to_piece(const engine_tokenizer *t, int32_t id, bool special, char *buf, size_t cap)
+int engine_token_to_piece(const engine_tokenizer *t, int32_t id, bool special, char *buf,
+                          size_t cap)
 {
 	if (id < 0 || id >= t->n_vocab)
 		return -EINVAL;
@@ -1207,7 +1228,7 @@ void engine_detok_init(struct engine_detok *d, const engine_tokenizer *t)
 }
 
 static int detok_push(struct engine_detok *d, const engine_tokenizer *t, int32_t id, bool special,
-		      char *out, size_t cap)
+                      char *out, size_t cap)
 {
 	if (id < 0 || id >= t->n_vocab)
 		return -EINVAL;
@@ -1238,7 +1259,7 @@ static int detok_push(struct engine_detok *d, const engine_tokenizer *t, int32_t
 }
 
 int engine_detok_push(struct engine_detok *d, const engine_tokenizer *t, int32_t id, char *out,
-		      size_t cap)
+                      size_t cap)
 {
 	return detok_push(d, t, id, false, out, cap);
 }
@@ -1255,7 +1276,7 @@ int engine_detok_flush(struct engine_detok *d, char *out, size_t cap)
 }
 
 int engine_detokenize(const engine_tokenizer *t, const int32_t *ids, int n, bool special,
-		      char **ret_text, struct cm_err *err)
+                      char **ret_text, struct cm_err *err)
 {
 	*ret_text = NULL;
 	if (n < 0 || (n > 0 && !ids))
@@ -1264,9 +1285,10 @@ int engine_detokenize(const engine_tokenizer *t, const int32_t *ids, int n, bool
 	uint64_t total = 0;
 	for (int i = 0; i < n; i++) {
 		if (ids[i] < 0 || ids[i] >= t->n_vocab)
-			return cm_err_set(err, -EINVAL,
-					  "tokenizer: token %d at position %d out of range (n_vocab %d)",
-					  (int)ids[i], i, (int)t->n_vocab);
+			return cm_err_set(
+			    err, -EINVAL,
+			    "tokenizer: token %d at position %d out of range (n_vocab %d)",
+			    (int)ids[i], i, (int)t->n_vocab);
 		total += t->len[ids[i]];
 	}
 	if (total > (SIZE_MAX - 16) / 3)

@@ -73,7 +73,7 @@ static bool valid_utf8(const char *s, size_t n)
 
 /* Tokenize into a malloc'ed array (NULL on error; *ret_n = count). */
 static int32_t *tokenize(const engine_tokenizer *t, const char *s, size_t n, bool add_special,
-			 bool parse_special, int *ret_n)
+                         bool parse_special, int *ret_n)
 {
 	struct cm_err err = {0};
 	int cnt = 0;
@@ -176,7 +176,7 @@ static void run_vocab_file(const char *dir, const char *name, int *ret_files)
 			n_pass++;
 		} else {
 			fprintf(stderr, "%s: vector %d mismatch, input '%.*s'\n", name, n_vec - 1,
-				(int)len, p);
+			        (int)len, p);
 			if (got)
 				print_ids("got ", got, ng);
 			print_ids("want", want, nw);
@@ -195,7 +195,7 @@ static void run_vocab_file(const char *dir, const char *name, int *ret_files)
 		o = nl + 1;
 	}
 	fprintf(stderr, "%s: %d/%d vectors match, %d/%d round-trip losslessly\n", name, n_pass,
-		n_vec, n_lossless, n_vec);
+	        n_vec, n_lossless, n_vec);
 	CHECK(n_vec > 0);
 	CHECK_EQ_INT(n_pass, n_vec);
 	engine_tokenizer_free(t);
@@ -247,7 +247,8 @@ static void check_stories(const char *model, const char *ref)
 	size_t i;
 	json_t *o;
 	int n_prompts = 0;
-	json_array_foreach(root, i, o) {
+	json_array_foreach(root, i, o)
+	{
 		const char *prompt = json_string_value(json_object_get(o, "prompt"));
 		json_t *want = json_object_get(o, "prompt_tokens");
 		CHECK(prompt && json_is_array(want));
@@ -274,7 +275,8 @@ static void check_stories(const char *model, const char *ref)
 		char *buf = malloc(cap);
 		size_t k;
 		json_t *st;
-		json_array_foreach(steps, k, st) {
+		json_array_foreach(steps, k, st)
+		{
 			int32_t id = (int32_t)json_integer_value(json_object_get(st, "token"));
 			int m = engine_detok_push(&d, t, id, buf + used, cap - used);
 			CHECK(m >= 0);
@@ -284,7 +286,7 @@ static void check_stories(const char *model, const char *ref)
 		int m = engine_detok_flush(&d, buf + used, cap - used);
 		used += m > 0 ? (size_t)m : 0;
 		CHECK_MSG(used == strlen(text) && memcmp(buf, text, used) == 0,
-			  "%s: prompt '%s': streamed '%.*s'", ref, prompt, (int)used, buf);
+		          "%s: prompt '%s': streamed '%.*s'", ref, prompt, (int)used, buf);
 		free(buf);
 	}
 	CHECK(n_prompts > 0);
@@ -311,11 +313,11 @@ struct vb {
 	float scores[1024];
 	int32_t types[1024];
 	int n;
-	const char *name;      /* general.name, optional */
-	const char *model;     /* default "llama" */
-	int add_space_prefix;  /* -1: absent */
-	int add_eos;           /* -1: absent */
-	int bos_id;            /* -1: absent */
+	const char *name;     /* general.name, optional */
+	const char *model;    /* default "llama" */
+	int add_space_prefix; /* -1: absent */
+	int add_eos;          /* -1: absent */
+	int bos_id;           /* -1: absent */
 	bool no_scores, no_types, scores_as_i32, short_types;
 };
 
@@ -344,7 +346,7 @@ static void vb_fini(struct vb *v)
 /* The base vocabulary: <unk> <s> </s>, 256 byte tokens, then words. */
 enum { ID_UNK = 0, ID_BOS = 1, ID_EOS = 2, ID_BYTE0 = 3 };
 static int id_sp, id_a, id_b, id_c, id_ab, id_bc, id_abc, id_sp_a, id_aa, id_hello, id_sp_hello,
-	id_im_end, id_user, id_e_acute, id_sp_sp;
+    id_im_end, id_user, id_e_acute, id_sp_sp;
 
 static void vb_base(struct vb *v)
 {
@@ -364,7 +366,10 @@ static void vb_base(struct vb *v)
 	id_ab = vb_add(v, "ab", -1.0f, T_NORMAL);
 	id_bc = vb_add(v, "bc", -0.5f, T_NORMAL);
 	id_abc = vb_add(v, "abc", -0.1f, T_NORMAL);
-	id_sp_a = vb_add(v, "\xe2\x96\x81" "a", -2.0f, T_NORMAL);
+	id_sp_a = vb_add(v,
+	                 "\xe2\x96\x81"
+	                 "a",
+	                 -2.0f, T_NORMAL);
 	id_aa = vb_add(v, "aa", -3.0f, T_NORMAL);
 	const char *letters[] = {"h", "e", "l", "o", "he", "ll", "llo", "hell"};
 	for (size_t i = 0; i < CM_ARRAY_LEN(letters); i++)
@@ -388,17 +393,17 @@ static uint8_t *vb_gguf(struct vb *v, size_t *ret_size)
 		gguf_writer_set_str(w, "general.name", v->name);
 	gguf_writer_set_str(w, "tokenizer.ggml.model", v->model ? v->model : "llama");
 	gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v->texts, NULL,
-				(uint64_t)v->n);
+	                        (uint64_t)v->n);
 	if (v->scores_as_i32) {
 		gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_INT32, v->types,
-				    (uint64_t)v->n);
+		                    (uint64_t)v->n);
 	} else if (!v->no_scores) {
 		gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, v->scores,
-				    (uint64_t)v->n);
+		                    (uint64_t)v->n);
 	}
 	if (!v->no_types)
 		gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, v->types,
-				    (uint64_t)(v->short_types ? v->n - 1 : v->n));
+		                    (uint64_t)(v->short_types ? v->n - 1 : v->n));
 	if (v->add_space_prefix >= 0)
 		gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", v->add_space_prefix);
 	if (v->add_eos >= 0)
@@ -446,24 +451,24 @@ static engine_tokenizer *base_tok(int add_space_prefix, const char *name)
 	return t;
 }
 
-#define EXPECT_IDS(t, str, add_special, parse_special, ...)                                  \
-	do {                                                                                  \
-		const int32_t want_[] = {__VA_ARGS__};                                        \
-		int n_ = 0;                                                                   \
-		int32_t *got_ = tokenize(t, str, sizeof(str) - 1, add_special, parse_special, \
-					 &n_);                                                \
-		bool ok_ = got_ && ids_eq(got_, n_, want_, (int)CM_ARRAY_LEN(want_));         \
-		CHECK_MSG(ok_, "tokenize '%s'", str);                                         \
-		if (!ok_) {                                                                   \
-			if (got_)                                                             \
-				print_ids("got ", got_, n_);                                  \
-			print_ids("want", want_, (int)CM_ARRAY_LEN(want_));                   \
-		}                                                                             \
-		free(got_);                                                                   \
+#define EXPECT_IDS(t, str, add_special, parse_special, ...)                                        \
+	do {                                                                                       \
+		const int32_t want_[] = {__VA_ARGS__};                                             \
+		int n_ = 0;                                                                        \
+		int32_t *got_ =                                                                    \
+		    tokenize(t, str, sizeof(str) - 1, add_special, parse_special, &n_);            \
+		bool ok_ = got_ && ids_eq(got_, n_, want_, (int)CM_ARRAY_LEN(want_));              \
+		CHECK_MSG(ok_, "tokenize '%s'", str);                                              \
+		if (!ok_) {                                                                        \
+			if (got_)                                                                  \
+				print_ids("got ", got_, n_);                                       \
+			print_ids("want", want_, (int)CM_ARRAY_LEN(want_));                        \
+		}                                                                                  \
+		free(got_);                                                                        \
 	} while (0)
 
 static void expect_detok(const engine_tokenizer *t, const int32_t *ids, int n, bool special,
-			 const char *want)
+                         const char *want)
 {
 	char *text = NULL;
 	struct cm_err err = {0};
@@ -529,9 +534,12 @@ static void test_byte_fallback(void)
 	EXPECT_IDS(t, "x", false, false, id_sp, ID_BYTE0 + 0x78);
 	/* é is a token, but the 4-byte emoji is not */
 	EXPECT_IDS(t, "\xc3\xa9\xf0\x9f\x98\x80", false, false, id_sp, id_e_acute, ID_BYTE0 + 0xf0,
-		   ID_BYTE0 + 0x9f, ID_BYTE0 + 0x98, ID_BYTE0 + 0x80);
+	           ID_BYTE0 + 0x9f, ID_BYTE0 + 0x98, ID_BYTE0 + 0x80);
 	/* invalid UTF-8: a lead byte takes up to 3 more bytes as one symbol */
-	EXPECT_IDS(t, "\xff" "a", false, false, id_sp, ID_BYTE0 + 0xff, ID_BYTE0 + 'a');
+	EXPECT_IDS(t,
+	           "\xff"
+	           "a",
+	           false, false, id_sp, ID_BYTE0 + 0xff, ID_BYTE0 + 'a');
 	EXPECT_IDS(t, "\xc3", false, false, id_sp, ID_BYTE0 + 0xc3);
 	EXPECT_IDS(t, "a\x80", false, false, id_sp_a, ID_BYTE0 + 0x80);
 	/* NUL bytes are text like any other */
@@ -545,8 +553,10 @@ static void test_byte_fallback(void)
 
 	/* detokenizing the invalid input gives U+FFFD per bad byte */
 	const int32_t bad[] = {id_sp, ID_BYTE0 + 0xff, ID_BYTE0 + 0xfe, ID_BYTE0 + 'a',
-			       ID_BYTE0 + 0xc3};
-	expect_detok(t, bad, 5, false, "\xef\xbf\xbd\xef\xbf\xbd" "a\xef\xbf\xbd");
+	                       ID_BYTE0 + 0xc3};
+	expect_detok(t, bad, 5, false,
+	             "\xef\xbf\xbd\xef\xbf\xbd"
+	             "a\xef\xbf\xbd");
 	engine_tokenizer_free(t);
 
 	/* Without byte tokens: the single-byte token, else <unk>. */
@@ -663,8 +673,8 @@ static void test_stream_emoji(void)
 	if (!t)
 		return;
 	/* "é😀x" as byte tokens: the emoji arrives one byte at a time */
-	const int32_t ids[] = {id_e_acute, ID_BYTE0 + 0xf0, ID_BYTE0 + 0x9f, ID_BYTE0 + 0x98,
-			       ID_BYTE0 + 0x80, ID_BYTE0 + 'x'};
+	const int32_t ids[] = {id_e_acute,      ID_BYTE0 + 0xf0, ID_BYTE0 + 0x9f,
+	                       ID_BYTE0 + 0x98, ID_BYTE0 + 0x80, ID_BYTE0 + 'x'};
 	const int expect_len[] = {2, 0, 0, 0, 4, 1};
 	struct engine_detok d;
 	engine_detok_init(&d, t);
@@ -690,7 +700,10 @@ static void test_stream_emoji(void)
 	CHECK_EQ_INT(engine_detok_push(&d, t, ID_BYTE0 + 0x9f, buf, sizeof(buf)), 0);
 	int n = engine_detok_push(&d, t, id_a, buf, sizeof(buf));
 	CHECK_EQ_INT(n, 7);
-	CHECK(n == 7 && memcmp(buf, "\xef\xbf\xbd\xef\xbf\xbd" "a", 7) == 0);
+	CHECK(n == 7 && memcmp(buf,
+	                       "\xef\xbf\xbd\xef\xbf\xbd"
+	                       "a",
+	                       7) == 0);
 	/* flush of a pending lead byte */
 	CHECK_EQ_INT(engine_detok_push(&d, t, ID_BYTE0 + 0xe2, buf, sizeof(buf)), 0);
 	CHECK_EQ_INT(engine_detok_flush(&d, buf, 2), -ENOBUFS);
@@ -698,7 +711,7 @@ static void test_stream_emoji(void)
 	CHECK_EQ_INT(engine_detok_flush(&d, buf, sizeof(buf)), 0);
 	/* overlong and surrogate encodings are invalid */
 	const int32_t ovl[] = {ID_BYTE0 + 0xe0, ID_BYTE0 + 0x80, ID_BYTE0 + 0xed, ID_BYTE0 + 0xa0,
-			       ID_BYTE0 + 0x80};
+	                       ID_BYTE0 + 0x80};
 	char *text = NULL;
 	CHECK_OK(engine_detokenize(t, ovl, 5, false, &text, NULL));
 	CHECK(text && valid_utf8(text, strlen(text)) && strlen(text) == 15);
@@ -722,7 +735,7 @@ static void test_stream_vs_whole(void)
 			x = x * 6364136223846793005ull + 1442695040888963407ull;
 			uint32_t r = (uint32_t)(x >> 33);
 			ids[i] = (r & 3) ? (int32_t)(ID_BYTE0 + 0x80 + (r >> 8) % 0x78)
-					 : (int32_t)((r >> 8) % (uint32_t)nv);
+			                 : (int32_t)((r >> 8) % (uint32_t)nv);
 			if (ids[i] == ID_BYTE0) /* a NUL would end the whole string early */
 				ids[i] = ID_BYTE0 + 1;
 		}
@@ -767,7 +780,7 @@ static void test_enobufs(void)
 	CHECK_EQ_INT(out[1], id_sp_hello);
 	CHECK_EQ_INT(out[2], -7); /* nothing written past max */
 	CHECK_EQ_INT(engine_tokenize(t, "hello hello hello", 17, true, false, NULL, 0, &n, NULL),
-		     -ENOBUFS);
+	             -ENOBUFS);
 	CHECK_EQ_INT(n, 4);
 	CHECK_OK(engine_tokenize(t, "hello hello hello", 17, true, false, out, 4, &n, NULL));
 	CHECK_EQ_INT(n, 4);
@@ -795,7 +808,8 @@ static void test_big_inputs(void)
 		double dt = cm_now() - t0;
 		CHECK(ids != NULL && n > (int)(len / 4));
 		if (getenv("TEST_VERBOSE"))
-			fprintf(stderr, "1 MB random (parse_special %d): %d ids, %.3f s\n", ps, n, dt);
+			fprintf(stderr, "1 MB random (parse_special %d): %d ids, %.3f s\n", ps, n,
+			        dt);
 		char *text = NULL;
 		if (ids)
 			CHECK_OK(engine_detokenize(t, ids, n, false, &text, NULL));
@@ -836,7 +850,8 @@ static void test_big_inputs(void)
 		CHECK_EQ_INT(c_end, ps ? (int)reps : 0);
 		CHECK_EQ_INT(c_user, (int)reps);
 		if (getenv("TEST_VERBOSE"))
-			fprintf(stderr, "100k tags (parse_special %d): %d ids, %.3f s\n", ps, n, dt);
+			fprintf(stderr, "100k tags (parse_special %d): %d ids, %.3f s\n", ps, n,
+			        dt);
 		free(ids);
 	}
 	free(s);
@@ -942,7 +957,8 @@ static void test_alloc_failures(void)
 		cm_alloc_fail_reset(after);
 		int r = engine_tokenizer_new(f, &t, &err);
 		if (r == 0)
-			r = engine_tokenize(t, text, sizeof(text) - 1, true, true, ids, 64, &n, &err);
+			r = engine_tokenize(t, text, sizeof(text) - 1, true, true, ids, 64, &n,
+			                    &err);
 		if (r == 0)
 			r = engine_detokenize(t, ids, n, true, &out, &err);
 		cm_alloc_fail_reset(-1);
