@@ -94,8 +94,8 @@ static void read_cpu_stat(struct mon_buf *b, const char *file, bool v1, struct c
 	s->have_cpu = true;
 }
 
-int cgroup_read(struct mon_buf *b, const char *procfs, const char *sysfs, int pid,
-                struct cg_sample *s, struct cm_err *err)
+int mon_cgroup_read(struct mon_buf *b, const char *procfs, const char *sysfs, int pid,
+                    struct cg_sample *s, struct cm_err *err)
 {
 	char p[4600], text[2048], dir[4400], rel[256];
 	memset(s, 0, sizeof(*s));

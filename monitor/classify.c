@@ -125,9 +125,9 @@ static bool step(struct flag_machine *fm, bool on_rule, bool off_rule, const str
 	return true;
 }
 
-int classify_step(struct classify_state *st, const struct monitor_thresholds *th,
-                  const struct classify_in *in, double t,
-                  struct monitor_flag_event ret_ev[MONITOR_FLAG_COUNT])
+int mon_classify_step(struct classify_state *st, const struct monitor_thresholds *th,
+                      const struct classify_in *in, double t,
+                      struct monitor_flag_event ret_ev[MONITOR_FLAG_COUNT])
 {
 	int n = 0;
 	bool changed[MONITOR_FLAG_COUNT] = {0};

@@ -298,7 +298,7 @@ int monitor_new(const struct monitor_params *p, monitor **ret_m, struct cm_err *
 		rc = cm_err_set(err, -ENOMEM, "monitor: out of memory");
 		goto out_free_strings;
 	}
-	if ((rc = reg_init(&m->reg, p->max_series)) != 0) {
+	if ((rc = mon_reg_init(&m->reg, p->max_series)) != 0) {
 		cm_err_set(err, rc, "monitor: mutex: %s", strerror(-rc));
 		goto out_free_strings;
 	}
@@ -323,8 +323,8 @@ int monitor_new(const struct monitor_params *p, monitor **ret_m, struct cm_err *
 		    .labels = d->labels,
 		    .n_labels = nl,
 		};
-		if ((rc = reg_family_add(&m->reg, &fd,
-		                         (monitor_family **)((char *)&m->fam + d->off), err)) != 0)
+		if ((rc = mon_reg_family_add(
+		         &m->reg, &fd, (monitor_family **)((char *)&m->fam + d->off), err)) != 0)
 			goto out_free;
 	}
 	static const char *const req_labels[] = {"op", "outcome"};
@@ -335,7 +335,7 @@ int monitor_new(const struct monitor_params *p, monitor **ret_m, struct cm_err *
 	    .labels = req_labels,
 	    .n_labels = 2,
 	};
-	if ((rc = reg_family_add(&m->reg, &rd, &m->inf.requests, err)) != 0)
+	if ((rc = mon_reg_family_add(&m->reg, &rd, &m->inf.requests, err)) != 0)
 		goto out_free;
 	for (size_t i = 0; i < CM_ARRAY_LEN(inf_fams); i++) {
 		const struct inf_def *d = &inf_fams[i];
@@ -347,19 +347,21 @@ int monitor_new(const struct monitor_params *p, monitor **ret_m, struct cm_err *
 		    .n_buckets = d->n_buckets,
 		};
 		monitor_family *f;
-		if ((rc = reg_family_add(&m->reg, &fd, &f, err)) != 0 ||
+		if ((rc = mon_reg_family_add(&m->reg, &fd, &f, err)) != 0 ||
 		    (rc = monitor_series_get(f, NULL, (monitor_series **)((char *)&m->inf + d->off),
 		                             err)) != 0)
 			goto out_free;
 	}
-	monitor_gauge_set(reg_series(m->fam.mon_info, m->use_libproc2 ? "libproc2" : "parsers"), 1);
+	monitor_gauge_set(mon_reg_series(m->fam.mon_info, m->use_libproc2 ? "libproc2" : "parsers"),
+	                  1);
 	for (int f = 0; f < MONITOR_FLAG_COUNT; f++) {
-		monitor_gauge_set(reg_series(m->fam.flag, monitor_flag_name((enum monitor_flag)f)),
-		                  0);
+		monitor_gauge_set(
+		    mon_reg_series(m->fam.flag, monitor_flag_name((enum monitor_flag)f)), 0);
 		monitor_counter_add(
-		    reg_series(m->fam.flag_changes, monitor_flag_name((enum monitor_flag)f)), 0);
+		    mon_reg_series(m->fam.flag_changes, monitor_flag_name((enum monitor_flag)f)),
+		    0);
 	}
-	if ((rc = sys_reader_new(m->use_libproc2, &m->sysr, err)) != 0)
+	if ((rc = mon_sys_reader_new(m->use_libproc2, &m->sysr, err)) != 0)
 		goto out_free;
 	return 0;
 
@@ -382,12 +384,12 @@ void monitor_free(monitor *m)
 		return;
 	monitor_http_stop(m);
 	monitor_stop(m);
-	sys_reader_free(m->sysr);
+	mon_sys_reader_free(m->sysr);
 	for (int i = 0; i < 2; i++)
-		sys_sample_fini(&m->sys[i]);
-	proc_sample_fini(&m->proc);
+		mon_sys_sample_fini(&m->sys[i]);
+	mon_proc_sample_fini(&m->proc);
 	mon_buf_fini(&m->buf);
-	reg_fini(&m->reg);
+	mon_reg_fini(&m->reg);
 	pthread_mutex_destroy(&m->sample_mu);
 	pthread_mutex_destroy(&m->state_mu);
 	pthread_mutex_destroy(&m->th_mu);
@@ -402,12 +404,12 @@ void monitor_free(monitor *m)
 int monitor_family_add(monitor *m, const struct monitor_family_desc *d, monitor_family **ret_f,
                        struct cm_err *err)
 {
-	return reg_family_add(&m->reg, d, ret_f, err);
+	return mon_reg_family_add(&m->reg, d, ret_f, err);
 }
 
 monitor_family *monitor_family_find(monitor *m, const char *name)
 {
-	return name ? reg_family_find(&m->reg, name) : NULL;
+	return name ? mon_reg_family_find(&m->reg, name) : NULL;
 }
 
 const struct monitor_inference *monitor_inference_get(monitor *m)
@@ -464,14 +466,15 @@ static void publish_sys(monitor *m, const struct sys_sample *S, const struct sys
 			snprintf(id, sizeof(id), "%d", c->id);
 			uint64_t d[CPU_MODES], tot = 0;
 			for (int k = 0; k < CPU_MODES; k++) {
-				mirror(reg_series(f->cpu_seconds, id, mon_cpu_mode_names[k]),
+				mirror(mon_reg_series(f->cpu_seconds, id, mon_cpu_mode_names[k]),
 				       (double)c->t[k] / hz, pc ? (double)pc->t[k] / hz : 0, pc);
 				d[k] = pc && c->t[k] > pc->t[k] ? c->t[k] - pc->t[k] : 0;
 				tot += d[k];
 			}
 			if (pc && tot) {
 				double idle = (double)(d[CPU_IDLE] + d[CPU_IOWAIT]) / (double)tot;
-				monitor_gauge_set(reg_series(f->cpu_busy, id), clamp01(1 - idle));
+				monitor_gauge_set(mon_reg_series(f->cpu_busy, id),
+				                  clamp01(1 - idle));
 				sum_all += tot;
 				sum_steal += d[CPU_STEAL];
 				sum_iowait += d[CPU_IOWAIT];
@@ -479,39 +482,39 @@ static void publish_sys(monitor *m, const struct sys_sample *S, const struct sys
 		}
 		if (sum_all) {
 			in->steal = (double)sum_steal / (double)sum_all;
-			monitor_gauge_set(reg_series(f->cpu_steal), in->steal);
-			monitor_gauge_set(reg_series(f->cpu_iowait),
+			monitor_gauge_set(mon_reg_series(f->cpu_steal), in->steal);
+			monitor_gauge_set(mon_reg_series(f->cpu_iowait),
 			                  (double)sum_iowait / (double)sum_all);
 		}
-		monitor_gauge_set(reg_series(f->procs_running), (double)S->procs_running);
-		monitor_gauge_set(reg_series(f->procs_blocked), (double)S->procs_blocked);
+		monitor_gauge_set(mon_reg_series(f->procs_running), (double)S->procs_running);
+		monitor_gauge_set(mon_reg_series(f->procs_blocked), (double)S->procs_blocked);
 	}
 	if (S->have_load) {
-		monitor_gauge_set(reg_series(f->load1), S->load[0]);
-		monitor_gauge_set(reg_series(f->load5), S->load[1]);
-		monitor_gauge_set(reg_series(f->load15), S->load[2]);
+		monitor_gauge_set(mon_reg_series(f->load1), S->load[0]);
+		monitor_gauge_set(mon_reg_series(f->load5), S->load[1]);
+		monitor_gauge_set(mon_reg_series(f->load15), S->load[2]);
 	}
 	if (S->have_mem) {
-		monitor_gauge_set(reg_series(f->mem_total), (double)S->mem_total);
-		monitor_gauge_set(reg_series(f->mem_avail), (double)S->mem_avail);
+		monitor_gauge_set(mon_reg_series(f->mem_total), (double)S->mem_total);
+		monitor_gauge_set(mon_reg_series(f->mem_avail), (double)S->mem_avail);
 		in->mem_avail = S->mem_total ? (double)S->mem_avail / (double)S->mem_total : -1;
 		if (in->mem_avail >= 0)
-			monitor_gauge_set(reg_series(f->mem_used), clamp01(1 - in->mem_avail));
-		monitor_gauge_set(reg_series(f->swap_total), (double)S->swap_total);
+			monitor_gauge_set(mon_reg_series(f->mem_used), clamp01(1 - in->mem_avail));
+		monitor_gauge_set(mon_reg_series(f->swap_total), (double)S->swap_total);
 		monitor_gauge_set(
-		    reg_series(f->swap_used),
+		    mon_reg_series(f->swap_used),
 		    S->swap_total > S->swap_free ? (double)(S->swap_total - S->swap_free) : 0);
 	}
 	if (S->have_vm) {
 		bool pv = prev && P->have_vm;
-		mirror(reg_series(f->swap_in), (double)S->pswpin * page, (double)P->pswpin * page,
-		       pv);
-		mirror(reg_series(f->swap_out), (double)S->pswpout * page,
+		mirror(mon_reg_series(f->swap_in), (double)S->pswpin * page,
+		       (double)P->pswpin * page, pv);
+		mirror(mon_reg_series(f->swap_out), (double)S->pswpout * page,
 		       (double)P->pswpout * page, pv);
-		mirror(reg_series(f->majflt), (double)S->pgmajfault, (double)P->pgmajfault, pv);
+		mirror(mon_reg_series(f->majflt), (double)S->pgmajfault, (double)P->pgmajfault, pv);
 		if (S->have_oom_kill)
-			mirror(reg_series(f->oom_kills), (double)S->oom_kill, (double)P->oom_kill,
-			       pv && P->have_oom_kill);
+			mirror(mon_reg_series(f->oom_kills), (double)S->oom_kill,
+			       (double)P->oom_kill, pv && P->have_oom_kill);
 		if (pv && dt > 0) {
 			double in_r =
 			    S->pswpin > P->pswpin ? (double)(S->pswpin - P->pswpin) * page / dt : 0;
@@ -521,9 +524,9 @@ static void publish_sys(monitor *m, const struct sys_sample *S, const struct sys
 			double mf = S->pgmajfault > P->pgmajfault
 			                ? (double)(S->pgmajfault - P->pgmajfault) / dt
 			                : 0;
-			monitor_gauge_set(reg_series(f->swap_in_rate), in_r);
-			monitor_gauge_set(reg_series(f->swap_out_rate), out_r);
-			monitor_gauge_set(reg_series(f->majflt_rate), mf);
+			monitor_gauge_set(mon_reg_series(f->swap_in_rate), in_r);
+			monitor_gauge_set(mon_reg_series(f->swap_out_rate), out_r);
+			monitor_gauge_set(mon_reg_series(f->majflt_rate), mf);
 			in->swapin_rate = in_r;
 		}
 	}
@@ -544,16 +547,16 @@ static void publish_psi(monitor *m, const struct psi_res *S, const struct psi_re
 			if (!l->have)
 				continue;
 			bool pv = prev && P[r].present && pl->have;
-			mirror(reg_series(f->psi_total, mon_psi_names[r], kind),
+			mirror(mon_reg_series(f->psi_total, mon_psi_names[r], kind),
 			       (double)l->total / 1e6, (double)pl->total / 1e6, pv);
-			monitor_gauge_set(reg_series(f->psi_avg10, mon_psi_names[r], kind),
+			monitor_gauge_set(mon_reg_series(f->psi_avg10, mon_psi_names[r], kind),
 			                  l->avg10 / 100.0);
 			if (pv && dt > 0) {
 				double d =
 				    l->total > pl->total ? (double)(l->total - pl->total) : 0;
 				double ratio = clamp01(d / 1e6 / dt);
-				monitor_gauge_set(reg_series(f->psi_ratio, mon_psi_names[r], kind),
-				                  ratio);
+				monitor_gauge_set(
+				    mon_reg_series(f->psi_ratio, mon_psi_names[r], kind), ratio);
 				if (k == 0)
 					*slot[r] = ratio;
 			}
@@ -567,11 +570,11 @@ static void publish_cgroup(monitor *m, const struct cg_sample *S, const struct c
 	const struct mon_fams *f = &m->fam;
 	bool same = prev && P->version && strcmp(S->path, P->path) == 0;
 	if (S->have_mem) {
-		monitor_gauge_set(reg_series(f->cg_mem_current), (double)S->mem_current);
+		monitor_gauge_set(mon_reg_series(f->cg_mem_current), (double)S->mem_current);
 		if (S->mem_max != UINT64_MAX && S->mem_max > 0) {
 			in->cg_mem = (double)S->mem_current / (double)S->mem_max;
-			monitor_gauge_set(reg_series(f->cg_mem_max), (double)S->mem_max);
-			monitor_gauge_set(reg_series(f->cg_mem_ratio), in->cg_mem);
+			monitor_gauge_set(mon_reg_series(f->cg_mem_max), (double)S->mem_max);
+			monitor_gauge_set(mon_reg_series(f->cg_mem_ratio), in->cg_mem);
 		}
 	}
 	if (S->have_events) {
@@ -584,17 +587,19 @@ static void publish_cgroup(monitor *m, const struct cg_sample *S, const struct c
 		for (size_t i = 0; i < CM_ARRAY_LEN(ev); i++) {
 			if (S->version == 1 && i != 2 && i != 4)
 				continue; /* v1 has only failcnt and oom_kill */
-			mirror(reg_series(f->cg_events, ev[i]), (double)cur[i], (double)old[i], pv);
+			mirror(mon_reg_series(f->cg_events, ev[i]), (double)cur[i], (double)old[i],
+			       pv);
 			if (pv && (i == 1 || i == 2 || i == 3) && cur[i] > old[i])
 				in->cg_events += (double)(cur[i] - old[i]);
 		}
 	}
 	if (S->have_cpu) {
 		bool pv = same && P->have_cpu;
-		mirror(reg_series(f->cg_periods), (double)S->nr_periods, (double)P->nr_periods, pv);
-		mirror(reg_series(f->cg_throttled), (double)S->nr_throttled,
+		mirror(mon_reg_series(f->cg_periods), (double)S->nr_periods, (double)P->nr_periods,
+		       pv);
+		mirror(mon_reg_series(f->cg_throttled), (double)S->nr_throttled,
 		       (double)P->nr_throttled, pv);
-		mirror(reg_series(f->cg_throttled_seconds), (double)S->throttled_usec / 1e6,
+		mirror(mon_reg_series(f->cg_throttled_seconds), (double)S->throttled_usec / 1e6,
 		       (double)P->throttled_usec / 1e6, pv);
 		if (pv && dt > 0) {
 			uint64_t dp =
@@ -603,7 +608,7 @@ static void publish_cgroup(monitor *m, const struct cg_sample *S, const struct c
 			                   ? S->nr_throttled - P->nr_throttled
 			                   : 0;
 			in->throttled = dp ? clamp01((double)dth / (double)dp) : 0;
-			monitor_gauge_set(reg_series(f->cg_throttled_ratio), in->throttled);
+			monitor_gauge_set(mon_reg_series(f->cg_throttled_ratio), in->throttled);
 		}
 	}
 }
@@ -616,18 +621,18 @@ static void publish_proc(monitor *m, bool prev, double dt, struct classify_in *i
 	if (!S->have)
 		return;
 	bool pv = prev && m->pp.have;
-	monitor_gauge_set(reg_series(f->proc_rss), (double)S->rss);
-	monitor_gauge_set(reg_series(f->proc_locked), (double)S->locked);
-	monitor_gauge_set(reg_series(f->proc_swap), (double)S->swap);
-	monitor_gauge_set(reg_series(f->proc_threads), (double)S->num_threads);
-	mirror(reg_series(f->proc_cpu, "user"), (double)S->utime / hz, (double)m->pp.utime / hz,
+	monitor_gauge_set(mon_reg_series(f->proc_rss), (double)S->rss);
+	monitor_gauge_set(mon_reg_series(f->proc_locked), (double)S->locked);
+	monitor_gauge_set(mon_reg_series(f->proc_swap), (double)S->swap);
+	monitor_gauge_set(mon_reg_series(f->proc_threads), (double)S->num_threads);
+	mirror(mon_reg_series(f->proc_cpu, "user"), (double)S->utime / hz, (double)m->pp.utime / hz,
 	       pv);
-	mirror(reg_series(f->proc_cpu, "system"), (double)S->stime / hz, (double)m->pp.stime / hz,
-	       pv);
-	mirror(reg_series(f->proc_majflt), (double)S->majflt, (double)m->pp.majflt, pv);
+	mirror(mon_reg_series(f->proc_cpu, "system"), (double)S->stime / hz,
+	       (double)m->pp.stime / hz, pv);
+	mirror(mon_reg_series(f->proc_majflt), (double)S->majflt, (double)m->pp.majflt, pv);
 	if (pv && dt > 0) {
 		double r = S->majflt > m->pp.majflt ? (double)(S->majflt - m->pp.majflt) / dt : 0;
-		monitor_gauge_set(reg_series(f->proc_majflt_rate), r);
+		monitor_gauge_set(mon_reg_series(f->proc_majflt_rate), r);
 		in->majflt_rate = r;
 	}
 	m->pp.have = true;
@@ -648,9 +653,9 @@ static void publish_proc(monitor *m, bool prev, double dt, struct classify_in *i
 		nv += t->d_nvcsw;
 		niv += t->d_nivcsw;
 		double cpu = (double)(t->d_utime + t->d_stime) / hz;
-		monitor_series *ts = reg_series(f->thread_cpu, t->name);
+		monitor_series *ts = mon_reg_series(f->thread_cpu, t->name);
 		if (!ts)
-			ts = reg_series(f->thread_cpu, "other");
+			ts = mon_reg_series(f->thread_cpu, "other");
 		monitor_counter_add(ts, cpu);
 		if (t->fresh || (any_worker && !t->worker))
 			continue;
@@ -662,8 +667,8 @@ static void publish_proc(monitor *m, bool prev, double dt, struct classify_in *i
 		csw += (double)t->d_nivcsw;
 		n++;
 	}
-	monitor_counter_add(reg_series(f->proc_csw, "voluntary"), (double)nv);
-	monitor_counter_add(reg_series(f->proc_csw, "involuntary"), (double)niv);
+	monitor_counter_add(mon_reg_series(f->proc_csw, "voluntary"), (double)nv);
+	monitor_counter_add(mon_reg_series(f->proc_csw, "involuntary"), (double)niv);
 	if (!pv || dt <= 0)
 		return;
 	if (!any_worker) {
@@ -677,9 +682,9 @@ static void publish_proc(monitor *m, bool prev, double dt, struct classify_in *i
 		in->nivcsw_rate = csw / (n * dt);
 	}
 	in->active = in->worker_busy + in->worker_wait >= m->p.th.active_min;
-	monitor_gauge_set(reg_series(f->worker_busy), in->worker_busy);
-	monitor_gauge_set(reg_series(f->worker_wait), in->worker_wait);
-	monitor_gauge_set(reg_series(f->worker_nivcsw), in->nivcsw_rate);
+	monitor_gauge_set(mon_reg_series(f->worker_busy), in->worker_busy);
+	monitor_gauge_set(mon_reg_series(f->worker_wait), in->worker_wait);
+	monitor_gauge_set(mon_reg_series(f->worker_nivcsw), in->nivcsw_rate);
 }
 
 static void publish_inference(monitor *m, bool prev, double dt, struct classify_in *in)
@@ -707,20 +712,20 @@ static void publish_inference(monitor *m, bool prev, double dt, struct classify_
 	                 d.prefill_tokens > 0;
 	double kv_cap = monitor_series_value(inf->kv_capacity);
 	if (kv_cap > 0)
-		monitor_gauge_set(reg_series(f->kv_ratio),
+		monitor_gauge_set(mon_reg_series(f->kv_ratio),
 		                  clamp01(monitor_series_value(inf->kv_used) / kv_cap));
 	if (!prev || dt <= 0)
 		return;
-	monitor_gauge_set(reg_series(f->prefill_rate),
+	monitor_gauge_set(mon_reg_series(f->prefill_rate),
 	                  d.prefill_seconds > 0 ? d.prefill_tokens / d.prefill_seconds : 0);
-	monitor_gauge_set(reg_series(f->decode_rate),
+	monitor_gauge_set(mon_reg_series(f->decode_rate),
 	                  d.decode_seconds > 0 ? d.generation_tokens / d.decode_seconds : 0);
 	double engine_s = d.prefill_seconds + d.decode_seconds;
 	double bw = engine_s > 0 ? d.weight_bytes / engine_s : 0;
 	double peak = monitor_series_value(inf->peak_bandwidth);
-	monitor_gauge_set(reg_series(f->bw), bw);
+	monitor_gauge_set(mon_reg_series(f->bw), bw);
 	if (peak > 0) {
-		monitor_gauge_set(reg_series(f->bw_ratio), bw / peak);
+		monitor_gauge_set(mon_reg_series(f->bw_ratio), bw / peak);
 		if (engine_s > 0)
 			in->bw_ratio = bw / peak;
 	}
@@ -738,7 +743,7 @@ static void note_error(monitor *m, const char *source, int rc, const struct cm_e
 {
 	if (!rc)
 		return;
-	monitor_counter_inc(reg_series(m->fam.mon_errors, source));
+	monitor_counter_inc(mon_reg_series(m->fam.mon_errors, source));
 	pthread_mutex_lock(&m->state_mu);
 	snprintf(m->last_error, sizeof(m->last_error), "%s", e->msg);
 	pthread_mutex_unlock(&m->state_mu);
@@ -775,13 +780,13 @@ int monitor_sample(monitor *m, uint64_t now_ns, struct cm_err *err)
 	    .bw_ratio = -1,
 	};
 
-	rc = sys_read(m->sysr, &m->buf, m->procfs, &m->sys[cur], &e);
+	rc = mon_sys_read(m->sysr, &m->buf, m->procfs, &m->sys[cur], &e);
 	note_error(m, "system", rc, &e, &first, err);
-	rc = psi_read(&m->buf, m->procfs, m->psi[cur], &e);
+	rc = mon_psi_read(&m->buf, m->procfs, m->psi[cur], &e);
 	note_error(m, "pressure", rc, &e, &first, err);
-	rc = proc_read(&m->buf, m->procfs, m->p.pid, m->worker_prefix, &m->proc, &e);
+	rc = mon_proc_read(&m->buf, m->procfs, m->p.pid, m->worker_prefix, &m->proc, &e);
 	note_error(m, "process", rc, &e, &first, err);
-	rc = cgroup_read(&m->buf, m->procfs, m->sysfs, m->p.pid, &m->cg[cur], &e);
+	rc = mon_cgroup_read(&m->buf, m->procfs, m->sysfs, m->p.pid, &m->cg[cur], &e);
 	note_error(m, "cgroup", rc, &e, &first, err);
 
 	publish_sys(m, &m->sys[cur], &m->sys[!cur], prev, dt, &in);
@@ -791,11 +796,11 @@ int monitor_sample(monitor *m, uint64_t now_ns, struct cm_err *err)
 	publish_inference(m, prev, dt, &in);
 
 	if (prev && dt > 0)
-		nev = classify_step(&m->cls, &m->p.th, &in, (double)now / 1e9, ev);
+		nev = mon_classify_step(&m->cls, &m->p.th, &in, (double)now / 1e9, ev);
 	for (int i = 0; i < nev; i++) {
 		const char *name = ev[i].name;
-		monitor_gauge_set(reg_series(m->fam.flag, name), ev[i].on ? 1 : 0);
-		monitor_counter_inc(reg_series(m->fam.flag_changes, name));
+		monitor_gauge_set(mon_reg_series(m->fam.flag, name), ev[i].on ? 1 : 0);
+		monitor_counter_inc(mon_reg_series(m->fam.flag_changes, name));
 		snprintf(reasons[i], sizeof(reasons[i]), "%s", ev[i].reason);
 		ev[i].reason = reasons[i];
 	}
@@ -815,15 +820,15 @@ int monitor_sample(monitor *m, uint64_t now_ns, struct cm_err *err)
 	m->cur = !cur;
 	m->have_prev = true;
 	m->prev_ns = now;
-	monitor_counter_inc(reg_series(m->fam.mon_samples));
+	monitor_counter_inc(mon_reg_series(m->fam.mon_samples));
 
 	if (m->textfile) {
 		rc = monitor_textfile_write(m, m->textfile, &e);
 		note_error(m, "textfile", rc, &e, &first, err);
 	}
 	double cost = thread_cpu_seconds() - cpu0;
-	monitor_counter_add(reg_series(m->fam.mon_cpu), cost);
-	monitor_gauge_set(reg_series(m->fam.mon_duration), cost);
+	monitor_counter_add(mon_reg_series(m->fam.mon_cpu), cost);
+	monitor_gauge_set(mon_reg_series(m->fam.mon_duration), cost);
 	pthread_mutex_unlock(&m->sample_mu);
 
 	if (m->p.on_flag)

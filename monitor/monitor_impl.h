@@ -48,14 +48,14 @@ struct mon_reg {
 	unsigned max_series;
 };
 
-int reg_init(struct mon_reg *r, unsigned max_series);
-void reg_fini(struct mon_reg *r);
-int reg_family_add(struct mon_reg *r, const struct monitor_family_desc *d, monitor_family **ret_f,
-                   struct cm_err *err);
-monitor_family *reg_family_find(struct mon_reg *r, const char *name);
+int mon_reg_init(struct mon_reg *r, unsigned max_series);
+void mon_reg_fini(struct mon_reg *r);
+int mon_reg_family_add(struct mon_reg *r, const struct monitor_family_desc *d,
+                       monitor_family **ret_f, struct cm_err *err);
+monitor_family *mon_reg_family_find(struct mon_reg *r, const char *name);
 /* Variadic shorthand for monitor_series_get: up to MON_MAX_LABELS values.
  * Returns NULL on failure (counted by the caller as a sampler error). */
-monitor_series *reg_series(monitor_family *f, ...);
+monitor_series *mon_reg_series(monitor_family *f, ...);
 double mon_load_double(const _Atomic uint64_t *p);
 bool mon_name_valid(const char *s);
 
@@ -108,18 +108,18 @@ struct sys_sample {
 
 struct sys_reader; /* libproc2 handles, or NULL for the parsers */
 
-int sys_reader_new(bool use_libproc2, struct sys_reader **ret, struct cm_err *err);
-void sys_reader_free(struct sys_reader *r);
-void sys_sample_fini(struct sys_sample *s);
+int mon_sys_reader_new(bool use_libproc2, struct sys_reader **ret, struct cm_err *err);
+void mon_sys_reader_free(struct sys_reader *r);
+void mon_sys_sample_fini(struct sys_sample *s);
 /* Fill s. Each part that fails leaves its have_* false; returns the first
  * error. */
-int sys_read(struct sys_reader *r, struct mon_buf *b, const char *procfs, struct sys_sample *s,
-             struct cm_err *err);
+int mon_sys_read(struct sys_reader *r, struct mon_buf *b, const char *procfs, struct sys_sample *s,
+                 struct cm_err *err);
 /* The parsers, used for fake roots (and by tests against libproc2). */
-int sys_parse_stat(const char *text, struct sys_sample *s);
-int sys_parse_meminfo(const char *text, struct sys_sample *s);
-int sys_parse_vmstat(const char *text, struct sys_sample *s);
-int sys_parse_loadavg(const char *text, struct sys_sample *s);
+int mon_sys_parse_stat(const char *text, struct sys_sample *s);
+int mon_sys_parse_meminfo(const char *text, struct sys_sample *s);
+int mon_sys_parse_vmstat(const char *text, struct sys_sample *s);
+int mon_sys_parse_loadavg(const char *text, struct sys_sample *s);
 
 /* ---- psi.c ------------------------------------------------------------ */
 
@@ -137,9 +137,10 @@ struct psi_res {
 	struct psi_line some, full;
 };
 
-int psi_parse(const char *text, struct psi_res *r);
+int mon_psi_parse(const char *text, struct psi_res *r);
 /* Reads <procfs>/pressure/{cpu,memory,io}. Missing files: present = false, 0. */
-int psi_read(struct mon_buf *b, const char *procfs, struct psi_res r[PSI_N], struct cm_err *err);
+int mon_psi_read(struct mon_buf *b, const char *procfs, struct psi_res r[PSI_N],
+                 struct cm_err *err);
 
 /* ---- sample_proc.c ---------------------------------------------------- */
 
@@ -162,13 +163,13 @@ struct proc_sample {
 	size_t n_th, cap_th;
 };
 
-void proc_sample_fini(struct proc_sample *s);
-int proc_parse_stat(const char *text, char *ret_comm, size_t comm_cap, uint64_t *utime,
-                    uint64_t *stime, uint64_t *majflt, uint64_t *num_threads);
+void mon_proc_sample_fini(struct proc_sample *s);
+int mon_proc_parse_stat(const char *text, char *ret_comm, size_t comm_cap, uint64_t *utime,
+                        uint64_t *stime, uint64_t *majflt, uint64_t *num_threads);
 /* Read <procfs>/<pid>/ and its tasks; pid 0 = "self". Updates the thread
  * table in s (deltas against the previous call). */
-int proc_read(struct mon_buf *b, const char *procfs, int pid, const char *worker_prefix,
-              struct proc_sample *s, struct cm_err *err);
+int mon_proc_read(struct mon_buf *b, const char *procfs, int pid, const char *worker_prefix,
+                  struct proc_sample *s, struct cm_err *err);
 
 /* ---- cgroup.c --------------------------------------------------------- */
 
@@ -183,8 +184,8 @@ struct cg_sample {
 	uint64_t nr_periods, nr_throttled, throttled_usec;
 };
 
-int cgroup_read(struct mon_buf *b, const char *procfs, const char *sysfs, int pid,
-                struct cg_sample *s, struct cm_err *err);
+int mon_cgroup_read(struct mon_buf *b, const char *procfs, const char *sysfs, int pid,
+                    struct cg_sample *s, struct cm_err *err);
 
 /* ---- classify.c ------------------------------------------------------- */
 
@@ -219,9 +220,9 @@ struct classify_state {
 
 /* Advance every flag by one sample. Writes changes to ret_ev (with reasons
  * pointing into st) and returns how many. */
-int classify_step(struct classify_state *st, const struct monitor_thresholds *th,
-                  const struct classify_in *in, double t,
-                  struct monitor_flag_event ret_ev[MONITOR_FLAG_COUNT]);
+int mon_classify_step(struct classify_state *st, const struct monitor_thresholds *th,
+                      const struct classify_in *in, double t,
+                      struct monitor_flag_event ret_ev[MONITOR_FLAG_COUNT]);
 
 /* ---- monitor.c -------------------------------------------------------- */
 

@@ -14,7 +14,7 @@
 
 const char *const mon_psi_names[PSI_N] = {"cpu", "memory", "io"};
 
-int psi_parse(const char *text, struct psi_res *r)
+int mon_psi_parse(const char *text, struct psi_res *r)
 {
 	memset(r, 0, sizeof(*r));
 	for (const char *l = text; l && *l;) {
@@ -37,7 +37,7 @@ int psi_parse(const char *text, struct psi_res *r)
 	return 0;
 }
 
-int psi_read(struct mon_buf *b, const char *procfs, struct psi_res r[PSI_N], struct cm_err *err)
+int mon_psi_read(struct mon_buf *b, const char *procfs, struct psi_res r[PSI_N], struct cm_err *err)
 {
 	int first = 0;
 	for (int i = 0; i < PSI_N; i++) {
@@ -47,7 +47,7 @@ int psi_read(struct mon_buf *b, const char *procfs, struct psi_res r[PSI_N], str
 		long n = mon_read_file(b, path);
 		if (n == -ENOENT || n == -EOPNOTSUPP)
 			continue;
-		int rc = n < 0 ? (int)n : psi_parse(b->p, &r[i]);
+		int rc = n < 0 ? (int)n : mon_psi_parse(b->p, &r[i]);
 		if (rc && !first)
 			first = cm_err_set(err, rc, "monitor: %s: %s", path,
 			                   rc == -EPROTO ? "unexpected format" : strerror(-rc));

@@ -1,7 +1,7 @@
 /* monitor/registry.c: metric families and their labelled series.
  *
  * The structure (family list, each family's series list) only grows, under
- * one mutex; nothing is freed before reg_fini(), so a series handle can be
+ * one mutex; nothing is freed before mon_reg_fini(), so a series handle can be
  * cached forever and updated without a lock. Values are doubles stored as
  * their bit patterns in 64-bit atomics: a gauge set is one store, an add is
  * a compare-exchange loop (uncontended in practice: one scheduler thread). A
@@ -163,14 +163,14 @@ static void family_free(struct monitor_family *f)
 	cm_free(f);
 }
 
-int reg_init(struct mon_reg *r, unsigned max_series)
+int mon_reg_init(struct mon_reg *r, unsigned max_series)
 {
 	memset(r, 0, sizeof(*r));
 	r->max_series = max_series ? max_series : 256;
 	return -pthread_mutex_init(&r->mu, NULL);
 }
 
-void reg_fini(struct mon_reg *r)
+void mon_reg_fini(struct mon_reg *r)
 {
 	for (struct monitor_family *f = r->head, *n; f; f = n) {
 		n = f->next;
@@ -228,8 +228,8 @@ static int desc_check(const struct monitor_family_desc *d, struct cm_err *err)
 	return 0;
 }
 
-int reg_family_add(struct mon_reg *r, const struct monitor_family_desc *d, monitor_family **ret_f,
-                   struct cm_err *err)
+int mon_reg_family_add(struct mon_reg *r, const struct monitor_family_desc *d,
+                       monitor_family **ret_f, struct cm_err *err)
 {
 	int rc = desc_check(d, err);
 	if (rc)
@@ -279,7 +279,7 @@ int reg_family_add(struct mon_reg *r, const struct monitor_family_desc *d, monit
 	return 0;
 }
 
-monitor_family *reg_family_find(struct mon_reg *r, const char *name)
+monitor_family *mon_reg_family_find(struct mon_reg *r, const char *name)
 {
 	monitor_family *hit = NULL;
 	pthread_mutex_lock(&r->mu);
@@ -357,7 +357,7 @@ out_unlock:
 	return rc;
 }
 
-monitor_series *reg_series(monitor_family *f, ...)
+monitor_series *mon_reg_series(monitor_family *f, ...)
 {
 	const char *v[MON_MAX_LABELS];
 	va_list ap;

@@ -20,15 +20,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-void proc_sample_fini(struct proc_sample *s)
+void mon_proc_sample_fini(struct proc_sample *s)
 {
 	cm_free(s->th);
 	s->th = NULL;
 	s->n_th = s->cap_th = 0;
 }
 
-int proc_parse_stat(const char *text, char *ret_comm, size_t comm_cap, uint64_t *utime,
-                    uint64_t *stime, uint64_t *majflt, uint64_t *num_threads)
+int mon_proc_parse_stat(const char *text, char *ret_comm, size_t comm_cap, uint64_t *utime,
+                        uint64_t *stime, uint64_t *majflt, uint64_t *num_threads)
 {
 	/* "pid (comm) S ppid ...": comm may hold spaces and ')', so take the
 	 * last ')'. Fields after it are numbered from 3 (state). */
@@ -103,7 +103,7 @@ static void read_thread(struct mon_buf *b, const char *dir, int tid, const char 
 	uint64_t ut, st, majflt;
 	snprintf(path, sizeof(path), "%s/%d/stat", dir, tid);
 	if (mon_read_file(b, path) < 0 ||
-	    proc_parse_stat(b->p, name, sizeof(name), &ut, &st, &majflt, NULL))
+	    mon_proc_parse_stat(b->p, name, sizeof(name), &ut, &st, &majflt, NULL))
 		return; /* exited meanwhile */
 	uint64_t run_ns = 0, run_delay = 0, nvcsw = 0, nivcsw = 0;
 	snprintf(path, sizeof(path), "%s/%d/schedstat", dir, tid);
@@ -148,8 +148,8 @@ static void read_thread(struct mon_buf *b, const char *dir, int tid, const char 
 	            strncmp(name, worker_prefix, strlen(worker_prefix)) == 0;
 }
 
-int proc_read(struct mon_buf *b, const char *procfs, int pid, const char *worker_prefix,
-              struct proc_sample *s, struct cm_err *err)
+int mon_proc_read(struct mon_buf *b, const char *procfs, int pid, const char *worker_prefix,
+                  struct proc_sample *s, struct cm_err *err)
 {
 	char base[4096], path[4200];
 	if (pid > 0)
@@ -161,8 +161,8 @@ int proc_read(struct mon_buf *b, const char *procfs, int pid, const char *worker
 	snprintf(path, sizeof(path), "%s/stat", base);
 	long n = mon_read_file(b, path);
 	int rc = n < 0 ? (int)n
-	               : proc_parse_stat(b->p, NULL, 0, &s->utime, &s->stime, &s->majflt,
-	                                 &s->num_threads);
+	               : mon_proc_parse_stat(b->p, NULL, 0, &s->utime, &s->stime, &s->majflt,
+	                                     &s->num_threads);
 	if (rc)
 		return cm_err_set(err, rc, "monitor: %s: %s", path,
 		                  rc == -EPROTO ? "unexpected format" : strerror(-rc));

@@ -31,7 +31,7 @@ struct sys_reader {
 	struct vmstat_info *vi;
 };
 
-int sys_reader_new(bool use_libproc2, struct sys_reader **ret, struct cm_err *err)
+int mon_sys_reader_new(bool use_libproc2, struct sys_reader **ret, struct cm_err *err)
 {
 	*ret = NULL;
 	if (!use_libproc2)
@@ -42,14 +42,14 @@ int sys_reader_new(bool use_libproc2, struct sys_reader **ret, struct cm_err *er
 	int rc;
 	if ((rc = procps_stat_new(&r->st)) < 0 || (rc = procps_meminfo_new(&r->mi)) < 0 ||
 	    (rc = procps_vmstat_new(&r->vi)) < 0) {
-		sys_reader_free(r);
+		mon_sys_reader_free(r);
 		return cm_err_set(err, rc, "monitor: libproc2: %s", strerror(-rc));
 	}
 	*ret = r;
 	return 0;
 }
 
-void sys_reader_free(struct sys_reader *r)
+void mon_sys_reader_free(struct sys_reader *r)
 {
 	if (!r)
 		return;
@@ -62,7 +62,7 @@ void sys_reader_free(struct sys_reader *r)
 	cm_free(r);
 }
 
-void sys_sample_fini(struct sys_sample *s)
+void mon_sys_sample_fini(struct sys_sample *s)
 {
 	cm_free(s->cpus);
 	s->cpus = NULL;
@@ -86,7 +86,7 @@ static int cpus_reserve(struct sys_sample *s, int n)
 
 /* ---- parsers (fake roots) ------------------------------------------------ */
 
-int sys_parse_stat(const char *text, struct sys_sample *s)
+int mon_sys_parse_stat(const char *text, struct sys_sample *s)
 {
 	s->ncpu = 0;
 	s->have_stat = false;
@@ -123,7 +123,7 @@ int sys_parse_stat(const char *text, struct sys_sample *s)
 	return 0;
 }
 
-int sys_parse_meminfo(const char *text, struct sys_sample *s)
+int mon_sys_parse_meminfo(const char *text, struct sys_sample *s)
 {
 	uint64_t total, avail, st = 0, sf = 0;
 	s->have_mem = false;
@@ -139,7 +139,7 @@ int sys_parse_meminfo(const char *text, struct sys_sample *s)
 	return 0;
 }
 
-int sys_parse_vmstat(const char *text, struct sys_sample *s)
+int mon_sys_parse_vmstat(const char *text, struct sys_sample *s)
 {
 	s->have_vm = false;
 	s->pswpin = s->pswpout = s->pgmajfault = s->oom_kill = 0;
@@ -152,7 +152,7 @@ int sys_parse_vmstat(const char *text, struct sys_sample *s)
 	return 0;
 }
 
-int sys_parse_loadavg(const char *text, struct sys_sample *s)
+int mon_sys_parse_loadavg(const char *text, struct sys_sample *s)
 {
 	s->have_load = sscanf(text, "%lf %lf %lf", &s->load[0], &s->load[1], &s->load[2]) == 3;
 	return s->have_load ? 0 : -EPROTO;
@@ -252,15 +252,15 @@ static int parse_file(struct mon_buf *b, const char *procfs, const char *name,
 	return parse(b->p, s);
 }
 
-int sys_read(struct sys_reader *r, struct mon_buf *b, const char *procfs, struct sys_sample *s,
-             struct cm_err *err)
+int mon_sys_read(struct sys_reader *r, struct mon_buf *b, const char *procfs, struct sys_sample *s,
+                 struct cm_err *err)
 {
 	static const char *const what[] = {"stat", "meminfo", "vmstat", "loadavg"};
 	static int (*const parsers[])(const char *, struct sys_sample *) = {
-	    sys_parse_stat,
-	    sys_parse_meminfo,
-	    sys_parse_vmstat,
-	    sys_parse_loadavg,
+	    mon_sys_parse_stat,
+	    mon_sys_parse_meminfo,
+	    mon_sys_parse_vmstat,
+	    mon_sys_parse_loadavg,
 	};
 	int first = 0;
 	for (size_t i = 0; i < CM_ARRAY_LEN(what); i++) {

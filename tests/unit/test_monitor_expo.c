@@ -202,7 +202,7 @@ static void test_text_format(void)
 	struct monitor_family_desc hd = {MONITOR_TYPE_HISTOGRAM, "x_lat_seconds", "h", hl, 1, b, 3};
 	monitor_family *hf;
 	CHECK_OK(monitor_family_add(m, &hd, &hf, NULL));
-	monitor_series *h1 = reg_series(hf, "a"), *h2 = reg_series(hf, "b");
+	monitor_series *h1 = mon_reg_series(hf, "a"), *h2 = mon_reg_series(hf, "b");
 	for (int i = 0; i < 10; i++)
 		monitor_histogram_observe(h1, i * 0.3);
 	monitor_histogram_observe(h2, 5);

@@ -56,7 +56,7 @@ static void test_parse_stat(void)
 	                "cpu0 1 2 3 4 5 6 7 8 0 0\n"
 	                "cpu3 11 12 13 14\n" /* an old kernel's short line, a gap in ids */
 	                "intr 1 2 3\nctxt 99\nprocs_running 3\nprocs_blocked 1\n";
-	CHECK_OK(sys_parse_stat(t, &s));
+	CHECK_OK(mon_sys_parse_stat(t, &s));
 	CHECK(s.have_stat);
 	CHECK_EQ_INT(s.ncpu, 2);
 	CHECK_EQ_INT(s.cpus[0].id, 0);
@@ -66,67 +66,68 @@ static void test_parse_stat(void)
 	CHECK_EQ_INT(s.cpus[1].t[CPU_STEAL], 0);
 	CHECK_EQ_INT(s.procs_running, 3);
 	CHECK_EQ_INT(s.procs_blocked, 1);
-	CHECK_EQ_INT(sys_parse_stat("cpu  1 2 3\n", &s), -EPROTO);
+	CHECK_EQ_INT(mon_sys_parse_stat("cpu  1 2 3\n", &s), -EPROTO);
 	/* many cores: the table grows */
 	char big[64 * 1024];
 	size_t n = 0;
 	for (int i = 0; i < 300; i++)
 		n += (size_t)snprintf(big + n, sizeof(big) - n, "cpu%d %d 0 0 0 0 0 0 0 0 0\n", i,
 		                      i);
-	CHECK_OK(sys_parse_stat(big, &s));
+	CHECK_OK(mon_sys_parse_stat(big, &s));
 	CHECK_EQ_INT(s.ncpu, 300);
 	CHECK_EQ_INT(s.cpus[299].t[CPU_USER], 299);
-	sys_sample_fini(&s);
+	mon_sys_sample_fini(&s);
 }
 
 static void test_parse_meminfo_vmstat_loadavg(void)
 {
 	struct sys_sample s = {0};
-	CHECK_OK(
-	    sys_parse_meminfo("MemTotal:       1000 kB\nMemFree:  10 kB\nMemAvailable:  "
-	                      "   400 kB\nSwapCached: 1 kB\nSwapTotal: 200 kB\nSwapFree: 50 kB\n",
-	                      &s));
+	CHECK_OK(mon_sys_parse_meminfo(
+	    "MemTotal:       1000 kB\nMemFree:  10 kB\nMemAvailable:  "
+	    "   400 kB\nSwapCached: 1 kB\nSwapTotal: 200 kB\nSwapFree: 50 kB\n",
+	    &s));
 	CHECK_EQ_INT(s.mem_total, 1024000);
 	CHECK_EQ_INT(s.mem_avail, 409600);
 	CHECK_EQ_INT(s.swap_total, 204800);
 	CHECK_EQ_INT(s.swap_free, 51200);
-	CHECK_EQ_INT(sys_parse_meminfo("MemTotal: 5 kB\n", &s), -EPROTO); /* no MemAvailable */
+	CHECK_EQ_INT(mon_sys_parse_meminfo("MemTotal: 5 kB\n", &s), -EPROTO); /* no MemAvailable */
 	CHECK(!s.have_mem);
-	CHECK_OK(
-	    sys_parse_vmstat("pgpgin 5\npswpin 7\npswpout 8\npgmajfault_x 1\npgmajfault 9\n", &s));
+	CHECK_OK(mon_sys_parse_vmstat(
+	    "pgpgin 5\npswpin 7\npswpout 8\npgmajfault_x 1\npgmajfault 9\n", &s));
 	CHECK_EQ_INT(s.pswpin, 7);
 	CHECK_EQ_INT(s.pswpout, 8);
 	CHECK_EQ_INT(s.pgmajfault, 9);
 	CHECK(!s.have_oom_kill);
-	CHECK_OK(sys_parse_loadavg("0.50 1.25 2.00 3/400 1234\n", &s));
+	CHECK_OK(mon_sys_parse_loadavg("0.50 1.25 2.00 3/400 1234\n", &s));
 	CHECK_NEAR(s.load[1], 1.25, 1e-12);
-	CHECK_EQ_INT(sys_parse_loadavg("x\n", &s), -EPROTO);
+	CHECK_EQ_INT(mon_sys_parse_loadavg("x\n", &s), -EPROTO);
 }
 
 static void test_parse_psi(void)
 {
 	struct psi_res r;
-	CHECK_OK(psi_parse("some avg10=1.50 avg60=0.20 avg300=0.00 total=12345\n"
-	                   "full avg10=0.50 avg60=0.10 avg300=0.00 total=678\n",
-	                   &r));
+	CHECK_OK(mon_psi_parse("some avg10=1.50 avg60=0.20 avg300=0.00 total=12345\n"
+	                       "full avg10=0.50 avg60=0.10 avg300=0.00 total=678\n",
+	                       &r));
 	CHECK(r.present && r.some.have && r.full.have);
 	CHECK_NEAR(r.some.avg10, 1.5, 1e-12);
 	CHECK_EQ_INT(r.some.total, 12345);
 	CHECK_EQ_INT(r.full.total, 678);
-	CHECK_OK(psi_parse("some avg10=0.00 avg60=0.00 avg300=0.00 total=5\n", &r)); /* old cpu */
+	CHECK_OK(
+	    mon_psi_parse("some avg10=0.00 avg60=0.00 avg300=0.00 total=5\n", &r)); /* old cpu */
 	CHECK(!r.full.have);
-	CHECK_EQ_INT(psi_parse("garbage\n", &r), -EPROTO);
+	CHECK_EQ_INT(mon_psi_parse("garbage\n", &r), -EPROTO);
 	/* no /proc/pressure: not an error, nothing present */
 	char root[4096];
 	if (!fake_root(root, sizeof(root)))
 		return;
 	struct mon_buf b = {0};
 	struct psi_res rr[PSI_N];
-	CHECK_OK(psi_read(&b, root, rr, NULL));
+	CHECK_OK(mon_psi_read(&b, root, rr, NULL));
 	CHECK(!rr[0].present && !rr[1].present && !rr[2].present);
 	put(root, "pressure/io", "bad\n");
 	struct cm_err e = {0};
-	CHECK_EQ_INT(psi_read(&b, root, rr, &e), -EPROTO);
+	CHECK_EQ_INT(mon_psi_read(&b, root, rr, &e), -EPROTO);
 	CHECK(strstr(e.msg, "pressure/io") != NULL);
 	mon_buf_fini(&b);
 	nftw(root, rm_one, 8, FTW_DEPTH | FTW_PHYS);
@@ -136,17 +137,18 @@ static void test_parse_proc_stat(void)
 {
 	char comm[32];
 	uint64_t ut, st, mf, nt;
-	CHECK_OK(proc_parse_stat("42 (we (ird) name) S 1 42 42 0 -1 0 7 0 5 0 300 40 0 0 20 0 6 0 "
-	                         "99 123 456\n",
-	                         comm, sizeof(comm), &ut, &st, &mf, &nt));
+	CHECK_OK(
+	    mon_proc_parse_stat("42 (we (ird) name) S 1 42 42 0 -1 0 7 0 5 0 300 40 0 0 20 0 6 0 "
+	                        "99 123 456\n",
+	                        comm, sizeof(comm), &ut, &st, &mf, &nt));
 	CHECK_STREQ(comm, "we (ird) name");
 	CHECK_EQ_INT(ut, 300);
 	CHECK_EQ_INT(st, 40);
 	CHECK_EQ_INT(mf, 5);
 	CHECK_EQ_INT(nt, 6);
-	CHECK_EQ_INT(proc_parse_stat("42 no parens\n", comm, sizeof(comm), &ut, &st, &mf, &nt),
+	CHECK_EQ_INT(mon_proc_parse_stat("42 no parens\n", comm, sizeof(comm), &ut, &st, &mf, &nt),
 	             -EPROTO);
-	CHECK_EQ_INT(proc_parse_stat("42 (x) S 1 2\n", comm, sizeof(comm), &ut, &st, &mf, &nt),
+	CHECK_EQ_INT(mon_proc_parse_stat("42 (x) S 1 2\n", comm, sizeof(comm), &ut, &st, &mf, &nt),
 	             -EPROTO);
 }
 
@@ -165,7 +167,7 @@ static void test_proc_threads(void)
 	    "voluntary_ctxt_switches:\t4\nnonvoluntary_ctxt_switches:\t9\n");
 	struct mon_buf b = {0};
 	struct proc_sample s = {0};
-	CHECK_OK(proc_read(&b, root, 7, "edgelmd:w", &s, NULL));
+	CHECK_OK(mon_proc_read(&b, root, 7, "edgelmd:w", &s, NULL));
 	CHECK(s.have && s.have_sched);
 	CHECK_EQ_INT(s.rss, 2048 * 1024);
 	CHECK_EQ_INT(s.locked, 1024 * 1024);
@@ -180,15 +182,15 @@ static void test_proc_threads(void)
 	char gone[4200]; /* thread 7 exits */
 	snprintf(gone, sizeof(gone), "%s/7/task/7", root);
 	nftw(gone, rm_one, 8, FTW_DEPTH | FTW_PHYS);
-	CHECK_OK(proc_read(&b, root, 7, "edgelmd:w", &s, NULL));
+	CHECK_OK(mon_proc_read(&b, root, 7, "edgelmd:w", &s, NULL));
 	CHECK_EQ_INT(s.n_th, 1);
 	CHECK(!s.th[0].fresh);
 	CHECK_EQ_INT(s.th[0].d_run_ns, 2000);
 	CHECK_EQ_INT(s.th[0].d_run_delay_ns, 2000);
 	CHECK_EQ_INT(s.th[0].d_nivcsw, 10);
 	struct cm_err e = {0};
-	CHECK(proc_read(&b, root, 8, NULL, &s, &e) == -ENOENT); /* no such process */
-	proc_sample_fini(&s);
+	CHECK(mon_proc_read(&b, root, 8, NULL, &s, &e) == -ENOENT); /* no such process */
+	mon_proc_sample_fini(&s);
 	mon_buf_fini(&b);
 	nftw(root, rm_one, 8, FTW_DEPTH | FTW_PHYS);
 }
@@ -212,7 +214,7 @@ static void test_cgroup_v2(void)
 	    "usage_usec 9\nnr_periods 100\nnr_throttled 7\nthrottled_usec 3000\n");
 	struct mon_buf b = {0};
 	struct cg_sample s;
-	CHECK_OK(cgroup_read(&b, proc, sys, 0, &s, NULL));
+	CHECK_OK(mon_cgroup_read(&b, proc, sys, 0, &s, NULL));
 	CHECK_EQ_INT(s.version, 2);
 	CHECK_STREQ(s.path, "/system.slice/edgelmd.service");
 	CHECK(s.have_mem && s.have_events && s.have_cpu);
@@ -225,7 +227,7 @@ static void test_cgroup_v2(void)
 	CHECK_EQ_INT(s.throttled_usec, 3000);
 	/* the root group is no cgroup */
 	put(root, "proc/self/cgroup", "0::/\n");
-	CHECK_OK(cgroup_read(&b, proc, sys, 0, &s, NULL));
+	CHECK_OK(mon_cgroup_read(&b, proc, sys, 0, &s, NULL));
 	CHECK_EQ_INT(s.version, 0);
 	mon_buf_fini(&b);
 	nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
@@ -253,7 +255,7 @@ static void test_cgroup_hybrid_v1(void)
 	    "nr_periods 50\nnr_throttled 5\nthrottled_time 7000000\n");
 	struct mon_buf b = {0};
 	struct cg_sample s;
-	CHECK_OK(cgroup_read(&b, proc, sys, 0, &s, NULL));
+	CHECK_OK(mon_cgroup_read(&b, proc, sys, 0, &s, NULL));
 	CHECK_EQ_INT(s.version, 1);
 	CHECK(s.have_mem && s.have_cpu && s.have_events);
 	CHECK_EQ_INT(s.mem_current, 900);
@@ -263,12 +265,12 @@ static void test_cgroup_hybrid_v1(void)
 	CHECK_EQ_INT(s.nr_periods, 50);
 	CHECK_EQ_INT(s.throttled_usec, 7000);
 	put(root, "sys/fs/cgroup/memory/lim/memory.limit_in_bytes", "9223372036854771712\n");
-	CHECK_OK(cgroup_read(&b, proc, sys, 0, &s, NULL));
+	CHECK_OK(mon_cgroup_read(&b, proc, sys, 0, &s, NULL));
 	CHECK(s.mem_max == UINT64_MAX); /* v1's "unlimited" */
 	/* v2 controllers in the unified tree win */
 	put(root, "sys/fs/cgroup/unified/x/memory.current", "77\n");
 	put(root, "sys/fs/cgroup/unified/x/memory.max", "100\n");
-	CHECK_OK(cgroup_read(&b, proc, sys, 0, &s, NULL));
+	CHECK_OK(mon_cgroup_read(&b, proc, sys, 0, &s, NULL));
 	CHECK_EQ_INT(s.version, 2);
 	CHECK_EQ_INT(s.mem_current, 77);
 	CHECK_EQ_INT(s.nr_periods, 50); /* cpu still from v1 */
@@ -282,15 +284,15 @@ static void test_cgroup_hybrid_v1(void)
 static void test_libproc2_matches_parsers(void)
 {
 	struct sys_reader *r = NULL;
-	CHECK_OK(sys_reader_new(true, &r, NULL));
+	CHECK_OK(mon_sys_reader_new(true, &r, NULL));
 	if (!r)
 		return;
 	struct mon_buf b = {0};
 	struct sys_sample a = {0}, p = {0};
 	struct cm_err e = {0};
-	int rc = sys_read(r, &b, "/proc", &a, &e);
+	int rc = mon_sys_read(r, &b, "/proc", &a, &e);
 	CHECK_MSG(rc == 0, "libproc2: %s", e.msg);
-	rc = sys_read(NULL, &b, "/proc", &p, &e);
+	rc = mon_sys_read(NULL, &b, "/proc", &p, &e);
 	CHECK_MSG(rc == 0, "parsers: %s", e.msg);
 	CHECK(a.have_stat && a.have_mem && a.have_vm && a.have_load);
 	CHECK_EQ_INT(a.ncpu, p.ncpu);
@@ -308,10 +310,10 @@ static void test_libproc2_matches_parsers(void)
 	CHECK(p.pgmajfault >= a.pgmajfault && p.pgmajfault - a.pgmajfault < 1000);
 	CHECK_EQ_INT(a.pswpin, p.pswpin);
 	CHECK_NEAR(a.load[0], p.load[0], 0.5);
-	sys_sample_fini(&a);
-	sys_sample_fini(&p);
+	mon_sys_sample_fini(&a);
+	mon_sys_sample_fini(&p);
 	mon_buf_fini(&b);
-	sys_reader_free(r);
+	mon_sys_reader_free(r);
 }
 
 static atomic_int g_stop_idle;
@@ -345,13 +347,13 @@ static void test_cost_below_one_percent(void)
 	if (m) {
 		const int n = 30;
 		CHECK_OK(monitor_sample(m, 0, NULL)); /* warm-up: buffers, series */
-		double c0 = monitor_series_value(reg_series(m->fam.mon_cpu));
+		double c0 = monitor_series_value(mon_reg_series(m->fam.mon_cpu));
 		struct timespec a, b;
 		clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
 		for (int i = 0; i < n; i++)
 			CHECK_OK(monitor_sample(m, 0, NULL));
 		clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
-		double per = (monitor_series_value(reg_series(m->fam.mon_cpu)) - c0) / n;
+		double per = (monitor_series_value(mon_reg_series(m->fam.mon_cpu)) - c0) / n;
 		double proc = ((double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9) / n;
 		fprintf(stderr,
 		        "monitor cost: %.3f ms CPU per sample (self-measured), %.3f ms (process "
@@ -391,7 +393,7 @@ static void test_sampler_thread(void)
 	CHECK_OK(monitor_start(m, NULL)); /* idempotent */
 	usleep(330000);
 	monitor_stop(m);
-	double n = monitor_series_value(reg_series(m->fam.mon_samples));
+	double n = monitor_series_value(mon_reg_series(m->fam.mon_samples));
 	CHECK_MSG(n >= 4 && n <= 9, "%g samples in 330 ms at 50 ms", n);
 	CHECK_EQ_INT(g_presamples, (int)n);
 	CHECK_NEAR(monitor_series_value(monitor_inference_get(m)->prompt_tokens), n, 0);

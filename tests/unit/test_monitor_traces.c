@@ -313,7 +313,7 @@ static void test_classify_unknown_sources_never_flag(void)
 	    .bw_ratio = -1,
 	};
 	for (int i = 0; i < 10; i++)
-		CHECK_EQ_INT(classify_step(&st, &th, &in, i, ev), 0);
+		CHECK_EQ_INT(mon_classify_step(&st, &th, &in, i, ev), 0);
 }
 
 static void test_classify_time_hysteresis(void)
@@ -327,21 +327,21 @@ static void test_classify_time_hysteresis(void)
 	struct classify_in hot = quiet(), cold = quiet();
 	hot.steal = 0.5;
 	/* on needs 3 in a row; an interruption restarts the count */
-	CHECK_EQ_INT(classify_step(&st, &th, &hot, 1, ev), 0);
-	CHECK_EQ_INT(classify_step(&st, &th, &hot, 2, ev), 0);
-	CHECK_EQ_INT(classify_step(&st, &th, &cold, 3, ev), 0);
-	CHECK_EQ_INT(classify_step(&st, &th, &hot, 4, ev), 0);
-	CHECK_EQ_INT(classify_step(&st, &th, &hot, 5, ev), 0);
-	CHECK_EQ_INT(classify_step(&st, &th, &hot, 6, ev), 1);
+	CHECK_EQ_INT(mon_classify_step(&st, &th, &hot, 1, ev), 0);
+	CHECK_EQ_INT(mon_classify_step(&st, &th, &hot, 2, ev), 0);
+	CHECK_EQ_INT(mon_classify_step(&st, &th, &cold, 3, ev), 0);
+	CHECK_EQ_INT(mon_classify_step(&st, &th, &hot, 4, ev), 0);
+	CHECK_EQ_INT(mon_classify_step(&st, &th, &hot, 5, ev), 0);
+	CHECK_EQ_INT(mon_classify_step(&st, &th, &hot, 6, ev), 1);
 	CHECK_EQ_INT(ev[0].flag, MONITOR_FLAG_CPU_CONTENTION);
 	CHECK(ev[0].on);
 	CHECK(strstr(ev[0].reason, "steal 50%") != NULL);
 	CHECK_NEAR(ev[0].time, 6, 1e-9);
 	/* off needs 2 */
-	CHECK_EQ_INT(classify_step(&st, &th, &cold, 7, ev), 0);
-	CHECK_EQ_INT(classify_step(&st, &th, &hot, 8, ev), 0);
-	CHECK_EQ_INT(classify_step(&st, &th, &cold, 9, ev), 0);
-	CHECK_EQ_INT(classify_step(&st, &th, &cold, 10, ev), 1);
+	CHECK_EQ_INT(mon_classify_step(&st, &th, &cold, 7, ev), 0);
+	CHECK_EQ_INT(mon_classify_step(&st, &th, &hot, 8, ev), 0);
+	CHECK_EQ_INT(mon_classify_step(&st, &th, &cold, 9, ev), 0);
+	CHECK_EQ_INT(mon_classify_step(&st, &th, &cold, 10, ev), 1);
 	CHECK(!ev[0].on);
 	CHECK(strstr(ev[0].reason, "cleared") != NULL);
 }
@@ -355,18 +355,18 @@ static void test_classify_value_hysteresis(void)
 	struct monitor_flag_event ev[MONITOR_FLAG_COUNT];
 	struct classify_in in = quiet();
 	in.psi_mem = 0.10; /* exactly the on threshold */
-	CHECK_EQ_INT(classify_step(&st, &th, &in, 1, ev), 1);
+	CHECK_EQ_INT(mon_classify_step(&st, &th, &in, 1, ev), 1);
 	CHECK(st.f[MONITOR_FLAG_MEMORY_PRESSURE].on);
 	for (double v = 0.09; v >= 0.02; v -= 0.01) { /* the band holds it */
 		in.psi_mem = v + 1e-9;
-		CHECK_EQ_INT(classify_step(&st, &th, &in, 2, ev), 0);
+		CHECK_EQ_INT(mon_classify_step(&st, &th, &in, 2, ev), 0);
 		CHECK(st.f[MONITOR_FLAG_MEMORY_PRESSURE].on);
 	}
 	in.psi_mem = 0.0199;
-	CHECK_EQ_INT(classify_step(&st, &th, &in, 3, ev), 1);
+	CHECK_EQ_INT(mon_classify_step(&st, &th, &in, 3, ev), 1);
 	CHECK(!st.f[MONITOR_FLAG_MEMORY_PRESSURE].on);
 	in.psi_mem = 0.05; /* band again: stays off */
-	CHECK_EQ_INT(classify_step(&st, &th, &in, 4, ev), 0);
+	CHECK_EQ_INT(mon_classify_step(&st, &th, &in, 4, ev), 0);
 }
 
 static void test_classify_contention_needs_our_workers(void)
@@ -382,9 +382,9 @@ static void test_classify_contention_needs_our_workers(void)
 	in.worker_wait = 0.5;
 	in.nivcsw_rate = 500;
 	in.active = false;
-	CHECK_EQ_INT(classify_step(&st, &th, &in, 1, ev), 0);
+	CHECK_EQ_INT(mon_classify_step(&st, &th, &in, 1, ev), 0);
 	in.active = true;
-	CHECK_EQ_INT(classify_step(&st, &th, &in, 2, ev), 1);
+	CHECK_EQ_INT(mon_classify_step(&st, &th, &in, 2, ev), 1);
 	CHECK(strstr(st.f[MONITOR_FLAG_CPU_CONTENTION].reason, "involuntary") != NULL);
 	/* Many preemptions that cost no waiting are not contention. */
 	struct classify_state st3 = {0};
@@ -393,13 +393,13 @@ static void test_classify_contention_needs_our_workers(void)
 	in.worker_busy = 0.99;
 	in.nivcsw_rate = 400;
 	in.worker_wait = 0.01;
-	CHECK_EQ_INT(classify_step(&st3, &th, &in, 1, ev), 1);
+	CHECK_EQ_INT(mon_classify_step(&st3, &th, &in, 1, ev), 1);
 	CHECK_EQ_INT(ev[0].flag, MONITOR_FLAG_COMPUTE_BOUND);
 	/* Throttling by the cgroup counts even when idle. */
 	struct classify_state st2 = {0};
 	in = quiet();
 	in.throttled = 0.4;
-	CHECK_EQ_INT(classify_step(&st2, &th, &in, 1, ev), 1);
+	CHECK_EQ_INT(mon_classify_step(&st2, &th, &in, 1, ev), 1);
 	CHECK(strstr(ev[0].reason, "throttled 40%") != NULL);
 }
 
