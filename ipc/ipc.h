@@ -1,0 +1,426 @@
+/* ipc/ipc.h: the daemon's message interface. JSON requests arrive on an nng
+ * rep0 socket; this module turns them into plain `struct ipc_request`s,
+ * hands each one to a handler that the daemon registers, and encodes the
+ * daemon's typed replies back into JSON. It knows nothing of the engine.
+ *
+ * The protocol itself (fields, ranges, defaults, streaming) is documented in
+ * docs/protocol.md; the field names and the error-code table live only in
+ * ipc/protocol.c.
+ *
+ * Threading: the handler runs on one of nng's threads and must not block; it
+ * either answers at once or keeps the call and answers later from any thread
+ * (ipc_call_reply / ipc_call_error), exactly once per call. */
+#ifndef EDGELM_IPC_H
+#define EDGELM_IPC_H
+
+#include "common/common.h"
+
+/* ---- error codes --------------------------------------------------------- */
+
+/* Every failure a client can see. The stable wire string, the errno used for
+ * struct cm_err and the description of each code are in ONE table in
+ * ipc/protocol.c; libedgelm's EDGELM_E_* server codes are -(100 + code).
+ * Append only: the numeric values are part of libedgelm's ABI. */
+enum ipc_errcode {
+	IPC_ERR_NONE = 0,
+	IPC_ERR_INVALID_JSON = 1,        /* "invalid_json", -EBADMSG */
+	IPC_ERR_UNSUPPORTED_VERSION = 2, /* "unsupported_version", -EPROTONOSUPPORT */
+	IPC_ERR_UNKNOWN_OP = 3,          /* "unknown_op", -ENOSYS */
+	IPC_ERR_INVALID_FIELD = 4,       /* "invalid_field", -EINVAL */
+	IPC_ERR_TOO_LARGE = 5,           /* "too_large", -EMSGSIZE */
+	IPC_ERR_PROMPT_TOO_LONG = 6,     /* "prompt_too_long", -E2BIG */
+	IPC_ERR_QUEUE_FULL = 7,          /* "queue_full", -EAGAIN */
+	IPC_ERR_DEADLINE_EXCEEDED = 8,   /* "deadline_exceeded", -ETIMEDOUT */
+	IPC_ERR_SHUTTING_DOWN = 9,       /* "shutting_down", -ESHUTDOWN */
+	IPC_ERR_NOT_FOUND = 10,          /* "not_found", -ENOENT */
+	IPC_ERR_NOT_READY = 11,          /* "not_ready", -EBUSY */
+	IPC_ERR_UNSUPPORTED = 12,        /* "unsupported", -EOPNOTSUPP */
+	IPC_ERR_INTERNAL = 13,           /* "internal", -EIO (and any other errno) */
+	IPC_ERR_COUNT
+};
+
+/* "invalid_json", ...; "internal" for out-of-range values. */
+const char *ipc_errcode_name(enum ipc_errcode code);
+/* A one-line description for people ("the queue is full, retry later"). */
+const char *ipc_errcode_describe(enum ipc_errcode code);
+/* The reverse of ipc_errcode_name; IPC_ERR_NONE when `name` is unknown. */
+enum ipc_errcode ipc_errcode_from_name(const char *name);
+/* The negative errno of a code, and back: a daemon that holds a cm_err from
+ * any module maps err->code with ipc_errcode_from_errno (unknown -> internal). */
+int ipc_errcode_to_errno(enum ipc_errcode code);
+enum ipc_errcode ipc_errcode_from_errno(int neg_errno);
+
+/* ---- limits -------------------------------------------------------------- */
+
+#define IPC_PROTOCOL_VERSION 1
+#define IPC_DEFAULT_URL "ipc:///run/edgelm/edgelm.sock"
+#define IPC_ID_MAX 64 /* bytes of a request/stream id */
+
+/* Bounds checked before and while parsing. A zero field means its default. */
+struct ipc_limits {
+	size_t max_msg_bytes;    /* whole message; default 1 MiB (also NNG_OPT_RECVMAXSZ) */
+	unsigned max_depth;      /* JSON nesting; default 32, checked before parsing */
+	size_t max_values;       /* JSON values in one message; default 262144 */
+	size_t max_prompt_bytes; /* prompt, chat contents summed, tokenize text; 1 MiB */
+	size_t max_messages;     /* chat messages; default 1024 */
+	size_t max_stop;         /* stop strings; default 16 */
+	size_t max_stop_bytes;   /* bytes of one stop string; default 256 */
+	size_t max_ids;          /* detokenize ids; default 65536 */
+	int32_t max_tokens;      /* upper bound of max_tokens; default 1048576 */
+	uint32_t max_wait_ms;    /* upper bound of poll wait_ms; default 60000 */
+};
+
+/* Fill every zero field of `lim` with its default. */
+void ipc_limits_fill(struct ipc_limits *lim);
+
+/* ---- requests ------------------------------------------------------------ */
+
+enum ipc_op {
+	IPC_OP_NONE = 0,
+	IPC_OP_GENERATE,
+	IPC_OP_CHAT,
+	IPC_OP_POLL,
+	IPC_OP_CANCEL,
+	IPC_OP_TOKENIZE,
+	IPC_OP_DETOKENIZE,
+	IPC_OP_INFO,
+	IPC_OP_HEALTH,
+	IPC_OP_METRICS,
+	IPC_OP_COUNT
+};
+
+/* "generate", ...; NULL for out-of-range values. */
+const char *ipc_op_name(enum ipc_op op);
+
+enum ipc_role { IPC_ROLE_SYSTEM, IPC_ROLE_USER, IPC_ROLE_ASSISTANT, IPC_ROLE_COUNT };
+const char *ipc_role_name(enum ipc_role role);
+
+struct ipc_message {
+	enum ipc_role role;
+	const char *content; /* UTF-8, NUL-terminated, no embedded NUL */
+	size_t content_len;
+};
+
+/* Bits of struct ipc_sampling.set: which fields the client gave. Fields it did
+ * not give hold the protocol defaults, which the daemon may override. */
+enum {
+	IPC_SET_MAX_TOKENS = 1u << 0,
+	IPC_SET_TEMPERATURE = 1u << 1,
+	IPC_SET_TOP_K = 1u << 2,
+	IPC_SET_TOP_P = 1u << 3,
+	IPC_SET_MIN_P = 1u << 4,
+	IPC_SET_REPEAT_PENALTY = 1u << 5,
+	IPC_SET_FREQUENCY_PENALTY = 1u << 6,
+	IPC_SET_PRESENCE_PENALTY = 1u << 7,
+	IPC_SET_PENALTY_LAST_N = 1u << 8,
+	IPC_SET_SEED = 1u << 9,
+};
+
+/* Sampling parameters, ranges as in docs/protocol.md. Defaults follow the
+ * engine's (llama.cpp's): 256 tokens, temperature 0.8, top_k 40, top_p 0.95,
+ * min_p 0.05, no penalties, window 64, random seed. */
+struct ipc_sampling {
+	uint32_t set; /* IPC_SET_* */
+	int32_t max_tokens;
+	float temperature; /* 0: greedy */
+	int32_t top_k;     /* 0: off */
+	float top_p;       /* 1: off */
+	float min_p;       /* 0: off */
+	float repeat_penalty;
+	float frequency_penalty;
+	float presence_penalty;
+	int32_t penalty_last_n; /* -1: whole context, 0: off */
+	uint64_t seed;          /* valid when set & IPC_SET_SEED */
+};
+
+/* A parsed, validated request. Every pointer points into memory owned by the
+ * request and lives until ipc_request_free. Fields not used by `op` are zero. */
+struct ipc_request {
+	enum ipc_op op;
+	int version;    /* always IPC_PROTOCOL_VERSION after parsing */
+	const char *id; /* generate/chat: optional client-chosen id (NULL: the daemon
+	                 * assigns one); poll/cancel: the generation named */
+
+	/* generate */
+	const char *prompt;
+	size_t prompt_len;
+	/* chat */
+	const struct ipc_message *messages;
+	size_t n_messages;
+	/* generate and chat */
+	struct ipc_sampling sampling;
+	const char *const *stop;
+	const size_t *stop_len;
+	size_t n_stop;
+	bool stream;
+	int64_t deadline_ms; /* 0: none; else relative to arrival */
+	int32_t priority;    /* -10..10, higher first; default 0 */
+
+	/* poll */
+	uint64_t ack;     /* bytes of the stream's text the client holds */
+	uint32_t wait_ms; /* long-poll limit; default 1000 */
+
+	/* tokenize */
+	const char *text;
+	size_t text_len;
+	bool add_special;   /* default true */
+	bool parse_special; /* default false */
+	/* detokenize */
+	const int32_t *ids;
+	size_t n_ids;
+
+	struct ipc_arena *arena_; /* private */
+};
+
+/* Parse and validate one message. `lim` may be NULL (defaults). On success
+ * stores a new request in *ret_req (free with ipc_request_free) and returns 0.
+ * On failure returns the negative errno of the failure's ipc_errcode (map it
+ * with ipc_errcode_from_errno) and describes it in `err`, naming the field;
+ * nesting deeper than max_depth is rejected by a linear scan before jansson
+ * sees the message, so no input can exhaust the stack. */
+int ipc_request_parse(const char *json, size_t len, const struct ipc_limits *lim,
+                      struct ipc_request **ret_req, struct cm_err *err);
+void ipc_request_free(struct ipc_request *req); /* NULL-safe */
+
+/* A request with every field at its protocol default (for encoders). */
+void ipc_request_init(struct ipc_request *req, enum ipc_op op);
+
+/* Encode a request as JSON (used by libedgelm and the tests); fields equal to
+ * their defaults and not flagged in sampling.set are left out. Stores a
+ * NUL-terminated cm_malloc'd string in *ret_json (length in *ret_len if not
+ * NULL). Returns 0 or a negative errno. */
+int ipc_request_encode(const struct ipc_request *req, char **ret_json, size_t *ret_len,
+                       struct cm_err *err);
+
+/* ---- replies ------------------------------------------------------------- */
+
+enum ipc_finish {
+	IPC_FINISH_NONE = 0, /* not finished (poll chunks before the last) */
+	IPC_FINISH_STOP,     /* end of generation token or a stop string */
+	IPC_FINISH_LENGTH,   /* max_tokens or the context */
+	IPC_FINISH_CANCELLED,
+	IPC_FINISH_DEADLINE,
+	IPC_FINISH_COUNT
+};
+const char *ipc_finish_name(enum ipc_finish f);
+
+struct ipc_usage {
+	int64_t prompt_tokens;
+	int64_t cached_tokens; /* of the prompt, reused from the prefix cache */
+	int64_t completion_tokens;
+};
+
+/* Milliseconds and tokens per second; a non-finite value encodes as null. */
+struct ipc_timings {
+	double queue_ms;
+	double ttft_ms; /* arrival to first generated token */
+	double prefill_ms;
+	double decode_ms;
+	double total_ms;
+	double prefill_tps;
+	double decode_tps;
+};
+
+/* generate / chat. With `stream` set, only the id is sent (the stream's
+ * start); otherwise the whole result. */
+struct ipc_gen_reply {
+	bool stream;
+	const char *text;
+	size_t text_len;
+	enum ipc_finish finish;
+	struct ipc_usage usage;
+	struct ipc_timings timings;
+};
+
+/* poll: the stream's text from byte `offset` (the request's ack) on. `done`
+ * only when the stream has finished and `text` reaches its end; then finish,
+ * usage and timings are set. */
+struct ipc_poll_reply {
+	uint64_t offset;
+	uint64_t next; /* decoded replies: the offset after this chunk (the next ack);
+	                * the encoder ignores it and sends offset + text_len */
+	const char *text;
+	size_t text_len;
+	bool done;
+	enum ipc_finish finish;
+	struct ipc_usage usage;
+	struct ipc_timings timings;
+};
+
+struct ipc_cancel_reply {
+	bool cancelled; /* false: it had already finished (and is now freed) */
+};
+
+struct ipc_tokenize_reply {
+	const int32_t *ids;
+	size_t n_ids;
+};
+
+struct ipc_detokenize_reply {
+	const char *text;
+	size_t text_len;
+};
+
+struct ipc_info_reply {
+	const char *version;      /* edgelm version */
+	const char *model;        /* file or name */
+	const char *architecture; /* "llama", ... */
+	const char *const *quant_types;
+	size_t n_quant_types;
+	int64_t n_ctx; /* context length in tokens */
+	int64_t n_vocab;
+	const char *isa;     /* kernel variant chosen */
+	const char *kernels; /* free text, e.g. per dtype */
+	int32_t threads;
+	const char *tuning_json; /* optional JSON object, embedded as "tuning" */
+};
+
+enum ipc_health_status {
+	IPC_HEALTH_LOADING,
+	IPC_HEALTH_READY,
+	IPC_HEALTH_DRAINING,
+	IPC_HEALTH_COUNT
+};
+const char *ipc_health_name(enum ipc_health_status s);
+
+struct ipc_health_reply {
+	enum ipc_health_status status;
+	const char *const *reasons; /* why not ready / what is degraded */
+	size_t n_reasons;
+};
+
+struct ipc_metric_label {
+	const char *name;
+	const char *value;
+};
+
+/* One sample, as the monitor exports it: the Prometheus name, its type
+ * ("counter", "gauge"; histograms as their _bucket/_sum/_count samples). */
+struct ipc_metric {
+	const char *name;
+	const char *type;
+	const struct ipc_metric_label *labels;
+	size_t n_labels;
+	double value; /* NaN/Inf encode as null */
+};
+
+struct ipc_metrics_reply {
+	const struct ipc_metric *items;
+	size_t n_items;
+};
+
+/* A reply to any op, or an error when `error` != IPC_ERR_NONE (then only
+ * message and retry_after_ms count). `id` is echoed when not NULL. */
+struct ipc_reply {
+	enum ipc_op op; /* may be IPC_OP_NONE for errors */
+	const char *id;
+	enum ipc_errcode error;
+	const char *message;
+	int64_t retry_after_ms; /* < 0: none */
+	union {
+		struct ipc_gen_reply gen; /* generate, chat */
+		struct ipc_poll_reply poll;
+		struct ipc_cancel_reply cancel;
+		struct ipc_tokenize_reply tokenize;
+		struct ipc_detokenize_reply detokenize;
+		struct ipc_info_reply info;
+		struct ipc_health_reply health;
+		struct ipc_metrics_reply metrics;
+	} u;
+	struct ipc_arena *arena_; /* private: set only on decoded replies */
+};
+
+/* Encode a reply. Text that is not valid UTF-8 is sent with each bad byte
+ * replaced by U+FFFD (poll offsets stay byte offsets of the daemon's text).
+ * Stores a NUL-terminated cm_malloc'd string in *ret_json. */
+int ipc_reply_encode(const struct ipc_reply *r, char **ret_json, size_t *ret_len,
+                     struct cm_err *err);
+
+/* Shorthand for an error reply; `id` and `msg` may be NULL (then the code's
+ * description is sent), retry_after_ms < 0 for none. */
+int ipc_error_encode(enum ipc_errcode code, const char *id, const char *msg, int64_t retry_after_ms,
+                     char **ret_json, size_t *ret_len);
+
+/* Decode a reply (libedgelm, tests). `expect` is the op of the request, so
+ * that the union is read right; an error reply decodes with `error` set.
+ * Free with ipc_reply_free. */
+int ipc_reply_decode(const char *json, size_t len, enum ipc_op expect, struct ipc_reply **ret_reply,
+                     struct cm_err *err);
+void ipc_reply_free(struct ipc_reply *r); /* NULL-safe; decoded replies only */
+
+/* ---- server -------------------------------------------------------------- */
+
+typedef struct ipc_server ipc_server;
+typedef struct ipc_call ipc_call;
+
+/* Called on an nng thread for every valid request while the server is not
+ * draining. It must not block. It owns `call` and must complete it exactly
+ * once, now or later, from any thread, with ipc_call_reply or ipc_call_error.
+ * Malformed requests never reach it: they are answered by the server. */
+typedef void (*ipc_handler_fn)(ipc_call *call, void *userdata);
+
+struct ipc_server_params {
+	const char *const *urls;  /* ipc:// (socket file) and/or tcp://; inproc:// for tests */
+	size_t n_urls;            /* 0: IPC_DEFAULT_URL */
+	unsigned n_contexts;      /* receivers kept waiting; default 16 */
+	unsigned max_contexts;    /* calls in progress at most; default 1024. Beyond it,
+	                           * nng holds further requests until a call completes */
+	int socket_mode;          /* mode of ipc:// socket files; 0: 0660, -1: leave */
+	const char *socket_group; /* group of ipc:// socket files; NULL: leave */
+	struct ipc_limits limits; /* limits.max_msg_bytes is also NNG_OPT_RECVMAXSZ:
+	                           * a bigger message makes nng drop the connection */
+};
+
+/* Validate params and open the socket and its listeners (not yet serving).
+ * Fails with a clear message when an ipc:// socket's directory is missing. */
+int ipc_server_new(const struct ipc_server_params *p, ipc_handler_fn handler, void *userdata,
+                   ipc_server **ret_srv, struct cm_err *err);
+
+/* Start listening and receiving, then set the mode and group of ipc:// socket
+ * files. Returns a negative errno (server not serving) on failure. A failed
+ * chown to socket_group is not fatal: the server serves, the return is 0 and
+ * `err` holds the failure (err->code != 0) for the caller to log. */
+int ipc_server_start(ipc_server *srv, struct cm_err *err);
+
+/* From now on answer shutting_down to new requests; calls already handed to
+ * the handler are still completed normally. */
+void ipc_server_drain(ipc_server *srv);
+
+/* Drain, wait up to timeout_ms for the handler's calls to complete and their
+ * replies to be handed to nng, then close the listeners and the socket
+ * (ipc:// socket files are removed). Returns the number of calls still not
+ * completed; completing them later is harmless (the reply is dropped and
+ * ipc_call_reply returns -ESHUTDOWN) but must happen before ipc_server_free. */
+int ipc_server_stop(ipc_server *srv, int timeout_ms);
+
+/* Stop (timeout 0) if needed and free. Every call must have been completed. */
+void ipc_server_free(ipc_server *srv); /* NULL-safe */
+
+struct ipc_server_stats {
+	uint64_t received;              /* messages received */
+	uint64_t replies;               /* replies sent, errors included */
+	uint64_t errors[IPC_ERR_COUNT]; /* error replies by code */
+	uint64_t send_failures;         /* replies nng could not send */
+	uint32_t contexts;              /* nng contexts open */
+	uint32_t in_handler;            /* calls owned by the handler now */
+};
+void ipc_server_stats_get(const ipc_server *srv, struct ipc_server_stats *ret_stats);
+
+/* ---- calls --------------------------------------------------------------- */
+
+const struct ipc_request *ipc_call_request(const ipc_call *call);
+/* CLOCK_MONOTONIC nanoseconds (cm_now_ns) when the message arrived. */
+uint64_t ipc_call_arrival_ns(const ipc_call *call);
+/* The peer's credentials over ipc:// (-1 when unknown, e.g. tcp://). */
+void ipc_call_peer(const ipc_call *call, int64_t *ret_pid, int64_t *ret_uid);
+
+/* Complete a call with a JSON reply (copied). The call is consumed whatever
+ * the result; a negative errno only says the reply could not be queued. */
+int ipc_call_reply(ipc_call *call, const char *json, size_t len);
+/* Encode `r` (its id defaults to the request's) and complete the call. */
+int ipc_call_reply_encode(ipc_call *call, const struct ipc_reply *r);
+/* Complete a call with an error; fmt may be NULL (the code's description). */
+int ipc_call_error(ipc_call *call, enum ipc_errcode code, int64_t retry_after_ms, const char *fmt,
+                   ...) CM_PRINTF(4, 5);
+
+#endif

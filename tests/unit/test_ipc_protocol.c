@@ -1,0 +1,963 @@
+/* tests/unit/test_ipc_protocol.c: the request parser against a table of
+ * malformed and hostile messages (each must give its exact error code),
+ * valid requests parsed into exact structs, and encode/decode round trips of
+ * requests and of every reply. */
+#include "ipc/ipc.h"
+#include "tests/test.h"
+
+#include <limits.h>
+#include <stdint.h>
+
+/* ---- helpers -------------------------------------------------------------- */
+
+struct sbuf {
+	char *p;
+	size_t len, cap;
+};
+
+static void sb_add(struct sbuf *b, const char *s, size_t n)
+{
+	if (b->len + n + 1 > b->cap) {
+		b->cap = (b->len + n + 1) * 2;
+		b->p = realloc(b->p, b->cap);
+		if (!b->p)
+			abort();
+	}
+	memcpy(b->p + b->len, s, n);
+	b->len += n;
+	b->p[b->len] = '\0';
+}
+
+static void sb_str(struct sbuf *b, const char *s)
+{
+	sb_add(b, s, strlen(s));
+}
+
+static void sb_rep(struct sbuf *b, const char *s, size_t times)
+{
+	size_t n = strlen(s);
+	for (size_t i = 0; i < times; i++)
+		sb_add(b, s, n);
+}
+
+/* Parse and return the ipc_errcode (IPC_ERR_NONE on success). */
+static enum ipc_errcode parse_code(const char *json, size_t len, const struct ipc_limits *lim,
+                                   char *msg, size_t msgcap)
+{
+	struct ipc_request *r = NULL;
+	struct cm_err err = {0};
+	int rc = ipc_request_parse(json, len, lim, &r, &err);
+	if (msg)
+		snprintf(msg, msgcap, "%s", err.msg);
+	if (rc == 0) {
+		ipc_request_free(r);
+		return IPC_ERR_NONE;
+	}
+	if (r)
+		return IPC_ERR_COUNT; /* must not hand out a request on failure */
+	if (err.code != rc || !err.msg[0])
+		return IPC_ERR_COUNT; /* every failure says what went wrong */
+	return ipc_errcode_from_errno(rc);
+}
+
+/* ---- the hostile corpus --------------------------------------------------- */
+
+struct bad_case {
+	const char *name;
+	const char *json; /* NUL-terminated unless len is given */
+	size_t len;
+	enum ipc_errcode want;
+};
+
+#define GEN(extra) "{\"v\":1,\"op\":\"generate\",\"prompt\":\"hi\"" extra "}"
+
+static const struct bad_case bad_cases[] = {
+    /* not JSON */
+    {"empty", "", 0, IPC_ERR_INVALID_JSON},
+    {"whitespace only", "   \n\t ", 0, IPC_ERR_INVALID_JSON},
+    {"lone brace", "{", 0, IPC_ERR_INVALID_JSON},
+    {"truncated object", "{\"op\":\"health\"", 0, IPC_ERR_INVALID_JSON},
+    {"truncated string", "{\"op\":\"gener", 0, IPC_ERR_INVALID_JSON},
+    {"trailing garbage", "{\"op\":\"health\"}}", 0, IPC_ERR_INVALID_JSON},
+    {"two objects", "{\"op\":\"health\"}{\"op\":\"info\"}", 0, IPC_ERR_INVALID_JSON},
+    {"trailing comma", "{\"op\":\"health\",}", 0, IPC_ERR_INVALID_JSON},
+    {"single quotes", "{'op':'health'}", 0, IPC_ERR_INVALID_JSON},
+    {"bare word", "health", 0, IPC_ERR_INVALID_JSON},
+    {"array at top", "[{\"op\":\"health\"}]", 0, IPC_ERR_INVALID_JSON},
+    {"string at top", "\"health\"", 0, IPC_ERR_INVALID_JSON},
+    {"null at top", "null", 0, IPC_ERR_INVALID_JSON},
+    {"number at top", "42", 0, IPC_ERR_INVALID_JSON},
+    {"NaN literal", GEN(",\"temperature\":NaN"), 0, IPC_ERR_INVALID_JSON},
+    {"Infinity literal", GEN(",\"temperature\":Infinity"), 0, IPC_ERR_INVALID_JSON},
+    {"-Infinity literal", GEN(",\"temperature\":-Infinity"), 0, IPC_ERR_INVALID_JSON},
+    {"1e999 overflows a double", GEN(",\"temperature\":1e999"), 0, IPC_ERR_INVALID_JSON},
+    {"integer beyond int64", GEN(",\"max_tokens\":99999999999999999999"), 0, IPC_ERR_INVALID_JSON},
+    {"hex number", GEN(",\"max_tokens\":0x10"), 0, IPC_ERR_INVALID_JSON},
+    {"leading plus", GEN(",\"max_tokens\":+5"), 0, IPC_ERR_INVALID_JSON},
+    {"duplicate key", "{\"op\":\"health\",\"op\":\"info\"}", 0, IPC_ERR_INVALID_JSON},
+    {"duplicate prompt", GEN(",\"prompt\":\"again\""), 0, IPC_ERR_INVALID_JSON},
+    {"invalid UTF-8 bytes", "{\"op\":\"generate\",\"prompt\":\"\xff\xfe\"}", 0,
+     IPC_ERR_INVALID_JSON},
+    {"overlong UTF-8", "{\"op\":\"generate\",\"prompt\":\"\xc0\xaf\"}", 0, IPC_ERR_INVALID_JSON},
+    {"UTF-16 surrogate as UTF-8", "{\"op\":\"generate\",\"prompt\":\"\xed\xa0\x80\"}", 0,
+     IPC_ERR_INVALID_JSON},
+    {"lone surrogate escape", "{\"op\":\"generate\",\"prompt\":\"\\ud800\"}", 0,
+     IPC_ERR_INVALID_JSON},
+    {"bad escape", "{\"op\":\"generate\",\"prompt\":\"\\x41\"}", 0, IPC_ERR_INVALID_JSON},
+    {"raw control character", "{\"op\":\"generate\",\"prompt\":\"a\x01z\"}", 0,
+     IPC_ERR_INVALID_JSON},
+    {"raw NUL byte outside strings", "{\"op\":\"health\"}\0{}", 16, IPC_ERR_INVALID_JSON},
+    {"UTF-8 BOM", "\xef\xbb\xbf{\"op\":\"health\"}", 0, IPC_ERR_INVALID_JSON},
+    /* version and op */
+    {"version 2", "{\"v\":2,\"op\":\"health\"}", 0, IPC_ERR_UNSUPPORTED_VERSION},
+    {"version 0", "{\"v\":0,\"op\":\"health\"}", 0, IPC_ERR_UNSUPPORTED_VERSION},
+    {"version as string", "{\"v\":\"1\",\"op\":\"health\"}", 0, IPC_ERR_INVALID_FIELD},
+    {"version as real", "{\"v\":1.0,\"op\":\"health\"}", 0, IPC_ERR_INVALID_FIELD},
+    {"no op", "{\"v\":1}", 0, IPC_ERR_INVALID_FIELD},
+    {"empty object", "{}", 0, IPC_ERR_INVALID_FIELD},
+    {"op is a number", "{\"op\":42}", 0, IPC_ERR_INVALID_FIELD},
+    {"op is null", "{\"op\":null}", 0, IPC_ERR_INVALID_FIELD},
+    {"op is an array", "{\"op\":[\"health\"]}", 0, IPC_ERR_INVALID_FIELD},
+    {"unknown op", "{\"op\":\"explode\"}", 0, IPC_ERR_UNKNOWN_OP},
+    {"empty op", "{\"op\":\"\"}", 0, IPC_ERR_UNKNOWN_OP},
+    {"op in upper case", "{\"op\":\"HEALTH\"}", 0, IPC_ERR_UNKNOWN_OP},
+    {"op with NUL", "{\"op\":\"health\\u0000x\"}", 0, IPC_ERR_UNKNOWN_OP},
+    {"op with trailing space", "{\"op\":\"health \"}", 0, IPC_ERR_UNKNOWN_OP},
+    /* fields of generate */
+    {"generate without prompt", "{\"op\":\"generate\"}", 0, IPC_ERR_INVALID_FIELD},
+    {"prompt is a number", "{\"op\":\"generate\",\"prompt\":5}", 0, IPC_ERR_INVALID_FIELD},
+    {"prompt is null", "{\"op\":\"generate\",\"prompt\":null}", 0, IPC_ERR_INVALID_FIELD},
+    {"prompt is an object", "{\"op\":\"generate\",\"prompt\":{}}", 0, IPC_ERR_INVALID_FIELD},
+    {"prompt with NUL", "{\"op\":\"generate\",\"prompt\":\"a\\u0000b\"}", 0, IPC_ERR_INVALID_FIELD},
+    {"misspelt field", GEN(",\"temprature\":0.5"), 0, IPC_ERR_INVALID_FIELD},
+    {"field of another op", GEN(",\"ack\":0"), 0, IPC_ERR_INVALID_FIELD},
+    {"NUL in a key", GEN(",\"stream\\u0000\":true"), 0, IPC_ERR_INVALID_JSON},
+    {"max_tokens 0", GEN(",\"max_tokens\":0"), 0, IPC_ERR_INVALID_FIELD},
+    {"max_tokens negative", GEN(",\"max_tokens\":-5"), 0, IPC_ERR_INVALID_FIELD},
+    {"max_tokens real", GEN(",\"max_tokens\":1.5"), 0, IPC_ERR_INVALID_FIELD},
+    {"max_tokens string", GEN(",\"max_tokens\":\"10\""), 0, IPC_ERR_INVALID_FIELD},
+    {"max_tokens huge", GEN(",\"max_tokens\":9223372036854775807"), 0, IPC_ERR_INVALID_FIELD},
+    {"temperature negative", GEN(",\"temperature\":-0.1"), 0, IPC_ERR_INVALID_FIELD},
+    {"temperature 1e308", GEN(",\"temperature\":1e308"), 0, IPC_ERR_INVALID_FIELD},
+    {"temperature string NaN", GEN(",\"temperature\":\"NaN\""), 0, IPC_ERR_INVALID_FIELD},
+    {"temperature bool", GEN(",\"temperature\":true"), 0, IPC_ERR_INVALID_FIELD},
+    {"top_p above 1", GEN(",\"top_p\":1.5"), 0, IPC_ERR_INVALID_FIELD},
+    {"min_p negative", GEN(",\"min_p\":-1e-9"), 0, IPC_ERR_INVALID_FIELD},
+    {"top_k negative", GEN(",\"top_k\":-1"), 0, IPC_ERR_INVALID_FIELD},
+    {"repeat_penalty 0", GEN(",\"repeat_penalty\":0"), 0, IPC_ERR_INVALID_FIELD},
+    {"frequency_penalty 3", GEN(",\"frequency_penalty\":3"), 0, IPC_ERR_INVALID_FIELD},
+    {"presence_penalty -2.5", GEN(",\"presence_penalty\":-2.5"), 0, IPC_ERR_INVALID_FIELD},
+    {"penalty_last_n -2", GEN(",\"penalty_last_n\":-2"), 0, IPC_ERR_INVALID_FIELD},
+    {"seed negative", GEN(",\"seed\":-1"), 0, IPC_ERR_INVALID_FIELD},
+    {"seed real", GEN(",\"seed\":1.0"), 0, IPC_ERR_INVALID_FIELD},
+    {"stream as string", GEN(",\"stream\":\"yes\""), 0, IPC_ERR_INVALID_FIELD},
+    {"stream as 1", GEN(",\"stream\":1"), 0, IPC_ERR_INVALID_FIELD},
+    {"deadline negative", GEN(",\"deadline_ms\":-1"), 0, IPC_ERR_INVALID_FIELD},
+    {"deadline over a day", GEN(",\"deadline_ms\":86400001"), 0, IPC_ERR_INVALID_FIELD},
+    {"priority 11", GEN(",\"priority\":11"), 0, IPC_ERR_INVALID_FIELD},
+    {"stop is a string", GEN(",\"stop\":\"\\n\""), 0, IPC_ERR_INVALID_FIELD},
+    {"stop holds a number", GEN(",\"stop\":[1]"), 0, IPC_ERR_INVALID_FIELD},
+    {"stop holds an empty string", GEN(",\"stop\":[\"\"]"), 0, IPC_ERR_INVALID_FIELD},
+    {"stop holds NUL", GEN(",\"stop\":[\"a\\u0000\"]"), 0, IPC_ERR_INVALID_FIELD},
+    {"stop holds nested array", GEN(",\"stop\":[[\"x\"]]"), 0, IPC_ERR_INVALID_FIELD},
+    {"id with a space", GEN(",\"id\":\"a b\""), 0, IPC_ERR_INVALID_FIELD},
+    {"id empty", GEN(",\"id\":\"\""), 0, IPC_ERR_INVALID_FIELD},
+    {"id is a number", GEN(",\"id\":7"), 0, IPC_ERR_INVALID_FIELD},
+    {"id with a slash", GEN(",\"id\":\"../etc\""), 0, IPC_ERR_INVALID_FIELD},
+    /* chat */
+    {"chat without messages", "{\"op\":\"chat\"}", 0, IPC_ERR_INVALID_FIELD},
+    {"chat with prompt", "{\"op\":\"chat\",\"prompt\":\"x\",\"messages\":[]}", 0,
+     IPC_ERR_INVALID_FIELD},
+    {"messages empty", "{\"op\":\"chat\",\"messages\":[]}", 0, IPC_ERR_INVALID_FIELD},
+    {"messages an object", "{\"op\":\"chat\",\"messages\":{\"role\":\"user\"}}", 0,
+     IPC_ERR_INVALID_FIELD},
+    {"message a string", "{\"op\":\"chat\",\"messages\":[\"hi\"]}", 0, IPC_ERR_INVALID_FIELD},
+    {"message role unknown",
+     "{\"op\":\"chat\",\"messages\":[{\"role\":\"robot\",\"content\":\"x\"}]}", 0,
+     IPC_ERR_INVALID_FIELD},
+    {"message role a number", "{\"op\":\"chat\",\"messages\":[{\"role\":1,\"content\":\"x\"}]}", 0,
+     IPC_ERR_INVALID_FIELD},
+    {"message without content", "{\"op\":\"chat\",\"messages\":[{\"role\":\"user\"}]}", 0,
+     IPC_ERR_INVALID_FIELD},
+    {"message content null",
+     "{\"op\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":null}]}", 0,
+     IPC_ERR_INVALID_FIELD},
+    {"message extra field",
+     "{\"op\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":\"b\"}]}", 0,
+     IPC_ERR_INVALID_FIELD},
+    {"message duplicate role",
+     "{\"op\":\"chat\",\"messages\":[{\"role\":\"user\",\"role\":\"system\",\"content\":\"\"}]}", 0,
+     IPC_ERR_INVALID_JSON},
+    /* poll, cancel, tokens */
+    {"poll without id", "{\"op\":\"poll\",\"ack\":0}", 0, IPC_ERR_INVALID_FIELD},
+    {"poll ack negative", "{\"op\":\"poll\",\"id\":\"s1\",\"ack\":-1}", 0, IPC_ERR_INVALID_FIELD},
+    {"poll ack real", "{\"op\":\"poll\",\"id\":\"s1\",\"ack\":1.5}", 0, IPC_ERR_INVALID_FIELD},
+    {"poll wait an hour", "{\"op\":\"poll\",\"id\":\"s1\",\"wait_ms\":3600000}", 0,
+     IPC_ERR_INVALID_FIELD},
+    {"poll with prompt", "{\"op\":\"poll\",\"id\":\"s1\",\"prompt\":\"x\"}", 0,
+     IPC_ERR_INVALID_FIELD},
+    {"cancel without id", "{\"op\":\"cancel\"}", 0, IPC_ERR_INVALID_FIELD},
+    {"cancel id null", "{\"op\":\"cancel\",\"id\":null}", 0, IPC_ERR_INVALID_FIELD},
+    {"tokenize without text", "{\"op\":\"tokenize\"}", 0, IPC_ERR_INVALID_FIELD},
+    {"tokenize add_special 1", "{\"op\":\"tokenize\",\"text\":\"a\",\"add_special\":1}", 0,
+     IPC_ERR_INVALID_FIELD},
+    {"detokenize without ids", "{\"op\":\"detokenize\"}", 0, IPC_ERR_INVALID_FIELD},
+    {"detokenize negative id", "{\"op\":\"detokenize\",\"ids\":[1,-2]}", 0, IPC_ERR_INVALID_FIELD},
+    {"detokenize id 2^31", "{\"op\":\"detokenize\",\"ids\":[2147483648]}", 0,
+     IPC_ERR_INVALID_FIELD},
+    {"detokenize string id", "{\"op\":\"detokenize\",\"ids\":[\"1\"]}", 0, IPC_ERR_INVALID_FIELD},
+    {"detokenize real id", "{\"op\":\"detokenize\",\"ids\":[1.0]}", 0, IPC_ERR_INVALID_FIELD},
+    {"health with a field", "{\"op\":\"health\",\"verbose\":true}", 0, IPC_ERR_INVALID_FIELD},
+    {"info with id", "{\"op\":\"info\",\"id\":\"x\"}", 0, IPC_ERR_INVALID_FIELD},
+};
+
+static void test_bad_table(void)
+{
+	for (size_t i = 0; i < CM_ARRAY_LEN(bad_cases); i++) {
+		const struct bad_case *c = &bad_cases[i];
+		size_t len = c->len ? c->len : strlen(c->json);
+		char msg[256];
+		enum ipc_errcode got = parse_code(c->json, len, NULL, msg, sizeof(msg));
+		CHECK_MSG(got == c->want, "case '%s': got %s (%s), want %s", c->name,
+		          got < IPC_ERR_COUNT ? ipc_errcode_name(got) : "contract violation", msg,
+		          ipc_errcode_name(c->want));
+	}
+	CHECK(CM_ARRAY_LEN(bad_cases) >= 40);
+}
+
+/* Cases that need building: sizes, depth, counts. */
+static void test_bad_built(void)
+{
+	struct sbuf b = {0};
+	char msg[256];
+	int n = 0;
+
+	/* 10000 levels of arrays: refused by the scan, never reaches jansson */
+	sb_rep(&b, "[", 10000);
+	CHECK_EQ_INT(parse_code(b.p, b.len, NULL, msg, sizeof(msg)), IPC_ERR_INVALID_JSON);
+	CHECK(strstr(msg, "nested") != NULL);
+	b.len = 0, n++;
+
+	/* 100000 levels of objects, closed properly */
+	sb_rep(&b, "{\"a\":", 100000);
+	sb_str(&b, "1");
+	sb_rep(&b, "}", 100000);
+	CHECK_EQ_INT(parse_code(b.p, b.len, NULL, NULL, 0), IPC_ERR_INVALID_JSON);
+	b.len = 0, n++;
+
+	/* depth 33 inside a field of a valid request */
+	sb_str(&b, "{\"op\":\"health\",\"x\":");
+	sb_rep(&b, "[", 32);
+	sb_rep(&b, "]", 32);
+	sb_str(&b, "}");
+	CHECK_EQ_INT(parse_code(b.p, b.len, NULL, NULL, 0), IPC_ERR_INVALID_JSON);
+	b.len = 0, n++;
+
+	/* depth exactly 32 passes the scan; the field is then unknown */
+	sb_str(&b, "{\"op\":\"health\",\"x\":");
+	sb_rep(&b, "[", 31);
+	sb_rep(&b, "]", 31);
+	sb_str(&b, "}");
+	CHECK_EQ_INT(parse_code(b.p, b.len, NULL, NULL, 0), IPC_ERR_INVALID_FIELD);
+	b.len = 0, n++;
+
+	/* brackets inside a string do not count as nesting */
+	sb_str(&b, "{\"op\":\"generate\",\"prompt\":\"\\\"");
+	sb_rep(&b, "[{", 5000);
+	sb_str(&b, "\\\\\"}");
+	CHECK_EQ_INT(parse_code(b.p, b.len, NULL, msg, sizeof(msg)), IPC_ERR_NONE);
+	b.len = 0, n++;
+
+	/* a 100 MB message: refused by size before any scan */
+	sb_str(&b, "{\"op\":\"generate\",\"prompt\":\"");
+	size_t big = 100u << 20;
+	b.p = realloc(b.p, big + 64);
+	memset(b.p + b.len, 'a', big);
+	b.len += big;
+	memcpy(b.p + b.len, "\"}", 3);
+	b.len += 2;
+	CHECK_EQ_INT(parse_code(b.p, b.len, NULL, NULL, 0), IPC_ERR_TOO_LARGE);
+	b.len = 0, n++;
+
+	/* a 2 MiB prompt: over the 1 MiB message limit */
+	sb_str(&b, "{\"op\":\"generate\",\"prompt\":\"");
+	sb_rep(&b, "x", 2u << 20);
+	sb_str(&b, "\"}");
+	CHECK_EQ_INT(parse_code(b.p, b.len, NULL, NULL, 0), IPC_ERR_TOO_LARGE);
+	/* ... and with a larger message limit, over the prompt limit */
+	struct ipc_limits lim = {.max_msg_bytes = 4u << 20};
+	CHECK_EQ_INT(parse_code(b.p, b.len, &lim, NULL, 0), IPC_ERR_PROMPT_TOO_LONG);
+	b.len = 0, n++;
+
+	/* a huge key */
+	sb_str(&b, "{\"op\":\"health\",\"");
+	sb_rep(&b, "k", 100000);
+	sb_str(&b, "\":1}");
+	CHECK_EQ_INT(parse_code(b.p, b.len, NULL, msg, sizeof(msg)), IPC_ERR_INVALID_FIELD);
+	CHECK(strlen(msg) < 200);
+	b.len = 0, n++;
+
+	/* a prompt with 10^6 stop strings: too large for the default message
+	 * limit, too many values for the default scan, and too many stop strings
+	 * when both limits are raised */
+	sb_str(&b, "{\"op\":\"generate\",\"prompt\":\"p\",\"stop\":[\"s\"");
+	sb_rep(&b, ",\"s\"", 999999);
+	sb_str(&b, "]}");
+	CHECK_EQ_INT(parse_code(b.p, b.len, NULL, NULL, 0), IPC_ERR_TOO_LARGE);
+	lim = (struct ipc_limits){.max_msg_bytes = 16u << 20};
+	CHECK_EQ_INT(parse_code(b.p, b.len, &lim, NULL, 0), IPC_ERR_TOO_LARGE);
+	lim.max_values = 4u << 20;
+	CHECK_EQ_INT(parse_code(b.p, b.len, &lim, msg, sizeof(msg)), IPC_ERR_INVALID_FIELD);
+	CHECK(strstr(msg, "stop") != NULL);
+	b.len = 0, n++;
+
+	/* 17 stop strings, and one of 257 bytes */
+	sb_str(&b, "{\"op\":\"generate\",\"prompt\":\"p\",\"stop\":[\"s\"");
+	sb_rep(&b, ",\"s\"", 16);
+	sb_str(&b, "]}");
+	CHECK_EQ_INT(parse_code(b.p, b.len, NULL, NULL, 0), IPC_ERR_INVALID_FIELD);
+	b.len = 0, n++;
+	sb_str(&b, "{\"op\":\"generate\",\"prompt\":\"p\",\"stop\":[\"");
+	sb_rep(&b, "s", 257);
+	sb_str(&b, "\"]}");
+	CHECK_EQ_INT(parse_code(b.p, b.len, NULL, NULL, 0), IPC_ERR_INVALID_FIELD);
+	b.len = 0, n++;
+
+	/* 300000 ids in under 1 MiB: too many JSON values */
+	sb_str(&b, "{\"op\":\"detokenize\",\"ids\":[0");
+	sb_rep(&b, ",0", 299999);
+	sb_str(&b, "]}");
+	CHECK(b.len < (1u << 20));
+	CHECK_EQ_INT(parse_code(b.p, b.len, NULL, NULL, 0), IPC_ERR_TOO_LARGE);
+	b.len = 0, n++;
+
+	/* 70000 ids: over max_ids */
+	sb_str(&b, "{\"op\":\"detokenize\",\"ids\":[1");
+	sb_rep(&b, ",1", 69999);
+	sb_str(&b, "]}");
+	CHECK_EQ_INT(parse_code(b.p, b.len, NULL, NULL, 0), IPC_ERR_TOO_LARGE);
+	b.len = 0, n++;
+
+	/* tokenize text over the prompt limit */
+	lim = (struct ipc_limits){.max_prompt_bytes = 1000};
+	sb_str(&b, "{\"op\":\"tokenize\",\"text\":\"");
+	sb_rep(&b, "t", 1001);
+	sb_str(&b, "\"}");
+	CHECK_EQ_INT(parse_code(b.p, b.len, &lim, NULL, 0), IPC_ERR_TOO_LARGE);
+	b.len = 0, n++;
+
+	/* chat contents summed over the prompt limit */
+	sb_str(&b, "{\"op\":\"chat\",\"messages\":[");
+	for (int i = 0; i < 3; i++) {
+		sb_str(&b, i ? ",{\"role\":\"user\",\"content\":\""
+		             : "{\"role\":\"user\",\"content\":\"");
+		sb_rep(&b, "c", 400);
+		sb_str(&b, "\"}");
+	}
+	sb_str(&b, "]}");
+	CHECK_EQ_INT(parse_code(b.p, b.len, &lim, NULL, 0), IPC_ERR_PROMPT_TOO_LONG);
+	b.len = 0, n++;
+
+	/* 1025 chat messages */
+	sb_str(&b, "{\"op\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"\"}");
+	sb_rep(&b, ",{\"role\":\"user\",\"content\":\"\"}", 1024);
+	sb_str(&b, "]}");
+	CHECK_EQ_INT(parse_code(b.p, b.len, NULL, NULL, 0), IPC_ERR_INVALID_FIELD);
+	b.len = 0, n++;
+
+	/* a 65-byte id */
+	sb_str(&b, "{\"op\":\"cancel\",\"id\":\"");
+	sb_rep(&b, "i", 65);
+	sb_str(&b, "\"}");
+	CHECK_EQ_INT(parse_code(b.p, b.len, NULL, NULL, 0), IPC_ERR_INVALID_FIELD);
+	b.len = 0, n++;
+
+	/* a NULL buffer */
+	CHECK_EQ_INT(parse_code(NULL, 0, NULL, NULL, 0), IPC_ERR_INVALID_JSON);
+	n++;
+
+	free(b.p);
+	/* with the table: well over the 40 hostile requests the issue asks for */
+	CHECK(n + (int)CM_ARRAY_LEN(bad_cases) >= 40);
+	if (getenv("TEST_VERBOSE"))
+		fprintf(stderr, "hostile requests: %zu table + %d built\n", CM_ARRAY_LEN(bad_cases),
+		        n);
+}
+
+/* ---- valid requests ------------------------------------------------------- */
+
+static struct ipc_request *parse_ok(const char *json)
+{
+	struct ipc_request *r = NULL;
+	struct cm_err err = {0};
+	int rc = ipc_request_parse(json, strlen(json), NULL, &r, &err);
+	CHECK_MSG(rc == 0, "parse of %s failed: %s", json, err.msg);
+	return r;
+}
+
+static void test_valid_generate_full(void)
+{
+	struct ipc_request *r = parse_ok(
+	    "{\"v\":1,\"op\":\"generate\",\"id\":\"req-1.a:B_2\",\"prompt\":\"Once upon a time\","
+	    "\"max_tokens\":64,\"temperature\":0.7,\"top_k\":20,\"top_p\":0.9,\"min_p\":0.1,"
+	    "\"repeat_penalty\":1.1,\"frequency_penalty\":-0.5,\"presence_penalty\":2,"
+	    "\"penalty_last_n\":-1,\"seed\":9223372036854775807,\"stop\":[\"\\n\\n\",\"The "
+	    "end\"],\"stream\":true,\"deadline_ms\":5000,\"priority\":-3}");
+	if (!r)
+		return;
+	CHECK_EQ_INT(r->op, IPC_OP_GENERATE);
+	CHECK_EQ_INT(r->version, 1);
+	CHECK_STREQ(r->id, "req-1.a:B_2");
+	CHECK_STREQ(r->prompt, "Once upon a time");
+	CHECK_EQ_INT(r->prompt_len, 16);
+	const struct ipc_sampling *s = &r->sampling;
+	CHECK_EQ_INT(s->set, IPC_SET_MAX_TOKENS | IPC_SET_TEMPERATURE | IPC_SET_TOP_K |
+	                         IPC_SET_TOP_P | IPC_SET_MIN_P | IPC_SET_REPEAT_PENALTY |
+	                         IPC_SET_FREQUENCY_PENALTY | IPC_SET_PRESENCE_PENALTY |
+	                         IPC_SET_PENALTY_LAST_N | IPC_SET_SEED);
+	CHECK_EQ_INT(s->max_tokens, 64);
+	CHECK(s->temperature == 0.7f);
+	CHECK_EQ_INT(s->top_k, 20);
+	CHECK(s->top_p == 0.9f);
+	CHECK(s->min_p == 0.1f);
+	CHECK(s->repeat_penalty == 1.1f);
+	CHECK(s->frequency_penalty == -0.5f);
+	CHECK(s->presence_penalty == 2.0f);
+	CHECK_EQ_INT(s->penalty_last_n, -1);
+	CHECK(s->seed == 9223372036854775807ull);
+	CHECK_EQ_INT(r->n_stop, 2);
+	CHECK_STREQ(r->stop[0], "\n\n");
+	CHECK_EQ_INT(r->stop_len[0], 2);
+	CHECK_STREQ(r->stop[1], "The end");
+	CHECK(r->stream);
+	CHECK_EQ_INT(r->deadline_ms, 5000);
+	CHECK_EQ_INT(r->priority, -3);
+	CHECK(r->messages == NULL && r->n_messages == 0);
+	ipc_request_free(r);
+}
+
+static void test_valid_generate_defaults(void)
+{
+	struct ipc_request *r = parse_ok("{\"op\":\"generate\",\"prompt\":\"\"}");
+	if (!r)
+		return;
+	CHECK_EQ_INT(r->op, IPC_OP_GENERATE);
+	CHECK(r->id == NULL);
+	CHECK_STREQ(r->prompt, "");
+	CHECK_EQ_INT(r->prompt_len, 0);
+	CHECK_EQ_INT(r->sampling.set, 0);
+	CHECK_EQ_INT(r->sampling.max_tokens, 256);
+	CHECK(r->sampling.temperature == 0.8f);
+	CHECK_EQ_INT(r->sampling.top_k, 40);
+	CHECK(r->sampling.top_p == 0.95f);
+	CHECK(r->sampling.min_p == 0.05f);
+	CHECK(r->sampling.repeat_penalty == 1.0f);
+	CHECK(r->sampling.frequency_penalty == 0.0f);
+	CHECK(r->sampling.presence_penalty == 0.0f);
+	CHECK_EQ_INT(r->sampling.penalty_last_n, 64);
+	CHECK(!r->stream);
+	CHECK_EQ_INT(r->n_stop, 0);
+	CHECK_EQ_INT(r->deadline_ms, 0);
+	CHECK_EQ_INT(r->priority, 0);
+	ipc_request_free(r);
+
+	/* integers are accepted for real fields, and unicode escapes decoded */
+	r = parse_ok("{\"op\":\"generate\",\"prompt\":\"caf\\u00e9 \\ud83d\\ude00\","
+	             "\"temperature\":1,\"top_p\":1,\"min_p\":0}");
+	if (!r)
+		return;
+	CHECK_STREQ(r->prompt, "caf\xc3\xa9 \xf0\x9f\x98\x80");
+	CHECK_EQ_INT(r->prompt_len, 10);
+	CHECK(r->sampling.temperature == 1.0f && r->sampling.top_p == 1.0f &&
+	      r->sampling.min_p == 0.0f);
+	ipc_request_free(r);
+}
+
+static void test_valid_chat(void)
+{
+	struct ipc_request *r = parse_ok(
+	    "{\"op\":\"chat\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+	    "{\"content\":\"Hi\",\"role\":\"user\"},{\"role\":\"assistant\",\"content\":\"\"}],"
+	    "\"max_tokens\":8,\"stream\":false}");
+	if (!r)
+		return;
+	CHECK_EQ_INT(r->op, IPC_OP_CHAT);
+	CHECK_EQ_INT(r->n_messages, 3);
+	CHECK_EQ_INT(r->messages[0].role, IPC_ROLE_SYSTEM);
+	CHECK_STREQ(r->messages[0].content, "Be brief.");
+	CHECK_EQ_INT(r->messages[0].content_len, 9);
+	CHECK_EQ_INT(r->messages[1].role, IPC_ROLE_USER);
+	CHECK_STREQ(r->messages[1].content, "Hi");
+	CHECK_EQ_INT(r->messages[2].role, IPC_ROLE_ASSISTANT);
+	CHECK_EQ_INT(r->messages[2].content_len, 0);
+	CHECK_EQ_INT(r->sampling.max_tokens, 8);
+	CHECK_EQ_INT(r->sampling.set, IPC_SET_MAX_TOKENS);
+	CHECK(r->prompt == NULL);
+	ipc_request_free(r);
+}
+
+static void test_valid_others(void)
+{
+	struct ipc_request *r =
+	    parse_ok("{\"op\":\"poll\",\"id\":\"s-1\",\"ack\":123,\"wait_ms\":0}");
+	if (r) {
+		CHECK_EQ_INT(r->op, IPC_OP_POLL);
+		CHECK_STREQ(r->id, "s-1");
+		CHECK_EQ_INT(r->ack, 123);
+		CHECK_EQ_INT(r->wait_ms, 0);
+		ipc_request_free(r);
+	}
+	r = parse_ok("{\"op\":\"poll\",\"id\":\"s-1\"}");
+	if (r) {
+		CHECK_EQ_INT(r->ack, 0);
+		CHECK_EQ_INT(r->wait_ms, 1000);
+		ipc_request_free(r);
+	}
+	r = parse_ok("{\"op\":\"cancel\",\"id\":\"abc\"}");
+	if (r) {
+		CHECK_EQ_INT(r->op, IPC_OP_CANCEL);
+		CHECK_STREQ(r->id, "abc");
+		ipc_request_free(r);
+	}
+	r = parse_ok("{\"op\":\"tokenize\",\"text\":\"Hello world\",\"add_special\":false,"
+	             "\"parse_special\":true}");
+	if (r) {
+		CHECK_EQ_INT(r->op, IPC_OP_TOKENIZE);
+		CHECK_STREQ(r->text, "Hello world");
+		CHECK_EQ_INT(r->text_len, 11);
+		CHECK(!r->add_special && r->parse_special);
+		ipc_request_free(r);
+	}
+	r = parse_ok("{\"op\":\"tokenize\",\"text\":\"x\"}");
+	if (r) {
+		CHECK(r->add_special && !r->parse_special);
+		ipc_request_free(r);
+	}
+	r = parse_ok("{\"op\":\"detokenize\",\"ids\":[1,0,2147483647]}");
+	if (r) {
+		CHECK_EQ_INT(r->op, IPC_OP_DETOKENIZE);
+		CHECK_EQ_INT(r->n_ids, 3);
+		CHECK(r->ids[0] == 1 && r->ids[1] == 0 && r->ids[2] == INT32_MAX);
+		ipc_request_free(r);
+	}
+	r = parse_ok("{\"op\":\"detokenize\",\"ids\":[]}");
+	if (r) {
+		CHECK_EQ_INT(r->n_ids, 0);
+		ipc_request_free(r);
+	}
+	static const char *const simple[] = {"info", "health", "metrics"};
+	static const enum ipc_op simple_op[] = {IPC_OP_INFO, IPC_OP_HEALTH, IPC_OP_METRICS};
+	for (int i = 0; i < 3; i++) {
+		char buf[64];
+		snprintf(buf, sizeof(buf), " {\"v\" : 1 , \"op\" : \"%s\"}\n", simple[i]);
+		r = parse_ok(buf);
+		if (r) {
+			CHECK_EQ_INT(r->op, simple_op[i]);
+			ipc_request_free(r);
+		}
+	}
+}
+
+/* Allocation failures anywhere in parsing give `internal`, never a crash or
+ * a leak (ASan checks the leak part). */
+static void test_parse_alloc_failures(void)
+{
+	const char *json = "{\"op\":\"chat\",\"id\":\"x\",\"messages\":[{\"role\":\"user\","
+	                   "\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"}],"
+	                   "\"stop\":[\"q\",\"r\"]}";
+	int ok = 0;
+	for (long n = 0; n < 40; n++) {
+		struct ipc_request *r = NULL;
+		struct cm_err err = {0};
+		cm_alloc_fail_reset(n);
+		int rc = ipc_request_parse(json, strlen(json), NULL, &r, &err);
+		cm_alloc_fail_reset(-1);
+		if (rc == 0) {
+			ok++;
+			CHECK_EQ_INT(r->n_messages, 2);
+			ipc_request_free(r);
+		} else {
+			CHECK_EQ_INT(ipc_errcode_from_errno(rc), IPC_ERR_INTERNAL);
+			CHECK(r == NULL);
+		}
+	}
+	CHECK(ok > 0);
+}
+
+/* ---- error table ---------------------------------------------------------- */
+
+static void test_error_table(void)
+{
+	for (int i = 1; i < IPC_ERR_COUNT; i++) {
+		const char *n = ipc_errcode_name((enum ipc_errcode)i);
+		CHECK(n && *n);
+		CHECK_EQ_INT(ipc_errcode_from_name(n), i);
+		int e = ipc_errcode_to_errno((enum ipc_errcode)i);
+		CHECK(e < 0);
+		CHECK_EQ_INT(ipc_errcode_from_errno(e), i);
+		CHECK(strlen(ipc_errcode_describe((enum ipc_errcode)i)) > 5);
+		for (int j = 1; j < i; j++) {
+			CHECK(strcmp(n, ipc_errcode_name((enum ipc_errcode)j)) != 0);
+			CHECK(e != ipc_errcode_to_errno((enum ipc_errcode)j));
+		}
+	}
+	/* the stable strings the protocol documents */
+	CHECK_STREQ(ipc_errcode_name(IPC_ERR_INVALID_JSON), "invalid_json");
+	CHECK_STREQ(ipc_errcode_name(IPC_ERR_UNKNOWN_OP), "unknown_op");
+	CHECK_STREQ(ipc_errcode_name(IPC_ERR_INVALID_FIELD), "invalid_field");
+	CHECK_STREQ(ipc_errcode_name(IPC_ERR_PROMPT_TOO_LONG), "prompt_too_long");
+	CHECK_STREQ(ipc_errcode_name(IPC_ERR_QUEUE_FULL), "queue_full");
+	CHECK_STREQ(ipc_errcode_name(IPC_ERR_DEADLINE_EXCEEDED), "deadline_exceeded");
+	CHECK_STREQ(ipc_errcode_name(IPC_ERR_SHUTTING_DOWN), "shutting_down");
+	CHECK_STREQ(ipc_errcode_name(IPC_ERR_NOT_FOUND), "not_found");
+	CHECK_STREQ(ipc_errcode_name(IPC_ERR_TOO_LARGE), "too_large");
+	CHECK_STREQ(ipc_errcode_name(IPC_ERR_INTERNAL), "internal");
+	CHECK_EQ_INT(ipc_errcode_from_errno(-ENOMEM), IPC_ERR_INTERNAL);
+	CHECK_EQ_INT(ipc_errcode_from_name("no_such_code"), IPC_ERR_NONE);
+	CHECK_STREQ(ipc_errcode_name((enum ipc_errcode)99), "internal");
+}
+
+/* ---- round trips ---------------------------------------------------------- */
+
+static void test_request_roundtrip(void)
+{
+	static const char *const inputs[] = {
+	    "{\"op\":\"generate\",\"prompt\":\"x\"}",
+	    "{\"op\":\"generate\",\"id\":\"r1\",\"prompt\":\"tab\\there \\u00e9\","
+	    "\"max_tokens\":7,\"temperature\":0.7,\"top_k\":0,\"top_p\":0.95,\"min_p\":0.05,"
+	    "\"repeat_penalty\":1.3,\"frequency_penalty\":0.1,\"presence_penalty\":-0.2,"
+	    "\"penalty_last_n\":0,\"seed\":42,\"stop\":[\"a\",\"bc\"],\"stream\":true,"
+	    "\"deadline_ms\":10,\"priority\":10}",
+	    "{\"op\":\"chat\",\"messages\":[{\"role\":\"system\",\"content\":\"s\"},"
+	    "{\"role\":\"user\",\"content\":\"u\"}],\"temperature\":0}",
+	    "{\"op\":\"poll\",\"id\":\"p\",\"ack\":9007199254740993,\"wait_ms\":60000}",
+	    "{\"op\":\"cancel\",\"id\":\"c\"}",
+	    "{\"op\":\"tokenize\",\"text\":\"t\",\"add_special\":false,\"parse_special\":true}",
+	    "{\"op\":\"detokenize\",\"ids\":[5,6,7]}",
+	    "{\"op\":\"info\"}",
+	    "{\"op\":\"health\"}",
+	    "{\"op\":\"metrics\"}",
+	};
+	for (size_t i = 0; i < CM_ARRAY_LEN(inputs); i++) {
+		struct ipc_request *a = parse_ok(inputs[i]), *b = NULL;
+		if (!a)
+			continue;
+		char *json = NULL;
+		size_t len = 0;
+		CHECK_OK(ipc_request_encode(a, &json, &len, NULL));
+		if (!json) {
+			ipc_request_free(a);
+			continue;
+		}
+		CHECK_EQ_INT(len, strlen(json));
+		struct cm_err err = {0};
+		CHECK_MSG(ipc_request_parse(json, len, NULL, &b, &err) == 0, "%s: %s", json,
+		          err.msg);
+		if (b) {
+			CHECK_EQ_INT(a->op, b->op);
+			CHECK((a->id == NULL) == (b->id == NULL));
+			if (a->id)
+				CHECK_STREQ(a->id, b->id);
+			CHECK(a->prompt_len == b->prompt_len &&
+			      (!a->prompt || memcmp(a->prompt, b->prompt, a->prompt_len) == 0));
+			CHECK(memcmp(&a->sampling, &b->sampling, sizeof(a->sampling)) == 0);
+			CHECK_EQ_INT(a->n_messages, b->n_messages);
+			for (size_t k = 0; k < a->n_messages && k < b->n_messages; k++) {
+				CHECK_EQ_INT(a->messages[k].role, b->messages[k].role);
+				CHECK_STREQ(a->messages[k].content, b->messages[k].content);
+			}
+			CHECK_EQ_INT(a->n_stop, b->n_stop);
+			for (size_t k = 0; k < a->n_stop && k < b->n_stop; k++)
+				CHECK_STREQ(a->stop[k], b->stop[k]);
+			CHECK(a->stream == b->stream && a->deadline_ms == b->deadline_ms &&
+			      a->priority == b->priority);
+			CHECK(a->ack == b->ack && a->wait_ms == b->wait_ms);
+			CHECK(a->text_len == b->text_len &&
+			      (!a->text || memcmp(a->text, b->text, a->text_len) == 0));
+			CHECK(a->add_special == b->add_special &&
+			      a->parse_special == b->parse_special);
+			CHECK_EQ_INT(a->n_ids, b->n_ids);
+			for (size_t k = 0; k < a->n_ids && k < b->n_ids; k++)
+				CHECK_EQ_INT(a->ids[k], b->ids[k]);
+		}
+		/* floats are written in their shortest form */
+		if (i == 1)
+			CHECK(strstr(json, "\"temperature\":0.7,") != NULL);
+		cm_free(json);
+		ipc_request_free(a);
+		ipc_request_free(b);
+	}
+}
+
+/* Encode a reply, check it contains `want` (if given), decode it back. */
+static struct ipc_reply *roundtrip(const struct ipc_reply *r, enum ipc_op op, const char *want)
+{
+	char *json = NULL;
+	size_t len;
+	struct cm_err err = {0};
+	int rc = ipc_reply_encode(r, &json, &len, &err);
+	CHECK_MSG(rc == 0, "encode: %s", err.msg);
+	if (rc)
+		return NULL;
+	if (want)
+		CHECK_MSG(strstr(json, want) != NULL, "%s not in %s", want, json);
+	struct ipc_reply *d = NULL;
+	rc = ipc_reply_decode(json, len, op, &d, &err);
+	CHECK_MSG(rc == 0, "decode of %s: %s", json, err.msg);
+	cm_free(json);
+	return d;
+}
+
+static void test_reply_roundtrip(void)
+{
+	struct ipc_reply r, *d;
+
+	/* generate result */
+	memset(&r, 0, sizeof(r));
+	r.op = IPC_OP_GENERATE;
+	r.id = "g1";
+	r.u.gen.text = "Once upon a time";
+	r.u.gen.text_len = 16;
+	r.u.gen.finish = IPC_FINISH_LENGTH;
+	r.u.gen.usage = (struct ipc_usage){5, 2, 16};
+	r.u.gen.timings = (struct ipc_timings){1.5, 20.25, 10, 100, 131.75, 500, 160};
+	d = roundtrip(&r, IPC_OP_GENERATE, "\"finish_reason\":\"length\"");
+	if (d) {
+		CHECK_EQ_INT(d->error, IPC_ERR_NONE);
+		CHECK_STREQ(d->id, "g1");
+		CHECK(!d->u.gen.stream);
+		CHECK_STREQ(d->u.gen.text, "Once upon a time");
+		CHECK_EQ_INT(d->u.gen.finish, IPC_FINISH_LENGTH);
+		CHECK(d->u.gen.usage.prompt_tokens == 5 && d->u.gen.usage.cached_tokens == 2 &&
+		      d->u.gen.usage.completion_tokens == 16);
+		CHECK(d->u.gen.timings.ttft_ms == 20.25 && d->u.gen.timings.decode_tps == 160);
+		ipc_reply_free(d);
+	}
+	/* a stream's start; chat shares the shape */
+	memset(&r, 0, sizeof(r));
+	r.op = IPC_OP_CHAT;
+	r.id = "s9";
+	r.u.gen.stream = true;
+	d = roundtrip(&r, IPC_OP_CHAT, "\"stream\":true");
+	if (d) {
+		CHECK(d->u.gen.stream);
+		CHECK_STREQ(d->id, "s9");
+		ipc_reply_free(d);
+	}
+	/* poll chunks, the last with stats; NaN timings travel as null */
+	memset(&r, 0, sizeof(r));
+	r.op = IPC_OP_POLL;
+	r.id = "s9";
+	r.u.poll.offset = 10;
+	r.u.poll.text = "abc";
+	r.u.poll.text_len = 3;
+	d = roundtrip(&r, IPC_OP_POLL, "\"next\":13");
+	if (d) {
+		CHECK(d->u.poll.offset == 10 && d->u.poll.next == 13 && !d->u.poll.done);
+		CHECK_STREQ(d->u.poll.text, "abc");
+		ipc_reply_free(d);
+	}
+	r.u.poll.done = true;
+	r.u.poll.finish = IPC_FINISH_CANCELLED;
+	r.u.poll.timings.queue_ms = NAN;
+	r.u.poll.timings.decode_tps = INFINITY;
+	d = roundtrip(&r, IPC_OP_POLL, "\"queue_ms\":null");
+	if (d) {
+		CHECK(d->u.poll.done);
+		CHECK_EQ_INT(d->u.poll.finish, IPC_FINISH_CANCELLED);
+		CHECK(isnan(d->u.poll.timings.queue_ms) && isnan(d->u.poll.timings.decode_tps));
+		CHECK(d->u.poll.timings.ttft_ms == 0);
+		ipc_reply_free(d);
+	}
+	/* invalid UTF-8 from the daemon: replaced, and next still counts bytes */
+	memset(&r, 0, sizeof(r));
+	r.op = IPC_OP_POLL;
+	r.id = "u";
+	r.u.poll.offset = 0;
+	r.u.poll.text = "a\xff\xc3";
+	r.u.poll.text_len = 3;
+	d = roundtrip(&r, IPC_OP_POLL, "\"next\":3");
+	if (d) {
+		CHECK_STREQ(d->u.poll.text, "a\xef\xbf\xbd\xef\xbf\xbd");
+		CHECK_EQ_INT(d->u.poll.next, 3);
+		ipc_reply_free(d);
+	}
+	/* cancel, tokenize, detokenize */
+	memset(&r, 0, sizeof(r));
+	r.op = IPC_OP_CANCEL;
+	r.u.cancel.cancelled = true;
+	d = roundtrip(&r, IPC_OP_CANCEL, "\"cancelled\":true");
+	if (d) {
+		CHECK(d->u.cancel.cancelled);
+		CHECK(d->id == NULL);
+		ipc_reply_free(d);
+	}
+	static const int32_t ids[] = {1, 15043, 3186};
+	memset(&r, 0, sizeof(r));
+	r.op = IPC_OP_TOKENIZE;
+	r.u.tokenize.ids = ids;
+	r.u.tokenize.n_ids = 3;
+	d = roundtrip(&r, IPC_OP_TOKENIZE, "\"ids\":[1,15043,3186]");
+	if (d) {
+		CHECK_EQ_INT(d->u.tokenize.n_ids, 3);
+		CHECK(d->u.tokenize.n_ids == 3 && memcmp(d->u.tokenize.ids, ids, sizeof(ids)) == 0);
+		ipc_reply_free(d);
+	}
+	memset(&r, 0, sizeof(r));
+	r.op = IPC_OP_DETOKENIZE;
+	r.u.detokenize.text = "nul\0inside";
+	r.u.detokenize.text_len = 10;
+	d = roundtrip(&r, IPC_OP_DETOKENIZE, "\\u0000");
+	if (d) {
+		CHECK_EQ_INT(d->u.detokenize.text_len, 10);
+		CHECK(memcmp(d->u.detokenize.text, "nul\0inside", 10) == 0);
+		ipc_reply_free(d);
+	}
+	/* info */
+	static const char *const qt[] = {"Q4_0", "F32"};
+	memset(&r, 0, sizeof(r));
+	r.op = IPC_OP_INFO;
+	r.u.info = (struct ipc_info_reply){.version = "0.1.0",
+	                                   .model = "stories260K.gguf",
+	                                   .architecture = "llama",
+	                                   .quant_types = qt,
+	                                   .n_quant_types = 2,
+	                                   .n_ctx = 512,
+	                                   .n_vocab = 512,
+	                                   .isa = "avx2",
+	                                   .kernels = "q4_0:avx2",
+	                                   .threads = 4,
+	                                   .tuning_json = "{\"governor\":\"performance\"}"};
+	d = roundtrip(&r, IPC_OP_INFO, "\"tuning\":{\"governor\":\"performance\"}");
+	if (d) {
+		CHECK_STREQ(d->u.info.architecture, "llama");
+		CHECK_EQ_INT(d->u.info.n_quant_types, 2);
+		if (d->u.info.n_quant_types == 2)
+			CHECK_STREQ(d->u.info.quant_types[1], "F32");
+		CHECK_EQ_INT(d->u.info.n_ctx, 512);
+		CHECK_EQ_INT(d->u.info.threads, 4);
+		CHECK_STREQ(d->u.info.isa, "avx2");
+		CHECK_STREQ(d->u.info.tuning_json, "{\"governor\":\"performance\"}");
+		ipc_reply_free(d);
+	}
+	r.u.info.tuning_json = "[not an object";
+	char *json = NULL;
+	CHECK(ipc_reply_encode(&r, &json, NULL, NULL) < 0);
+	CHECK(json == NULL);
+	/* health */
+	static const char *const reasons[] = {"loading model (41%)"};
+	memset(&r, 0, sizeof(r));
+	r.op = IPC_OP_HEALTH;
+	r.u.health.status = IPC_HEALTH_LOADING;
+	r.u.health.reasons = reasons;
+	r.u.health.n_reasons = 1;
+	d = roundtrip(&r, IPC_OP_HEALTH, "\"ready\":false");
+	if (d) {
+		CHECK_EQ_INT(d->u.health.status, IPC_HEALTH_LOADING);
+		CHECK_EQ_INT(d->u.health.n_reasons, 1);
+		if (d->u.health.n_reasons == 1)
+			CHECK_STREQ(d->u.health.reasons[0], "loading model (41%)");
+		ipc_reply_free(d);
+	}
+	/* metrics */
+	static const struct ipc_metric_label lb[] = {{"op", "generate"}, {"code", "ok"}};
+	const struct ipc_metric ms[] = {
+	    {"edgelm_requests_total", "counter", lb, 2, 12},
+	    {"edgelm_kv_usage_ratio", "gauge", NULL, 0, 0.25},
+	    {"edgelm_ttft_seconds", "gauge", NULL, 0, NAN},
+	};
+	memset(&r, 0, sizeof(r));
+	r.op = IPC_OP_METRICS;
+	r.u.metrics.items = ms;
+	r.u.metrics.n_items = 3;
+	d = roundtrip(&r, IPC_OP_METRICS, "\"labels\":{\"op\":\"generate\",\"code\":\"ok\"}");
+	if (d) {
+		CHECK_EQ_INT(d->u.metrics.n_items, 3);
+		if (d->u.metrics.n_items == 3) {
+			CHECK_STREQ(d->u.metrics.items[0].name, "edgelm_requests_total");
+			CHECK_STREQ(d->u.metrics.items[0].type, "counter");
+			CHECK_EQ_INT(d->u.metrics.items[0].n_labels, 2);
+			CHECK(d->u.metrics.items[0].value == 12);
+			CHECK(d->u.metrics.items[1].value == 0.25);
+			CHECK(isnan(d->u.metrics.items[2].value));
+		}
+		ipc_reply_free(d);
+	}
+	/* errors */
+	memset(&r, 0, sizeof(r));
+	r.op = IPC_OP_GENERATE;
+	r.id = "q";
+	r.error = IPC_ERR_QUEUE_FULL;
+	r.message = "queue full (16 waiting)";
+	r.retry_after_ms = 250;
+	d = roundtrip(&r, IPC_OP_GENERATE,
+	              "\"error\":{\"code\":\"queue_full\",\"message\":\"queue full (16 waiting)\","
+	              "\"retry_after_ms\":250}");
+	if (d) {
+		CHECK_EQ_INT(d->error, IPC_ERR_QUEUE_FULL);
+		CHECK_STREQ(d->message, "queue full (16 waiting)");
+		CHECK_EQ_INT(d->retry_after_ms, 250);
+		ipc_reply_free(d);
+	}
+	json = NULL;
+	size_t len;
+	CHECK_OK(ipc_error_encode(IPC_ERR_SHUTTING_DOWN, NULL, NULL, -1, &json, &len));
+	if (json) {
+		CHECK_STREQ(json, "{\"v\":1,\"ok\":false,\"error\":{\"code\":\"shutting_down\","
+		                  "\"message\":\"the daemon is shutting down\"}}");
+		CHECK(ipc_reply_decode(json, len, IPC_OP_HEALTH, &d, NULL) == 0);
+		if (d) {
+			CHECK_EQ_INT(d->error, IPC_ERR_SHUTTING_DOWN);
+			CHECK_EQ_INT(d->retry_after_ms, -1);
+			ipc_reply_free(d);
+		}
+		cm_free(json);
+	}
+}
+
+static void test_reply_decode_hostile(void)
+{
+	static const char *const bad[] = {
+	    "",
+	    "[]",
+	    "{}",
+	    "{\"ok\":1}",
+	    "{\"v\":2,\"ok\":true,\"op\":\"health\",\"status\":\"ready\"}",
+	    "{\"ok\":true,\"op\":\"info\"}",   /* op mismatch (expect health) */
+	    "{\"ok\":true,\"op\":\"health\"}", /* no status */
+	    "{\"ok\":true,\"op\":\"health\",\"status\":\"fine\"}",
+	    "{\"ok\":false}",
+	    "{\"ok\":false,\"error\":{\"code\":5}}",
+	    "{\"ok\":true,\"op\":\"health\",\"status\":\"ready\",\"reasons\":[1]}",
+	    "{\"ok\":true,\"op\":\"health\",\"status\":\"ready\",\"reasons\":[[[[[[[[[[]]]]]]]]]]}",
+	};
+	for (size_t i = 0; i < CM_ARRAY_LEN(bad); i++) {
+		struct ipc_reply *d = NULL;
+		int rc = ipc_reply_decode(bad[i], strlen(bad[i]), IPC_OP_HEALTH, &d, NULL);
+		CHECK_MSG(rc < 0 && d == NULL, "decoded: %s", bad[i]);
+	}
+	/* an error code newer than this client decodes as internal */
+	const char *newer = "{\"ok\":false,\"error\":{\"code\":\"quota\",\"message\":\"m\"}}";
+	struct ipc_reply *d = NULL;
+	CHECK_OK(ipc_reply_decode(newer, strlen(newer), IPC_OP_HEALTH, &d, NULL));
+	if (d) {
+		CHECK_EQ_INT(d->error, IPC_ERR_INTERNAL);
+		ipc_reply_free(d);
+	}
+}
+
+int main(void)
+{
+	TEST_RUN(test_bad_table);
+	TEST_RUN(test_bad_built);
+	TEST_RUN(test_valid_generate_full);
+	TEST_RUN(test_valid_generate_defaults);
+	TEST_RUN(test_valid_chat);
+	TEST_RUN(test_valid_others);
+	TEST_RUN(test_parse_alloc_failures);
+	TEST_RUN(test_error_table);
+	TEST_RUN(test_request_roundtrip);
+	TEST_RUN(test_reply_roundtrip);
+	TEST_RUN(test_reply_decode_hostile);
+	return test_finish();
+}
