@@ -1,0 +1,707 @@
+/* ipc/server.c: the nng rep0 server.
+ *
+ * One rep0 socket, one listener per URL, and a pool of contexts. Each context
+ * is an ipc_call: an nng_ctx with one nng_aio driven as a small state machine
+ *
+ *   RECV --message--> parse --bad--> SEND (error reply) --> RECV
+ *                          \--ok--> HANDLER (owned by the daemon) --reply--> SEND
+ *
+ * The aio callback only parses and hands off; it never blocks. A call that the
+ * handler keeps (a long-poll, a generation) holds its context, so the pool
+ * grows, up to max_contexts, whenever fewer than a quarter of n_contexts are
+ * left receiving. Beyond max_contexts nng keeps further requests in the
+ * connection until a call completes (backpressure, no loss).
+ *
+ * A reply can come from any thread: it moves the call from HANDLER to SEND
+ * with a compare-and-swap (so a second completion is refused) and starts
+ * nng_ctx_send on the call's aio, which is idle while the handler owns it. */
+#include "ipc/ipc.h"
+
+#include <grp.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+enum call_state { CALL_IDLE, CALL_RECV, CALL_HANDLER, CALL_SEND };
+
+struct ipc_call {
+	struct ipc_server *srv;
+	nng_ctx ctx;
+	nng_aio *aio;
+	_Atomic int state; /* enum call_state */
+	struct ipc_request *req;
+	uint64_t arrival_ns;
+	int64_t peer_pid, peer_uid;
+};
+
+struct listener {
+	nng_listener l;
+	char *url;
+	char *path; /* ipc:// socket file, else NULL */
+	bool created;
+};
+
+struct ipc_server {
+	nng_socket sock;
+	bool sock_open;
+	struct listener *listeners;
+	size_t n_listeners;
+	struct ipc_limits lim;
+	unsigned n_contexts, max_contexts;
+	int socket_mode;
+	char *socket_group;
+	ipc_handler_fn handler;
+	void *userdata;
+
+	pthread_mutex_t mu; /* calls[], n_calls, waking stop() */
+	pthread_cond_t cv;
+	/* Held for reading around every nng call on a context or the socket,
+	 * for writing around nng_close: nng 1.5.2 can touch freed memory when
+	 * nng_ctx_send is still returning on one thread while another closes
+	 * the socket. Readers only try the lock, so a callback never waits on
+	 * it: a failed try means the server is closing. */
+	pthread_rwlock_t io;
+	struct ipc_call **calls;
+	unsigned n_calls;
+	bool started, stopped;
+
+	atomic_bool draining, closing;
+	atomic_uint idle;       /* calls in RECV */
+	atomic_uint in_handler; /* calls in HANDLER */
+	atomic_uint sending;    /* replies handed to nng and not yet sent */
+
+	atomic_uint_fast64_t st_received, st_replies, st_send_failures;
+	atomic_uint_fast64_t st_errors[IPC_ERR_COUNT];
+};
+
+static void call_cb(void *arg);
+
+static bool io_begin(struct ipc_server *srv)
+{
+	if (pthread_rwlock_tryrdlock(&srv->io) != 0)
+		return false;
+	if (atomic_load(&srv->closing)) {
+		pthread_rwlock_unlock(&srv->io);
+		return false;
+	}
+	return true;
+}
+
+static void io_end(struct ipc_server *srv)
+{
+	pthread_rwlock_unlock(&srv->io);
+}
+
+/* One less call in HANDLER or SEND; wake ipc_server_stop when it waits. */
+static void busy_done(struct ipc_server *srv, atomic_uint *ctr)
+{
+	if (atomic_fetch_sub(ctr, 1) == 1 && atomic_load(&srv->draining)) {
+		pthread_mutex_lock(&srv->mu);
+		pthread_cond_broadcast(&srv->cv);
+		pthread_mutex_unlock(&srv->mu);
+	}
+}
+
+/* ---- the call pool -------------------------------------------------------- */
+
+static void call_recv(struct ipc_call *c)
+{
+	struct ipc_server *srv = c->srv;
+	if (!io_begin(srv)) {
+		atomic_store(&c->state, CALL_IDLE);
+		return;
+	}
+	atomic_store(&c->state, CALL_RECV);
+	atomic_fetch_add(&srv->idle, 1);
+	nng_ctx_recv(c->ctx, c->aio);
+	io_end(srv);
+}
+
+/* Open one more context; the caller starts it receiving after dropping
+ * srv->mu (nng may complete a receive synchronously, and the callback can
+ * come back here). Called with srv->mu held. */
+static int call_add_locked(struct ipc_server *srv, struct ipc_call **ret_call)
+{
+	if (srv->n_calls >= srv->max_contexts)
+		return -ENOSPC;
+	struct ipc_call *c = cm_calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->srv = srv;
+	if (nng_aio_alloc(&c->aio, call_cb, c) != 0) {
+		cm_free(c);
+		return -ENOMEM;
+	}
+	if (!io_begin(srv)) {
+		nng_aio_free(c->aio);
+		cm_free(c);
+		return -ESHUTDOWN;
+	}
+	int rv = nng_ctx_open(&c->ctx, srv->sock);
+	io_end(srv);
+	if (rv != 0) {
+		nng_aio_free(c->aio);
+		cm_free(c);
+		return -ENOMEM;
+	}
+	srv->calls[srv->n_calls++] = c;
+	*ret_call = c;
+	return 0;
+}
+
+static int pool_add(struct ipc_server *srv)
+{
+	struct ipc_call *c = NULL;
+	pthread_mutex_lock(&srv->mu);
+	int rc = atomic_load(&srv->closing) ? -ESHUTDOWN : call_add_locked(srv, &c);
+	pthread_mutex_unlock(&srv->mu);
+	if (rc == 0)
+		call_recv(c);
+	return rc;
+}
+
+static void pool_maybe_grow(struct ipc_server *srv)
+{
+	unsigned low = CM_MAX(1u, srv->n_contexts / 4);
+	while (atomic_load(&srv->idle) < low && pool_add(srv) == 0)
+		;
+}
+
+/* ---- sending ------------------------------------------------------------- */
+
+/* Send `json` on a call that is in state SEND and counted in srv->sending; on
+ * failure to build the message the request is dropped (the client times out)
+ * and the call receives again. */
+static int call_send(struct ipc_call *c, const char *json, size_t len)
+{
+	struct ipc_server *srv = c->srv;
+	nng_msg *m = NULL;
+	if (nng_msg_alloc(&m, 0) != 0 || nng_msg_append(m, json, len) != 0) {
+		if (m)
+			nng_msg_free(m);
+		atomic_fetch_add(&srv->st_send_failures, 1);
+		call_recv(c);
+		busy_done(srv, &srv->sending);
+		return -ENOMEM;
+	}
+	if (!io_begin(srv)) {
+		/* closed: the reply has nowhere to go */
+		nng_msg_free(m);
+		atomic_store(&c->state, CALL_IDLE);
+		busy_done(srv, &srv->sending);
+		return -ESHUTDOWN;
+	}
+	nng_aio_set_msg(c->aio, m);
+	nng_ctx_send(c->ctx, c->aio);
+	io_end(srv);
+	return 0;
+}
+
+/* An error reply from the server itself (bad request, draining). */
+static void call_send_error(struct ipc_call *c, enum ipc_errcode code, const char *id,
+                            const char *msg, int64_t retry_after_ms)
+{
+	char *json;
+	size_t len;
+	struct ipc_server *srv = c->srv;
+	atomic_store(&c->state, CALL_SEND);
+	atomic_fetch_add(&srv->sending, 1);
+	atomic_fetch_add(&srv->st_errors[code < IPC_ERR_COUNT ? code : IPC_ERR_INTERNAL], 1);
+	if (ipc_error_encode(code, id, msg, retry_after_ms, &json, &len) != 0) {
+		atomic_fetch_add(&srv->st_send_failures, 1);
+		call_recv(c);
+		busy_done(srv, &srv->sending);
+		return;
+	}
+	call_send(c, json, len);
+	cm_free(json);
+}
+
+/* ---- receiving ----------------------------------------------------------- */
+
+static void call_peer_read(struct ipc_call *c, nng_msg *m)
+{
+	nng_pipe p = nng_msg_get_pipe(m);
+	uint64_t v;
+	c->peer_pid = c->peer_uid = -1;
+	if (nng_pipe_id(p) < 0)
+		return;
+	if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &v) == 0)
+		c->peer_pid = (int64_t)v;
+	if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &v) == 0)
+		c->peer_uid = (int64_t)v;
+}
+
+static void call_on_message(struct ipc_call *c, nng_msg *m)
+{
+	struct ipc_server *srv = c->srv;
+	struct cm_err err = {0};
+
+	atomic_fetch_add(&srv->st_received, 1);
+	c->arrival_ns = cm_now_ns();
+	call_peer_read(c, m);
+
+	if (atomic_load(&srv->draining)) {
+		nng_msg_free(m);
+		call_send_error(c, IPC_ERR_SHUTTING_DOWN, NULL, NULL, -1);
+		return;
+	}
+	struct ipc_request *req;
+	int rc = ipc_request_parse(nng_msg_body(m), nng_msg_len(m), &srv->lim, &req, &err);
+	nng_msg_free(m);
+	if (rc) {
+		enum ipc_errcode code = ipc_errcode_from_errno(rc);
+		call_send_error(c, code, NULL, err.msg, -1);
+		return;
+	}
+	c->req = req;
+	atomic_fetch_add(&srv->in_handler, 1);
+	atomic_store(&c->state, CALL_HANDLER);
+	pool_maybe_grow(srv);
+	/* From here on the handler owns c; it may already be replied to (and
+	 * receiving again) on another thread, so c is not touched after this. */
+	srv->handler(c, srv->userdata);
+}
+
+static void call_cb(void *arg)
+{
+	struct ipc_call *c = arg;
+	struct ipc_server *srv = c->srv;
+	int rv = nng_aio_result(c->aio);
+
+	switch (atomic_load(&c->state)) {
+	case CALL_RECV:
+		atomic_fetch_sub(&srv->idle, 1);
+		if (rv != 0) {
+			atomic_store(&c->state, CALL_IDLE);
+			/* closed or stopped: stay idle; anything else: receive again */
+			if (rv != NNG_ECLOSED && rv != NNG_ECANCELED)
+				call_recv(c);
+			return;
+		}
+		nng_msg *m = nng_aio_get_msg(c->aio);
+		nng_aio_set_msg(c->aio, NULL);
+		call_on_message(c, m);
+		return;
+	case CALL_SEND:
+		if (rv != 0) {
+			nng_msg_free(nng_aio_get_msg(c->aio));
+			nng_aio_set_msg(c->aio, NULL);
+			atomic_fetch_add(&srv->st_send_failures, 1);
+		} else {
+			atomic_fetch_add(&srv->st_replies, 1);
+		}
+		if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
+			atomic_store(&c->state, CALL_IDLE);
+		else
+			call_recv(c);
+		busy_done(srv, &srv->sending);
+		return;
+	default:
+		return;
+	}
+}
+
+/* ---- completing calls ----------------------------------------------------- */
+
+const struct ipc_request *ipc_call_request(const ipc_call *call)
+{
+	return call->req;
+}
+
+uint64_t ipc_call_arrival_ns(const ipc_call *call)
+{
+	return call->arrival_ns;
+}
+
+void ipc_call_peer(const ipc_call *call, int64_t *ret_pid, int64_t *ret_uid)
+{
+	if (ret_pid)
+		*ret_pid = call->peer_pid;
+	if (ret_uid)
+		*ret_uid = call->peer_uid;
+}
+
+/* HANDLER -> SEND, once. The call moves from the in_handler count to the
+ * sending count (in that order, so that ipc_server_stop, which waits for
+ * both to reach zero, cannot close the socket between the two) and its
+ * request is freed. */
+static int call_take(struct ipc_call *c)
+{
+	int expect = CALL_HANDLER;
+	if (!atomic_compare_exchange_strong(&c->state, &expect, CALL_SEND))
+		return -EALREADY;
+	struct ipc_server *srv = c->srv;
+	ipc_request_free(c->req);
+	c->req = NULL;
+	atomic_fetch_add(&srv->sending, 1);
+	busy_done(srv, &srv->in_handler);
+	return 0;
+}
+
+int ipc_call_reply(ipc_call *call, const char *json, size_t len)
+{
+	if (call_take(call))
+		return -EALREADY;
+	return call_send(call, json, len); /* -ESHUTDOWN after ipc_server_stop */
+}
+
+int ipc_call_reply_encode(ipc_call *call, const struct ipc_reply *r)
+{
+	struct ipc_reply copy = *r;
+	char *json;
+	size_t len;
+	struct cm_err err;
+	if (!copy.id && call->req)
+		copy.id = call->req->id;
+	if (copy.error != IPC_ERR_NONE && (unsigned)copy.error < IPC_ERR_COUNT)
+		atomic_fetch_add(&call->srv->st_errors[copy.error], 1);
+	int rc = ipc_reply_encode(&copy, &json, &len, &err);
+	if (rc) {
+		/* Still complete the call, with an internal error. */
+		return ipc_call_error(call, IPC_ERR_INTERNAL, -1, "cannot encode the reply: %s",
+		                      err.msg);
+	}
+	rc = ipc_call_reply(call, json, len);
+	cm_free(json);
+	return rc;
+}
+
+int ipc_call_error(ipc_call *call, enum ipc_errcode code, int64_t retry_after_ms, const char *fmt,
+                   ...)
+{
+	char msg[512];
+	if (fmt) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(msg, sizeof(msg), fmt, ap);
+		va_end(ap);
+	}
+	if ((unsigned)code >= IPC_ERR_COUNT || code == IPC_ERR_NONE)
+		code = IPC_ERR_INTERNAL;
+	char id[IPC_ID_MAX + 1] = "";
+	if (call->req && call->req->id)
+		snprintf(id, sizeof(id), "%s", call->req->id);
+	char *json;
+	size_t len;
+	int rc = ipc_error_encode(code, id[0] ? id : NULL, fmt ? msg : NULL, retry_after_ms, &json,
+	                          &len);
+	if (rc) {
+		/* Out of memory: complete the call without a reply. */
+		if (call_take(call) == 0) {
+			struct ipc_server *srv = call->srv;
+			atomic_fetch_add(&srv->st_send_failures, 1);
+			call_recv(call); /* stays idle when closing */
+			busy_done(srv, &srv->sending);
+		}
+		return rc;
+	}
+	atomic_fetch_add(&call->srv->st_errors[code], 1);
+	rc = ipc_call_reply(call, json, len);
+	cm_free(json);
+	return rc;
+}
+
+/* ---- setup ---------------------------------------------------------------- */
+
+static int nng_to_errno(int rv)
+{
+	switch (rv) {
+	case NNG_ENOMEM:
+		return -ENOMEM;
+	case NNG_EADDRINUSE:
+		return -EADDRINUSE;
+	case NNG_EADDRINVAL:
+		return -EINVAL;
+	case NNG_ENOTSUP:
+		return -ENOTSUP;
+	case NNG_EPERM:
+		return -EPERM;
+	case NNG_ENOENT:
+		return -ENOENT;
+	default:
+		return -EIO;
+	}
+}
+
+static int listener_add(struct ipc_server *srv, const char *url, struct cm_err *err)
+{
+	struct listener *L = &srv->listeners[srv->n_listeners];
+	bool is_ipc = strncmp(url, "ipc://", 6) == 0;
+	if (!is_ipc && strncmp(url, "tcp://", 6) != 0 && strncmp(url, "inproc://", 9) != 0)
+		return cm_err_set(
+		    err, -EINVAL,
+		    "ipc: listen URL '%s': only ipc://, tcp:// and inproc:// are served", url);
+	L->url = cm_strdup(url);
+	if (!L->url)
+		return cm_err_set(err, -ENOMEM, "ipc: out of memory");
+	srv->n_listeners++; /* from here on ipc_server_free releases L */
+	if (is_ipc) {
+		const char *path = url + 6;
+		if (!*path)
+			return cm_err_set(err, -EINVAL, "ipc: listen URL '%s' has no path", url);
+		L->path = cm_strdup(path);
+		if (!L->path)
+			return cm_err_set(err, -ENOMEM, "ipc: out of memory");
+		/* nng reports a missing directory as a bare "Entry not found";
+		 * name the directory instead. */
+		char *dir = cm_strdup(path);
+		if (!dir)
+			return cm_err_set(err, -ENOMEM, "ipc: out of memory");
+		char *slash = strrchr(dir, '/');
+		const char *d = ".";
+		if (slash == dir)
+			d = "/";
+		else if (slash) {
+			*slash = '\0';
+			d = dir;
+		}
+		struct stat st;
+		int rc = 0;
+		if (stat(d, &st) != 0)
+			rc = cm_err_set(err, -errno,
+			                "ipc: socket directory '%s' of %s: %s (create it, e.g. "
+			                "RuntimeDirectory=edgelm)",
+			                d, url, strerror(errno));
+		else if (!S_ISDIR(st.st_mode))
+			rc = cm_err_set(err, -ENOTDIR, "ipc: '%s' (of %s) is not a directory", d,
+			                url);
+		cm_free(dir);
+		if (rc)
+			return rc;
+	}
+	int rv = nng_listener_create(&L->l, srv->sock, url);
+	if (rv != 0)
+		return cm_err_set(err, nng_to_errno(rv), "ipc: listen URL '%s': %s", url,
+		                  nng_strerror(rv));
+	L->created = true;
+	rv = nng_listener_set_size(L->l, NNG_OPT_RECVMAXSZ, srv->lim.max_msg_bytes);
+	if (rv != 0)
+		return cm_err_set(err, nng_to_errno(rv),
+		                  "ipc: %s: cannot set the message limit: %s", url,
+		                  nng_strerror(rv));
+	return 0;
+}
+
+int ipc_server_new(const struct ipc_server_params *p, ipc_handler_fn handler, void *userdata,
+                   ipc_server **ret_srv, struct cm_err *err)
+{
+	static const char *const default_urls[] = {IPC_DEFAULT_URL};
+	*ret_srv = NULL;
+	if (!p || !handler)
+		return cm_err_set(err, -EINVAL, "ipc: server needs params and a handler");
+	const char *const *urls = p->n_urls ? p->urls : default_urls;
+	size_t n_urls = p->n_urls ? p->n_urls : 1;
+	if (n_urls > 64)
+		return cm_err_set(err, -EINVAL, "ipc: %zu listen URLs, at most 64", n_urls);
+	if (p->socket_mode < -1 || p->socket_mode > 07777)
+		return cm_err_set(err, -EINVAL, "ipc: socket mode %o out of range", p->socket_mode);
+
+	struct ipc_server *srv = cm_calloc(1, sizeof(*srv));
+	if (!srv)
+		return cm_err_set(err, -ENOMEM, "ipc: out of memory");
+	pthread_mutex_init(&srv->mu, NULL);
+	pthread_cond_init(&srv->cv, NULL);
+	pthread_rwlock_init(&srv->io, NULL);
+	srv->handler = handler;
+	srv->userdata = userdata;
+	srv->lim = p->limits;
+	ipc_limits_fill(&srv->lim);
+	srv->n_contexts = p->n_contexts ? p->n_contexts : 16;
+	srv->max_contexts = p->max_contexts ? p->max_contexts : 1024;
+	if (srv->max_contexts < srv->n_contexts)
+		srv->max_contexts = srv->n_contexts;
+	srv->socket_mode = p->socket_mode == 0 ? 0660 : p->socket_mode;
+	int rc;
+	if (p->socket_group && *p->socket_group &&
+	    !(srv->socket_group = cm_strdup(p->socket_group))) {
+		rc = cm_err_set(err, -ENOMEM, "ipc: out of memory");
+		goto fail;
+	}
+	srv->calls = cm_calloc(srv->max_contexts, sizeof(*srv->calls));
+	srv->listeners = cm_calloc(n_urls, sizeof(*srv->listeners));
+	if (!srv->calls || !srv->listeners) {
+		rc = cm_err_set(err, -ENOMEM, "ipc: out of memory");
+		goto fail;
+	}
+	int rv = nng_rep0_open(&srv->sock);
+	if (rv != 0) {
+		rc = cm_err_set(err, nng_to_errno(rv), "ipc: cannot open a rep0 socket: %s",
+		                nng_strerror(rv));
+		goto fail;
+	}
+	srv->sock_open = true;
+	/* Set before any listener exists, and again per listener: messages over
+	 * the limit are refused by the transport before they are buffered. */
+	rv = nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ, srv->lim.max_msg_bytes);
+	if (rv != 0) {
+		rc = cm_err_set(err, nng_to_errno(rv), "ipc: cannot set the message limit: %s",
+		                nng_strerror(rv));
+		goto fail;
+	}
+	for (size_t i = 0; i < n_urls; i++) {
+		if (!urls[i]) {
+			rc = cm_err_set(err, -EINVAL, "ipc: listen URL %zu is NULL", i);
+			goto fail;
+		}
+		if ((rc = listener_add(srv, urls[i], err)))
+			goto fail;
+	}
+	*ret_srv = srv;
+	return 0;
+fail:
+	ipc_server_free(srv);
+	return rc;
+}
+
+/* chmod and chgrp a socket file; the mode failing is fatal (the socket would
+ * be open to the wrong users), the group is best effort. */
+static int socket_file_setup(struct ipc_server *srv, const struct listener *L, struct cm_err *warn)
+{
+	if (srv->socket_mode >= 0 && chmod(L->path, (mode_t)srv->socket_mode) != 0)
+		return cm_err_set(warn, -errno, "ipc: chmod %o %s: %s", srv->socket_mode, L->path,
+		                  strerror(errno));
+	if (!srv->socket_group)
+		return 0;
+	struct group gr, *res = NULL;
+	char buf[4096];
+	int e = getgrnam_r(srv->socket_group, &gr, buf, sizeof(buf), &res);
+	if (!res) {
+		cm_err_set(warn, e ? -e : -ENOENT, "ipc: socket group '%s' of %s: %s",
+		           srv->socket_group, L->path, e ? strerror(e) : "no such group");
+		return 1;
+	}
+	if (chown(L->path, (uid_t)-1, gr.gr_gid) != 0) {
+		cm_err_set(warn, -errno, "ipc: chgrp %s %s: %s", srv->socket_group, L->path,
+		           strerror(errno));
+		return 1;
+	}
+	return 0;
+}
+
+int ipc_server_start(ipc_server *srv, struct cm_err *err)
+{
+	cm_err_clear(err);
+	if (srv->started)
+		return cm_err_set(err, -EALREADY, "ipc: server already started");
+	srv->started = true;
+	int rc = 0;
+	for (unsigned i = 0; i < srv->n_contexts && rc == 0; i++)
+		rc = pool_add(srv);
+	if (rc)
+		return cm_err_set(err, rc, "ipc: cannot open %u nng contexts", srv->n_contexts);
+	bool warned = false;
+	for (size_t i = 0; i < srv->n_listeners; i++) {
+		struct listener *L = &srv->listeners[i];
+		if (!L->created)
+			continue;
+		int rv = nng_listener_start(L->l, 0);
+		if (rv != 0) {
+			const char *hint =
+			    rv == NNG_EADDRINUSE ? " (is another edgelmd running?)" : "";
+			return cm_err_set(err, nng_to_errno(rv), "ipc: cannot listen on %s: %s%s",
+			                  L->url, nng_strerror(rv), hint);
+		}
+		if (L->path) {
+			struct cm_err w = {0};
+			rc = socket_file_setup(srv, L, &w);
+			if (rc < 0)
+				return cm_err_set(err, rc, "%s", w.msg);
+			if (rc > 0 && !warned) {
+				warned = true;
+				if (err)
+					*err = w;
+			}
+		}
+	}
+	return 0;
+}
+
+void ipc_server_drain(ipc_server *srv)
+{
+	atomic_store(&srv->draining, true);
+}
+
+int ipc_server_stop(ipc_server *srv, int timeout_ms)
+{
+	if (!srv)
+		return 0;
+	ipc_server_drain(srv);
+	pthread_mutex_lock(&srv->mu);
+	if (srv->stopped) {
+		pthread_mutex_unlock(&srv->mu);
+		return (int)atomic_load(&srv->in_handler);
+	}
+	if (timeout_ms > 0) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += timeout_ms / 1000;
+		ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		while (atomic_load(&srv->in_handler) + atomic_load(&srv->sending) > 0)
+			if (pthread_cond_timedwait(&srv->cv, &srv->mu, &ts) != 0)
+				break;
+	}
+	srv->stopped = true;
+	pthread_mutex_unlock(&srv->mu);
+	pthread_rwlock_wrlock(&srv->io);
+	atomic_store(&srv->closing, true);
+	if (srv->sock_open) {
+		/* Closes listeners (removing ipc socket files) and every context;
+		 * pending aios finish with NNG_ECLOSED. */
+		nng_close(srv->sock);
+		srv->sock_open = false;
+	}
+	pthread_rwlock_unlock(&srv->io);
+	return (int)atomic_load(&srv->in_handler);
+}
+
+void ipc_server_free(ipc_server *srv)
+{
+	if (!srv)
+		return;
+	ipc_server_stop(srv, 0);
+	for (unsigned i = 0; i < srv->n_calls; i++) {
+		struct ipc_call *c = srv->calls[i];
+		nng_aio_free(c->aio); /* waits for a running callback */
+		if (atomic_load(&c->state) == CALL_HANDLER)
+			ipc_request_free(c->req); /* a call the handler never completed */
+		cm_free(c);
+	}
+	for (size_t i = 0; i < srv->n_listeners; i++) {
+		cm_free(srv->listeners[i].url);
+		cm_free(srv->listeners[i].path);
+	}
+	cm_free(srv->listeners);
+	cm_free(srv->calls);
+	cm_free(srv->socket_group);
+	pthread_rwlock_destroy(&srv->io);
+	pthread_cond_destroy(&srv->cv);
+	pthread_mutex_destroy(&srv->mu);
+	cm_free(srv);
+}
+
+void ipc_server_stats_get(const ipc_server *srv, struct ipc_server_stats *st)
+{
+	struct ipc_server *s = (struct ipc_server *)srv; /* atomics are read only */
+	memset(st, 0, sizeof(*st));
+	st->received = atomic_load(&s->st_received);
+	st->replies = atomic_load(&s->st_replies);
+	st->send_failures = atomic_load(&s->st_send_failures);
+	for (int i = 0; i < IPC_ERR_COUNT; i++)
+		st->errors[i] = atomic_load(&s->st_errors[i]);
+	pthread_mutex_lock(&s->mu);
+	st->contexts = s->n_calls;
+	pthread_mutex_unlock(&s->mu);
+	st->in_handler = atomic_load(&s->in_handler);
+}
