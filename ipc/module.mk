@@ -2,3 +2,57 @@
 IPC_SRCS := $(wildcard ipc/*.c)
 IPC_LIB  := $(BUILD)/ipc/libipc.a
 $(IPC_LIB): $(IPC_SRCS:%.c=$(BUILD)/%.o)
+
+# libedgelm: the public client library (ipc/edgelm.h installs as edgelm.h).
+# It is built from its own position-independent objects with hidden
+# visibility, so only the EDGELM_API (edgelm_*) symbols leave the .so; the
+# codec it shares with the server (protocol.c, common.c) stays internal.
+EDGELM_VERSION    ?= 0.1.0
+EDGELM_SOVERSION  := 0
+LIBEDGELM_SRCS    := ipc/client.c ipc/protocol.c common/common.c
+LIBEDGELM_OBJS    := $(LIBEDGELM_SRCS:%.c=$(BUILD)/ipc/pic/%.o)
+LIBEDGELM_A       := $(BUILD)/ipc/libedgelm.a
+LIBEDGELM_SO      := $(BUILD)/ipc/libedgelm.so.$(EDGELM_SOVERSION)
+EDGELM_PC         := $(BUILD)/ipc/edgelm.pc
+PKGCONFIGDIR      ?= $(LIBDIR)/pkgconfig
+
+$(BUILD)/ipc/client.o: EXTRA_CFLAGS += -DEDGELM_VERSION='"$(EDGELM_VERSION)"'
+
+$(BUILD)/ipc/pic/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $@")
+	$(Q)$(CC) $(EDGELM_CFLAGS) -fPIC -fvisibility=hidden \
+		-DEDGELM_VERSION='"$(EDGELM_VERSION)"' $(CFLAGS) -c -o $@ $<
+
+$(LIBEDGELM_A): $(LIBEDGELM_OBJS)
+
+$(LIBEDGELM_SO): $(LIBEDGELM_OBJS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) -shared -Wl,-soname,libedgelm.so.$(EDGELM_SOVERSION) $(CFLAGS) $(LDFLAGS) \
+		-o $@ $^ $(NNG_LIBS) $(JANSSON_LIBS) -lm -pthread
+
+# Regenerated whenever this file changes; `install-ipc` writes its own copy
+# so that PREFIX/LIBDIR given at install time are the ones recorded.
+edgelm_pc_text = prefix=$(PREFIX)\nlibdir=$(LIBDIR)\nincludedir=$(INCLUDEDIR)\n\nName: edgelm\nDescription: client library of the edgelm local LLM daemon\nVersion: $(EDGELM_VERSION)\nRequires.private: jansson\nCflags: -I$${includedir}\nLibs: -L$${libdir} -ledgelm\nLibs.private: $(NNG_LIBS) -lm -pthread\n
+
+$(EDGELM_PC): ipc/module.mk
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  GEN     $@")
+	$(Q)printf '$(edgelm_pc_text)' > $@
+
+all: $(LIBEDGELM_A) $(LIBEDGELM_SO) $(EDGELM_PC)
+
+.PHONY: install-ipc uninstall-ipc
+install-ipc: $(LIBEDGELM_A) $(LIBEDGELM_SO)
+	install -D -m 0644 ipc/edgelm.h $(DESTDIR)$(INCLUDEDIR)/edgelm.h
+	install -D -m 0644 $(LIBEDGELM_A) $(DESTDIR)$(LIBDIR)/libedgelm.a
+	install -D -m 0755 $(LIBEDGELM_SO) $(DESTDIR)$(LIBDIR)/libedgelm.so.$(EDGELM_SOVERSION)
+	ln -sf libedgelm.so.$(EDGELM_SOVERSION) $(DESTDIR)$(LIBDIR)/libedgelm.so
+	install -d $(DESTDIR)$(PKGCONFIGDIR)
+	printf '$(edgelm_pc_text)' > $(DESTDIR)$(PKGCONFIGDIR)/edgelm.pc
+	chmod 0644 $(DESTDIR)$(PKGCONFIGDIR)/edgelm.pc
+
+uninstall-ipc:
+	rm -f $(DESTDIR)$(INCLUDEDIR)/edgelm.h $(DESTDIR)$(LIBDIR)/libedgelm.a \
+	      $(DESTDIR)$(LIBDIR)/libedgelm.so.$(EDGELM_SOVERSION) $(DESTDIR)$(LIBDIR)/libedgelm.so \
+	      $(DESTDIR)$(PKGCONFIGDIR)/edgelm.pc
