@@ -304,7 +304,11 @@ struct ipc_metric {
 	double value; /* NaN/Inf encode as null */
 };
 
+/* Either a JSON object made by the daemon (monitor_json_render's text, schema
+ * in docs/monitor.md), sent as "metrics": {...}; or, when json is NULL, a
+ * list of samples sent as "metrics": [...]. Decoding fills the same field. */
 struct ipc_metrics_reply {
+	const char *json;
 	const struct ipc_metric *items;
 	size_t n_items;
 };

@@ -1150,6 +1150,47 @@ static json_t *enc_strings(const char *const *v, size_t n)
 	return a;
 }
 
+/* Whether a text handed in by the daemon is one JSON object. Such a member
+ * ("tuning" of info, "metrics") is spliced into the reply as it is, so the
+ * daemon's number formatting survives (see splice_raw). */
+static bool is_object_text(const char *text)
+{
+	json_error_t jerr;
+	json_t *t = json_loadb(text, strlen(text), JSON_ALLOW_NUL, &jerr);
+	bool ok = t && json_is_object(t);
+	json_decref(t);
+	return ok;
+}
+
+/* Append `"key":raw` to the compact object text *json (which ends in '}'). */
+static int splice_raw(char **json, size_t *len, const char *key, const char *raw,
+                      struct cm_err *err)
+{
+	size_t klen = strlen(key), rlen = strlen(raw), n = *len;
+	bool empty = n == 2; /* "{}" */
+	size_t total = n - 1 + (empty ? 0 : 1) + klen + 3 + rlen + 1;
+	char *d = cm_malloc(total + 1);
+	if (!d)
+		return cm_err_set(err, -ENOMEM, "ipc: out of memory encoding JSON");
+	size_t j = n - 1;
+	memcpy(d, *json, j);
+	if (!empty)
+		d[j++] = ',';
+	d[j++] = '"';
+	memcpy(d + j, key, klen);
+	j += klen;
+	d[j++] = '"';
+	d[j++] = ':';
+	memcpy(d + j, raw, rlen);
+	j += rlen;
+	d[j++] = '}';
+	d[j] = '\0';
+	cm_free(*json);
+	*json = d;
+	*len = j;
+	return 0;
+}
+
 static int enc_ok_body(json_t *o, const struct ipc_reply *r, struct cm_err *err)
 {
 	bool ok = true;
@@ -1206,16 +1247,9 @@ static int enc_ok_body(json_t *o, const struct ipc_reply *r, struct cm_err *err)
 		SETS("kernels", in->kernels)
 #undef SETS
 		jset(o, "threads", json_integer(in->threads), &ok);
-		if (in->tuning_json) {
-			json_error_t jerr;
-			json_t *t = json_loads(in->tuning_json, 0, &jerr);
-			if (!t || !json_is_object(t)) {
-				json_decref(t);
-				return cm_err_set(err, -EINVAL,
-				                  "ipc: info tuning_json is not a JSON object");
-			}
-			jset(o, "tuning", t, &ok);
-		}
+		if (in->tuning_json && !is_object_text(in->tuning_json))
+			return cm_err_set(err, -EINVAL,
+			                  "ipc: info tuning_json is not a JSON object");
 		break;
 	}
 	case IPC_OP_HEALTH: {
@@ -1229,6 +1263,12 @@ static int enc_ok_body(json_t *o, const struct ipc_reply *r, struct cm_err *err)
 		break;
 	}
 	case IPC_OP_METRICS: {
+		if (r->u.metrics.json) {
+			if (!is_object_text(r->u.metrics.json))
+				return cm_err_set(err, -EINVAL,
+				                  "ipc: metrics json is not a JSON object");
+			break; /* spliced in by ipc_reply_encode */
+		}
 		json_t *a = json_array();
 		for (size_t i = 0; a && i < r->u.metrics.n_items; i++) {
 			const struct ipc_metric *m = &r->u.metrics.items[i];
@@ -1286,11 +1326,24 @@ int ipc_reply_encode(const struct ipc_reply *r, char **ret_json, size_t *ret_len
 	} else if (ok) {
 		rc = enc_ok_body(o, r, err);
 	}
+	char *json = NULL;
+	size_t len = 0;
 	if (!rc)
-		rc = ok ? dump(o, ret_json, ret_len, err)
+		rc = ok ? dump(o, &json, &len, err)
 		        : cm_err_set(err, -ENOMEM, "ipc: out of memory encoding JSON");
 	json_decref(o);
-	return rc;
+	if (!rc && !is_err && r->op == IPC_OP_INFO && r->u.info.tuning_json)
+		rc = splice_raw(&json, &len, "tuning", r->u.info.tuning_json, err);
+	if (!rc && !is_err && r->op == IPC_OP_METRICS && r->u.metrics.json)
+		rc = splice_raw(&json, &len, "metrics", r->u.metrics.json, err);
+	if (rc) {
+		cm_free(json);
+		return rc;
+	}
+	*ret_json = json;
+	if (ret_len)
+		*ret_len = len;
+	return 0;
 }
 
 int ipc_error_encode(enum ipc_errcode code, const char *id, const char *msg, int64_t retry_after_ms,
@@ -1434,6 +1487,19 @@ static int dec_final(struct dctx *c, json_t *o, enum ipc_finish *f, struct ipc_u
 	return 0;
 }
 
+/* An embedded object back to compact text in the arena. */
+static int dec_object(struct dctx *c, json_t *t, const char **ret)
+{
+	size_t flags = JSON_COMPACT | JSON_REAL_PRECISION(17);
+	size_t n = json_dumpb(t, NULL, 0, flags);
+	char *s = n ? arena_alloc(c->arena, n + 1) : NULL;
+	if (!s || json_dumpb(t, s, n, flags) != n)
+		return cm_err_set(c->err, -ENOMEM, "ipc: out of memory decoding a reply");
+	s[n] = '\0';
+	*ret = s;
+	return 0;
+}
+
 static int dec_ok_body(struct dctx *c, json_t *o, struct ipc_reply *r)
 {
 	int64_t x;
@@ -1505,15 +1571,8 @@ static int dec_ok_body(struct dctx *c, json_t *o, struct ipc_reply *r)
 			return -EPROTO;
 		in->threads = (int32_t)x;
 		json_t *t = json_object_get(o, "tuning");
-		if (t && json_is_object(t)) {
-			char *s = json_dumps(t, JSON_COMPACT | JSON_SORT_KEYS);
-			if (!s)
-				return cm_err_set(c->err, -ENOMEM, "ipc: out of memory");
-			in->tuning_json = arena_strndup(c->arena, s, strlen(s));
-			free(s); /* jansson's allocator is malloc */
-			if (!in->tuning_json)
-				return cm_err_set(c->err, -ENOMEM, "ipc: out of memory");
-		}
+		if (t && json_is_object(t))
+			return dec_object(c, t, &in->tuning_json);
 		return 0;
 	}
 	case IPC_OP_HEALTH: {
@@ -1529,6 +1588,8 @@ static int dec_ok_body(struct dctx *c, json_t *o, struct ipc_reply *r)
 	}
 	case IPC_OP_METRICS: {
 		json_t *a = json_object_get(o, "metrics");
+		if (a && json_is_object(a))
+			return dec_object(c, a, &r->u.metrics.json);
 		if (!a || !json_is_array(a))
 			return bad_reply(c, "metrics");
 		size_t n = json_array_size(a);

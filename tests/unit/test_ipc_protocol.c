@@ -883,6 +883,25 @@ static void test_reply_roundtrip(void)
 		}
 		ipc_reply_free(d);
 	}
+	/* metrics as the monitor's JSON document, spliced in unchanged */
+	const char *doc = "{\"version\":1,\"flags\":{},\"metrics\":{\"edgelm_cpu_busy_ratio\":"
+	                  "{\"type\":\"gauge\",\"series\":[{\"labels\":{\"cpu\":\"0\"},"
+	                  "\"value\":0.5}]}}}";
+	memset(&r, 0, sizeof(r));
+	r.op = IPC_OP_METRICS;
+	r.u.metrics.json = doc;
+	char want[512];
+	snprintf(want, sizeof(want), "{\"v\":1,\"ok\":true,\"op\":\"metrics\",\"metrics\":%s}",
+	         doc);
+	d = roundtrip(&r, IPC_OP_METRICS, want);
+	if (d) {
+		CHECK_STREQ(d->u.metrics.json, doc);
+		CHECK_EQ_INT(d->u.metrics.n_items, 0);
+		ipc_reply_free(d);
+	}
+	r.u.metrics.json = "[1,2]";
+	json = NULL;
+	CHECK(ipc_reply_encode(&r, &json, NULL, NULL) < 0);
 	/* errors */
 	memset(&r, 0, sizeof(r));
 	r.op = IPC_OP_GENERATE;
