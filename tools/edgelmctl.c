@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -711,6 +712,93 @@ static void print_labels(const struct ipc_metric *m)
 	putchar('}');
 }
 
+static void print_label_obj(json_t *labels)
+{
+	const char *k;
+	json_t *v;
+	bool first = true;
+	if (!json_is_object(labels) || json_object_size(labels) == 0)
+		return;
+	putchar('{');
+	json_object_foreach(labels, k, v)
+	{
+		printf("%s%s=\"%s\"", first ? "" : ",", k,
+		       json_is_string(v) ? json_string_value(v) : "");
+		first = false;
+	}
+	putchar('}');
+}
+
+/* " value\n" in the shortest form that reads back exactly. */
+static void print_number(double x)
+{
+	char buf[40];
+	if (!isfinite(x)) {
+		printf(" %s\n", isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf");
+		return;
+	}
+	for (int prec = 1; prec <= 17; prec++) {
+		snprintf(buf, sizeof(buf), "%.*g", prec, x);
+		if (strtod(buf, NULL) == x)
+			break;
+	}
+	printf(" %s\n", buf);
+}
+
+static void print_value(json_t *v)
+{
+	print_number(json_is_number(v) ? json_number_value(v) : NAN);
+}
+
+/* The monitor's document (docs/monitor.md): one line per series, histograms
+ * as _count and _sum, then the flags that are on. */
+static void print_metrics_doc(const char *doc)
+{
+	json_error_t jerr;
+	json_t *root = json_loads(doc, 0, &jerr);
+	json_t *fams = root ? json_object_get(root, "metrics") : NULL;
+	const char *name;
+	json_t *fam;
+	if (!json_is_object(fams)) {
+		printf("%s\n", doc);
+		json_decref(root);
+		return;
+	}
+	json_object_foreach(fams, name, fam)
+	{
+		json_t *series = json_object_get(fam, "series");
+		size_t i;
+		json_t *sr;
+		json_array_foreach(series, i, sr)
+		{
+			json_t *labels = json_object_get(sr, "labels");
+			if (json_object_get(sr, "buckets")) {
+				printf("%s_count", name);
+				print_label_obj(labels);
+				print_value(json_object_get(sr, "count"));
+				printf("%s_sum", name);
+				print_label_obj(labels);
+				print_value(json_object_get(sr, "sum"));
+			} else {
+				printf("%s", name);
+				print_label_obj(labels);
+				print_value(json_object_get(sr, "value"));
+			}
+		}
+	}
+	json_t *flags = json_object_get(root, "flags");
+	json_t *f;
+	json_object_foreach(flags, name, f)
+	{
+		if (json_is_true(json_object_get(f, "on"))) {
+			json_t *reason = json_object_get(f, "reason");
+			printf("# flag %s: %s\n", name,
+			       json_is_string(reason) ? json_string_value(reason) : "on");
+		}
+	}
+	json_decref(root);
+}
+
 /* info, health and metrics: --json prints the daemon's reply as it is. */
 static int cmd_status(const char *cmd, int argc, char **argv)
 {
@@ -789,15 +877,14 @@ static int cmd_status(const char *cmd, int argc, char **argv)
 		for (size_t i = 0; i < r->u.health.n_reasons; i++)
 			printf("%s%s", i ? "; " : ": ", r->u.health.reasons[i]);
 		putchar('\n');
+	} else if (r->u.metrics.json) {
+		print_metrics_doc(r->u.metrics.json);
 	} else {
 		for (size_t i = 0; i < r->u.metrics.n_items; i++) {
 			const struct ipc_metric *m = &r->u.metrics.items[i];
 			printf("%s", m->name ? m->name : "?");
 			print_labels(m);
-			if (isfinite(m->value))
-				printf(" %.17g\n", m->value);
-			else
-				printf(" NaN\n");
+			print_number(m->value);
 		}
 	}
 	ipc_reply_free(r);
