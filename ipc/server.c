@@ -497,6 +497,8 @@ int ipc_server_new(const struct ipc_server_params *p, ipc_handler_fn handler, vo
 	*ret_srv = NULL;
 	if (!p || !handler)
 		return cm_err_set(err, -EINVAL, "ipc: server needs params and a handler");
+	if (p->n_urls && !p->urls)
+		return cm_err_set(err, -EINVAL, "ipc: %zu listen URLs but no array", p->n_urls);
 	const char *const *urls = p->n_urls ? p->urls : default_urls;
 	size_t n_urls = p->n_urls ? p->n_urls : 1;
 	if (n_urls > 64)
