@@ -97,4 +97,10 @@ struct engine_ctx {
 	atomic_int chunk;
 };
 
+/* ---- matmul (matmul.c) ---------------------------------------------------- */
+
+/* out[n_tok][w->n_out] (+)= x[n_tok][w->n_in] . W^T (+ bias), on the pool. */
+void engine_matmul(engine_ctx *c, const struct weight *w, const float *x, size_t x_stride,
+		   int n_tok, float *out, size_t out_stride, const float *bias, bool accumulate);
+
 #endif

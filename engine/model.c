@@ -628,87 +628,6 @@ int engine_seq_copy(engine_ctx *c, int dst, int src, int n)
 
 /* ---- forward pass -------------------------------------------------------- */
 
-/* One matmul: out[t][r] (+)= dot(W row r, act row t) (+ bias[r]). */
-struct mm_task {
-	engine_ctx *c;
-	const struct weight *w;
-	const void *act;
-	size_t act_stride; /* bytes between activation rows */
-	float *out;
-	size_t out_stride; /* floats between output rows */
-	int n_tok;
-	const float *bias;
-	bool accumulate;
-	int chunk_rows;
-};
-
-static void mm_worker(void *arg, int ith, int nth)
-{
-	struct mm_task *t = arg;
-	const struct weight *w = t->w;
-	kern_vec_dot_fn dot = t->c->m->kern->t[w->type].vec_dot;
-	const uint8_t *wd = w->data;
-	const uint8_t *act = t->act;
-	(void)ith;
-	(void)nth;
-	for (;;) {
-		int64_t r0 = (int64_t)atomic_fetch_add(&t->c->chunk, 1) * t->chunk_rows;
-		if (r0 >= w->n_out)
-			break;
-		int64_t r1 = CM_MIN(r0 + t->chunk_rows, w->n_out);
-		for (int64_t r = r0; r < r1; r++) {
-			const void *row = wd + (size_t)r * w->row_bytes;
-			float b = t->bias ? t->bias[r] : 0.0f;
-			for (int k = 0; k < t->n_tok; k++) {
-				float s;
-				dot(w->n_in, &s, row, act + (size_t)k * t->act_stride);
-				float *o = &t->out[(size_t)k * t->out_stride + (size_t)r];
-				*o = t->accumulate ? *o + s + b : s + b;
-			}
-		}
-	}
-}
-
-struct quant_task {
-	kern_quant_fn fn;
-	const float *x;
-	size_t x_stride;
-	uint8_t *y;
-	size_t y_stride;
-	int64_t n;
-	int n_tok;
-};
-
-static void quant_worker(void *arg, int ith, int nth)
-{
-	struct quant_task *q = arg;
-	for (int t = ith; t < q->n_tok; t += nth)
-		q->fn(q->x + (size_t)t * q->x_stride, q->y + (size_t)t * q->y_stride, q->n);
-}
-
-/* out[n_tok][w->n_out] (+)= x[n_tok][w->n_in] . W^T */
-static void matmul(engine_ctx *c, const struct weight *w, const float *x, size_t x_stride,
-		   int n_tok, float *out, size_t out_stride, const float *bias, bool accumulate)
-{
-	const struct kern_ops *k = c->m->kern;
-	uint32_t at = k->t[w->type].act_type;
-	size_t arow = kern_act_row_size(at, w->n_in);
-	struct quant_task qt = {k->quant_act[at], x, x_stride, c->act, arow, w->n_in, n_tok};
-	if (n_tok > 1)
-		pool_run(c->m->pool, quant_worker, &qt);
-	else
-		quant_worker(&qt, 0, 1);
-	int nth = pool_size(c->m->pool);
-	/* Chunks small enough to balance (4 per thread), large enough to
-	 * amortise the atomic. The split never changes any result. */
-	int64_t rows = (w->n_out + nth * 4 - 1) / (nth * 4);
-	if (rows < 4)
-		rows = 4;
-	struct mm_task t = {c, w, c->act, arow, out, out_stride, n_tok, bias, accumulate, (int)rows};
-	atomic_store(&c->chunk, 0);
-	pool_run(c->m->pool, mm_worker, &t);
-}
-
 static void rmsnorm(float *o, const float *x, const float *w, int64_t n, float eps)
 {
 	double ss = 0;
@@ -849,9 +768,9 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 		const struct layer *L = &m->layers[l];
 		for (int t = 0; t < T; t++)
 			rmsnorm(c->xb + t * E, c->x + t * E, L->attn_norm, (int64_t)E, hp->eps);
-		matmul(c, &L->wq, c->xb, E, T, c->q, QD, L->bq, false);
-		matmul(c, &L->wk, c->xb, E, T, c->k, KD, L->bk, false);
-		matmul(c, &L->wv, c->xb, E, T, c->v, KD, L->bv, false);
+		engine_matmul(c, &L->wq, c->xb, E, T, c->q, QD, L->bq, false);
+		engine_matmul(c, &L->wk, c->xb, E, T, c->k, KD, L->bk, false);
+		engine_matmul(c, &L->wv, c->xb, E, T, c->v, KD, L->bv, false);
 		for (int t = 0; t < T; t++) {
 			float *q = c->q + t * QD, *k = c->k + t * KD;
 			if (L->q_norm) {
@@ -872,15 +791,15 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 		struct attn_task at = {c, (int)l};
 		atomic_store(&c->chunk, 0);
 		pool_run(m->pool, attn_worker, &at);
-		matmul(c, &L->wo, c->att, QD, T, c->x, E, L->bo, true);
+		engine_matmul(c, &L->wo, c->att, QD, T, c->x, E, L->bo, true);
 
 		for (int t = 0; t < T; t++)
 			rmsnorm(c->xb + t * E, c->x + t * E, L->ffn_norm, (int64_t)E, hp->eps);
-		matmul(c, &L->w_gate, c->xb, E, T, c->hb, FF, NULL, false);
-		matmul(c, &L->w_up, c->xb, E, T, c->hb2, FF, NULL, false);
+		engine_matmul(c, &L->w_gate, c->xb, E, T, c->hb, FF, NULL, false);
+		engine_matmul(c, &L->w_up, c->xb, E, T, c->hb2, FF, NULL, false);
 		for (size_t i = 0; i < (size_t)T * FF; i++)
 			c->hb[i] = silu(c->hb[i]) * c->hb2[i];
-		matmul(c, &L->w_down, c->hb, FF, T, c->x, E, NULL, true);
+		engine_matmul(c, &L->w_down, c->hb, FF, T, c->x, E, NULL, true);
 	}
 
 	/* Logits for the requested tokens only: gather their normed rows. */
@@ -896,7 +815,7 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 	}
 	c->n_logits = n_out;
 	if (n_out > 0)
-		matmul(c, &m->output, c->xb, E, n_out, c->logits, hp->n_vocab, NULL, false);
+		engine_matmul(c, &m->output, c->xb, E, n_out, c->logits, hp->n_vocab, NULL, false);
 	for (int i = 0; i < T; i++) {
 		int s = c->seq[i];
 		if (b->pos[i] + 1 > c->seq_len[s])
