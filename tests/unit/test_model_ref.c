@@ -136,7 +136,7 @@ static void run_reference(engine_model *m, json_t *ref, bool check_logits, doubl
 static void check_model(const char *model, const char *ref_name, bool check_logits, double tol)
 {
 	if (!test_file_exists(test_data_path(model)) || !test_file_exists(test_data_path(ref_name))) {
-		TEST_SKIP("%s or %s not found under $EDGELM_TESTDATA (%s)", model, ref_name,
+		TEST_SKIP_DATA("%s or %s not found under $EDGELM_TESTDATA (%s)", model, ref_name,
 			  test_data_path(""));
 		return;
 	}
@@ -208,7 +208,7 @@ static void test_threads_invariant(void)
 {
 	const char *model = "models/stories260K-f32.gguf";
 	if (!test_file_exists(test_data_path(model))) {
-		TEST_SKIP("%s not found under $EDGELM_TESTDATA", model);
+		TEST_SKIP_DATA("%s not found under $EDGELM_TESTDATA", model);
 		return;
 	}
 	engine_model *m1 = load_model(model, 1, NULL), *m2 = load_model(model, 2, NULL);
@@ -237,7 +237,7 @@ static void test_batch_invariant(void)
 {
 	const char *model = "models/stories260K-f32.gguf";
 	if (!test_file_exists(test_data_path(model))) {
-		TEST_SKIP("%s not found under $EDGELM_TESTDATA", model);
+		TEST_SKIP_DATA("%s not found under $EDGELM_TESTDATA", model);
 		return;
 	}
 	engine_model *m = load_model(model, 2, NULL);
@@ -295,7 +295,7 @@ static void test_bad_batches(void)
 {
 	const char *model = "models/stories260K-f32.gguf";
 	if (!test_file_exists(test_data_path(model))) {
-		TEST_SKIP("%s not found under $EDGELM_TESTDATA", model);
+		TEST_SKIP_DATA("%s not found under $EDGELM_TESTDATA", model);
 		return;
 	}
 	engine_model *m = load_model(model, 1, NULL);

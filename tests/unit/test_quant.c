@@ -177,7 +177,7 @@ static void check_llama_cpp_file(const char *qfile, uint32_t qtype)
 	snprintf(src_path, sizeof(src_path), "%s", test_data_path("models/stories3M-f32.gguf"));
 	snprintf(q_path, sizeof(q_path), "%s", test_data_path(qfile));
 	if (!test_file_exists(src_path) || !test_file_exists(q_path)) {
-		TEST_SKIP("%s or %s not found (set EDGELM_TESTDATA)", src_path, q_path);
+		TEST_SKIP_DATA("%s or %s not found (set EDGELM_TESTDATA)", src_path, q_path);
 		return;
 	}
 	struct gguf_file *src = NULL, *q = NULL;

@@ -172,7 +172,7 @@ static int quantize(const char *in, const char *out, const char *type)
 static bool have_data(const char *model)
 {
 	if (!test_file_exists(test_data_path(model)) || load_stories() != 0) {
-		TEST_SKIP("%s or reference/stories-heldout.jsonl not found under $EDGELM_TESTDATA",
+		TEST_SKIP_DATA("%s or reference/stories-heldout.jsonl not found under $EDGELM_TESTDATA",
 			  model);
 		return false;
 	}
@@ -205,7 +205,7 @@ static void check_file(const char *model, const char *qmodel, double floor)
 	if (!have_data(model))
 		return;
 	if (!test_file_exists(test_data_path(qmodel))) {
-		TEST_SKIP("%s not found under $EDGELM_TESTDATA", qmodel);
+		TEST_SKIP_DATA("%s not found under $EDGELM_TESTDATA", qmodel);
 		return;
 	}
 	char ref_path[4096];

@@ -61,7 +61,7 @@ static bool need_ref(void)
 	const char *m = test_data_path("models/stories260K-f32.gguf");
 	if (!test_file_exists(m) ||
 	    !test_file_exists(test_data_path("reference/stories260K-f32.json"))) {
-		TEST_SKIP("stories260K model or reference not found under $EDGELM_TESTDATA");
+		TEST_SKIP_DATA("stories260K model or reference not found under $EDGELM_TESTDATA");
 		return false;
 	}
 	if (!ref)

@@ -209,7 +209,7 @@ static void test_vocab_vectors(void)
 	snprintf(dir, sizeof(dir), "%s", test_data_path("vocab"));
 	DIR *d = opendir(dir);
 	if (!d) {
-		TEST_SKIP("no vocab directory at %s (set EDGELM_TESTDATA)", dir);
+		TEST_SKIP_DATA("no vocab directory at %s (set EDGELM_TESTDATA)", dir);
 		return;
 	}
 	struct dirent *e;
@@ -221,7 +221,7 @@ static void test_vocab_vectors(void)
 	}
 	closedir(d);
 	if (n_files == 0)
-		TEST_SKIP("no SPM vocab with test vectors in %s", dir);
+		TEST_SKIP_DATA("no SPM vocab with test vectors in %s", dir);
 }
 
 /* ---- (2) the stories models' prompts ---------------------------------------- */
@@ -232,7 +232,7 @@ static void check_stories(const char *model, const char *ref)
 	snprintf(mpath, sizeof(mpath), "%s", test_data_path(model));
 	const char *rpath = test_data_path(ref);
 	if (!test_file_exists(mpath) || !test_file_exists(rpath)) {
-		TEST_SKIP("missing %s or %s", mpath, rpath);
+		TEST_SKIP_DATA("missing %s or %s", mpath, rpath);
 		return;
 	}
 	engine_tokenizer *t = NULL;
