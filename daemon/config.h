@@ -1,0 +1,100 @@
+/* daemon/config.h: edgelmd's configuration.
+ *
+ * One table (config.c) drives parsing of /etc/edgelm/edgelm.conf (plain
+ * `key value` lines, # comments), command-line overrides (--set key=value
+ * and the dedicated flags), validation, --print-config, the docs
+ * (docs/configuration.md is generated from it by `edgelmd --print-config
+ * --doc`) and SIGHUP reload (only RELOADABLE keys change in place; a model
+ * change is handled by the daemon). */
+#ifndef EDGELM_DAEMON_CONFIG_H
+#define EDGELM_DAEMON_CONFIG_H
+
+#include "common/common.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define DAEMON_CONFIG_PATH "/etc/edgelm/edgelm.conf"
+#define DAEMON_MAX_LISTEN 8
+
+struct daemon_config {
+	/* model and engine */
+	char model[4096];      /* GGUF path (required) */
+	int threads;           /* 0: the tuning plan decides */
+	char isa[32];          /* "" or "auto": best; "scalar", "avx2", ... */
+	uint32_t ctx_size;     /* tokens per sequence; 0: the model's, capped by kv budget */
+	uint32_t parallel;     /* sequences decoded together (KV slots) */
+	uint32_t batch_size;   /* max tokens per engine step */
+	uint32_t prefill_chunk; /* max prompt tokens per step, so decodes never stall */
+	uint32_t kv_budget_mib; /* KV cache memory budget; 0: no cap */
+	bool prefix_cache;      /* keep finished sequences' KV for prompt reuse */
+
+	/* requests */
+	uint32_t queue_size;        /* requests waiting for a slot; beyond: queue_full */
+	uint32_t max_tokens_default; /* when the request gives none */
+	uint32_t max_tokens_limit;   /* upper bound of a request's max_tokens */
+	uint32_t stream_idle_ms;     /* a stream not polled this long is cancelled */
+	uint32_t deadline_ms_default; /* 0: none */
+	uint32_t drain_timeout_ms;   /* SIGTERM: let running requests finish this long */
+
+	/* ipc */
+	char listen[DAEMON_MAX_LISTEN][512]; /* nng URLs; ipc:// and/or tcp:// */
+	int n_listen;
+	char socket_group[64]; /* group of the ipc socket file ("" = leave) */
+	uint32_t socket_mode;  /* octal, default 0660 */
+	uint32_t max_msg_kib;  /* max request size */
+
+	/* monitor */
+	char metrics_listen[128]; /* ADDR:PORT or "off" */
+	uint32_t monitor_interval_ms;
+	char metrics_textfile[4096]; /* node_exporter textfile path, "" = off */
+	double peak_bandwidth_gbs;   /* measured read bandwidth (edgelm-bench); 0 = unknown */
+
+	/* tuning */
+	bool tuning;              /* master switch for every knob below */
+	bool pin;                 /* pin workers, keep service threads off their cores */
+	char governor[64];        /* "performance", "keep", ... */
+	char epp[48];             /* energy_performance_preference or "keep" */
+	int nice;                 /* -20..19; 99 = keep */
+	bool sched_batch;
+	char load_ioprio[16];     /* "keep", "idle", "be", "be:N" */
+	char mlock[16];           /* "off", "try", "on" (tuning_mlock names) */
+	bool hugepages;
+	bool prefault;
+	char numa[16];            /* tuning_numa names */
+	int oom_score_adj;        /* -1000..1000; 9999 = keep */
+	char state_file[4096];    /* tuning state for --restore-tuning */
+
+	/* logging and systemd */
+	char log_level[16];        /* "err", "warning", "notice", "info", "debug" */
+	uint32_t watchdog_stall_ms; /* test only: stall the scheduler on a prompt
+				     * containing "__edgelm_test_stall__" (0 = off) */
+};
+
+enum daemon_config_flags {
+	CONFIG_RELOADABLE = 1 << 0, /* applied by SIGHUP without a restart */
+	CONFIG_HIDDEN = 1 << 1,     /* test-only, not in --print-config docs */
+};
+
+/* Defaults for every key. */
+void daemon_config_default(struct daemon_config *c);
+/* Parse a file into c (keys not in the file keep their values). A missing
+ * file is -ENOENT (the caller decides whether that is fine). Errors name the
+ * file, line and key. */
+int daemon_config_load(struct daemon_config *c, const char *path, struct cm_err *err);
+/* Set one key from text ("threads", "4"), validating type and range. */
+int daemon_config_set(struct daemon_config *c, const char *key, const char *value,
+		      struct cm_err *err);
+/* Whole-config checks that single keys cannot do (e.g. model set). */
+int daemon_config_validate(const struct daemon_config *c, struct cm_err *err);
+/* `key value` lines with comments (default marked), loadable again. With
+ * doc = true, a Markdown table of every key (docs/configuration.md). */
+void daemon_config_print(FILE *f, const struct daemon_config *c, bool doc);
+/* After a reload: copy reloadable keys from `nc` into `c`; returns a bitmask
+ * of what else differs: 1 = the model (path), 2 = a key that needs a restart
+ * (its name in *ret_key). */
+int daemon_config_apply_reload(struct daemon_config *c, const struct daemon_config *nc,
+			       const char **ret_key);
+
+#endif
