@@ -157,6 +157,29 @@ int engine_detok_flush(struct engine_detok *d, char *out, size_t cap);
 int engine_detokenize(const engine_tokenizer *t, const int32_t *ids, int n, bool special,
 		      char **ret_text, struct cm_err *err);
 
+/* ---- chat templates ------------------------------------------------------ */
+
+enum engine_chat_format { ENGINE_CHAT_CHATML };
+enum engine_chat_role { ENGINE_CHAT_SYSTEM, ENGINE_CHAT_USER, ENGINE_CHAT_ASSISTANT };
+
+struct engine_chat_msg {
+	enum engine_chat_role role;
+	const char *content;
+	size_t len;
+};
+
+/* The model's format from its tokenizer.chat_template (chatml when it has
+ * none), or the one named by `override`. -ENOTSUP with a message naming the
+ * override option for an unknown template. */
+int engine_chat_detect(const engine_model *m, const char *override, enum engine_chat_format *ret,
+		       struct cm_err *err);
+const char *engine_chat_format_name(enum engine_chat_format f);
+/* Render messages into prompt text (cm_malloc'ed, NUL-terminated). BOS is
+ * not written: tokenize the result with add_special and parse_special. */
+int engine_chat_render(enum engine_chat_format f, const struct engine_chat_msg *msgs, size_t n,
+		       bool add_generation_prompt, char **ret_text, size_t *ret_len,
+		       struct cm_err *err);
+
 /* ---- sampler ------------------------------------------------------------- */
 
 struct engine_sampler_params {

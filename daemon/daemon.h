@@ -1,0 +1,76 @@
+/* daemon/daemon.h: the daemon's shared state, wired by main.c.
+ *
+ * Threads: the main thread reads signals (signalfd) and runs start/stop;
+ * the scheduler thread (sched.c) owns the engine and every sequence; nng's
+ * threads run the IPC handler (sched.c: daemon_handle_call), which only
+ * parses, looks up and enqueues; the monitor runs its own sampling thread.
+ * `mu` guards everything the handler and the scheduler share: the request
+ * table, the queue, the published text of each request and held polls. */
+#ifndef EDGELM_DAEMON_H
+#define EDGELM_DAEMON_H
+
+#include "daemon/config.h"
+#include "engine/engine.h"
+#include "ipc/ipc.h"
+#include "monitor/monitor.h"
+#include "tuning/tuning.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define EDGELM_VERSION "0.1.0"
+
+struct daemon_request;
+struct sched;
+
+enum daemon_phase { PHASE_LOADING, PHASE_READY, PHASE_DRAINING, PHASE_STOPPED };
+
+struct daemon {
+	struct daemon_config cfg;
+	const char *config_path;
+
+	/* tuning */
+	struct tuning_paths tpaths;
+	struct tuning_report treport;
+	struct tuning_plan tplan;
+	struct tuning_state tstate;
+	bool tuning_applied;
+	char *tuning_json; /* for info, under mu */
+
+	/* engine, owned by the scheduler thread once it runs */
+	engine_model *model;
+	engine_ctx *ctx;
+	struct engine_model_info minfo;
+	char model_name[256];
+	char quant_list[512];
+
+	/* serving */
+	ipc_server *srv;
+	monitor *mon;
+	const struct monitor_inference *mi;
+	monitor_family *fam_requests;
+
+	struct sched *sched;
+	pthread_mutex_t mu;
+	_Atomic int phase; /* enum daemon_phase */
+};
+
+/* sched.c */
+int sched_new(struct daemon *d, struct sched **ret, struct cm_err *err);
+int sched_start(struct sched *s, struct cm_err *err);
+/* Stop admitting; queued requests get shutting_down; running ones finish
+ * within timeout_ms, then are cancelled. Returns when the scheduler thread
+ * has exited. */
+void sched_stop(struct sched *s, unsigned timeout_ms);
+void sched_free(struct sched *s);
+/* Ask the scheduler thread to swap in a new model between steps once the
+ * running sequences have finished (SIGHUP). Ownership of m and c passes to
+ * the scheduler. */
+void sched_swap_model(struct sched *s, engine_model *m, engine_ctx *c);
+/* Counts for STATUS= lines and metrics. */
+void sched_counts(struct sched *s, int *ret_running, int *ret_queued, double *ret_tok_s);
+
+/* The IPC handler (registered with ipc_server_new; userdata = daemon). */
+void daemon_handle_call(ipc_call *call, void *userdata);
+
+#endif
