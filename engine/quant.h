@@ -50,8 +50,15 @@ enum engine_dtype {
 };
 
 #define QK4_0 32
+#define QK4_1 32
+#define QK5_0 32
+#define QK5_1 32
 #define QK8_0 32
+#define QK8_1 32
+#define QK4_NL 32
 #define QK_K 256
+/* 6-bit scale/min pairs of Q4_K/Q5_K, packed in 12 bytes. */
+#define K_SCALE_SIZE 12
 
 struct block_q4_0 {
 	uint16_t d; /* f16 */
@@ -63,8 +70,126 @@ struct block_q8_0 {
 	int8_t qs[QK8_0];
 } __attribute__((packed));
 
+struct block_q4_1 {
+	uint16_t d; /* f16 */
+	uint16_t m; /* f16: the block minimum */
+	uint8_t qs[QK4_1 / 2];
+} __attribute__((packed));
+
+struct block_q5_0 {
+	uint16_t d;    /* f16 */
+	uint8_t qh[4]; /* 5th bits, LE u32, bit e for element e */
+	uint8_t qs[QK5_0 / 2];
+} __attribute__((packed));
+
+struct block_q5_1 {
+	uint16_t d; /* f16 */
+	uint16_t m; /* f16 */
+	uint8_t qh[4];
+	uint8_t qs[QK5_1 / 2];
+} __attribute__((packed));
+
+/* Activations of Q4_1/Q5_1 weights: s = fp16(d * sum(qs)) carries the
+ * weight minimum's share of the dot product. */
+struct block_q8_1 {
+	uint16_t d; /* f16 */
+	uint16_t s; /* f16 */
+	int8_t qs[QK8_1];
+} __attribute__((packed));
+
+struct block_q2_K {
+	uint8_t scales[QK_K / 16]; /* low nibble scale, high nibble min */
+	uint8_t qs[QK_K / 4];
+	uint16_t d;    /* f16, super-block scale of the scales */
+	uint16_t dmin; /* f16, super-block scale of the mins */
+} __attribute__((packed));
+
+struct block_q3_K {
+	uint8_t hmask[QK_K / 8];
+	uint8_t qs[QK_K / 4];
+	uint8_t scales[12]; /* 16 six-bit scales, offset 32 */
+	uint16_t d;	    /* f16 */
+} __attribute__((packed));
+
+struct block_q4_K {
+	uint16_t d;    /* f16 */
+	uint16_t dmin; /* f16 */
+	uint8_t scales[K_SCALE_SIZE];
+	uint8_t qs[QK_K / 2];
+} __attribute__((packed));
+
+struct block_q5_K {
+	uint16_t d;    /* f16 */
+	uint16_t dmin; /* f16 */
+	uint8_t scales[K_SCALE_SIZE];
+	uint8_t qh[QK_K / 8];
+	uint8_t qs[QK_K / 2];
+} __attribute__((packed));
+
+struct block_q6_K {
+	uint8_t ql[QK_K / 2];
+	uint8_t qh[QK_K / 4];
+	int8_t scales[QK_K / 16];
+	uint16_t d; /* f16 */
+} __attribute__((packed));
+
+/* Activations of the K-quants (never in files): d is a plain float and may be
+ * negative; bsums[i] is the sum of qs[16 i .. 16 i + 15]. */
+struct block_q8_K {
+	float d;
+	int8_t qs[QK_K];
+	int16_t bsums[QK_K / 16];
+} __attribute__((packed));
+
+struct block_iq4_nl {
+	uint16_t d; /* f16 */
+	uint8_t qs[QK4_NL / 2];
+} __attribute__((packed));
+
+struct block_iq4_xs {
+	uint16_t d; /* f16 */
+	uint16_t scales_h;
+	uint8_t scales_l[QK_K / 64];
+	uint8_t qs[QK_K / 2];
+} __attribute__((packed));
+
 _Static_assert(sizeof(struct block_q4_0) == 18, "q4_0 block");
+_Static_assert(sizeof(struct block_q4_1) == 20, "q4_1 block");
+_Static_assert(sizeof(struct block_q5_0) == 22, "q5_0 block");
+_Static_assert(sizeof(struct block_q5_1) == 24, "q5_1 block");
 _Static_assert(sizeof(struct block_q8_0) == 34, "q8_0 block");
+_Static_assert(sizeof(struct block_q8_1) == 36, "q8_1 block");
+_Static_assert(sizeof(struct block_q2_K) == 84, "q2_K block");
+_Static_assert(sizeof(struct block_q3_K) == 110, "q3_K block");
+_Static_assert(sizeof(struct block_q4_K) == 144, "q4_K block");
+_Static_assert(sizeof(struct block_q5_K) == 176, "q5_K block");
+_Static_assert(sizeof(struct block_q6_K) == 210, "q6_K block");
+_Static_assert(sizeof(struct block_q8_K) == 292, "q8_K block");
+_Static_assert(sizeof(struct block_iq4_nl) == 18, "iq4_nl block");
+_Static_assert(sizeof(struct block_iq4_xs) == 136, "iq4_xs block");
+
+/* The IQ4_NL / IQ4_XS codebook (gguf-formats §2.5). */
+extern const int8_t quant_iq4nl_values[16];
+
+/* Scale j (0..7) and min of a Q4_K/Q5_K scales[12] array. */
+static inline void quant_scale_min_k4(int j, const uint8_t *q, uint8_t *ret_sc, uint8_t *ret_m)
+{
+	if (j < 4) {
+		*ret_sc = q[j] & 63;
+		*ret_m = q[j + 4] & 63;
+	} else {
+		*ret_sc = (uint8_t)((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4));
+		*ret_m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+	}
+}
+
+/* Signed 6-bit scale i (0..15) of a Q3_K block, in [-32, 31]. */
+static inline int quant_scale_q3_K(int i, const uint8_t *scales)
+{
+	int lo = i < 8 ? scales[i] & 0xf : scales[i - 8] >> 4;
+	int hi = (scales[8 + i % 4] >> (2 * (i / 4))) & 3;
+	return (lo | hi << 4) - 32;
+}
 
 struct dtype_info {
 	const char *name; /* "F32", "Q4_0", ... NULL for removed ids */
@@ -128,8 +253,36 @@ void quant_init(void);
  * them. */
 void quantize_row_q8_0_ref(const float *x, void *y, int64_t k);
 void quantize_row_q4_0_ref(const float *x, void *y, int64_t k);
+void quantize_row_q4_1_ref(const float *x, void *y, int64_t k);
+void quantize_row_q5_0_ref(const float *x, void *y, int64_t k);
+void quantize_row_q5_1_ref(const float *x, void *y, int64_t k);
+void quantize_row_q8_1_ref(const float *x, void *y, int64_t k);
+void quantize_row_q2_K_ref(const float *x, void *y, int64_t k);
+void quantize_row_q3_K_ref(const float *x, void *y, int64_t k);
+void quantize_row_q4_K_ref(const float *x, void *y, int64_t k);
+void quantize_row_q5_K_ref(const float *x, void *y, int64_t k);
+void quantize_row_q6_K_ref(const float *x, void *y, int64_t k);
+void quantize_row_q8_K_ref(const float *x, void *y, int64_t k);
+void quantize_row_iq4_nl_ref(const float *x, void *y, int64_t k);
+void quantize_row_iq4_xs_ref(const float *x, void *y, int64_t k);
 void quantize_row_f16_ref(const float *x, void *y, int64_t k);
 void quantize_row_bf16_ref(const float *x, void *y, int64_t k);
+/* Per-type dequantizers (k a multiple of the block), also the kernels'
+ * dequant entries. */
+void dequantize_row_q8_0(const void *x, float *y, int64_t k);
+void dequantize_row_q4_0(const void *x, float *y, int64_t k);
+void dequantize_row_q4_1(const void *x, float *y, int64_t k);
+void dequantize_row_q5_0(const void *x, float *y, int64_t k);
+void dequantize_row_q5_1(const void *x, float *y, int64_t k);
+void dequantize_row_q8_1(const void *x, float *y, int64_t k);
+void dequantize_row_q2_K(const void *x, float *y, int64_t k);
+void dequantize_row_q3_K(const void *x, float *y, int64_t k);
+void dequantize_row_q4_K(const void *x, float *y, int64_t k);
+void dequantize_row_q5_K(const void *x, float *y, int64_t k);
+void dequantize_row_q6_K(const void *x, float *y, int64_t k);
+void dequantize_row_q8_K(const void *x, float *y, int64_t k);
+void dequantize_row_iq4_nl(const void *x, float *y, int64_t k);
+void dequantize_row_iq4_xs(const void *x, float *y, int64_t k);
 /* Dequantize a row of any computable type to f32. Returns -1 if the type has
  * no dequantizer. */
 int dequantize_row(uint32_t type, const void *x, float *y, int64_t k);

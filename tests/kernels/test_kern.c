@@ -727,8 +727,9 @@ static void test_row_dispatch(void)
 	}
 
 	/* Types without (de)quantizers, bad lengths, removed ids. */
-	CHECK(quantize_row(ENGINE_DTYPE_Q4_K, x, buf, 256) < 0);
-	CHECK(dequantize_row(ENGINE_DTYPE_Q6_K, buf, y, 256) < 0);
+	CHECK(quantize_row(ENGINE_DTYPE_IQ2_XXS, x, buf, 256) < 0);
+	CHECK(dequantize_row(ENGINE_DTYPE_TQ1_0, buf, y, 256) < 0);
+	CHECK(quantize_row(ENGINE_DTYPE_Q4_K, x, buf, 32) < 0);
 	CHECK(quantize_row(ENGINE_DTYPE_Q8_0, x, buf, 33) < 0);
 	CHECK(dequantize_row(ENGINE_DTYPE_Q4_0, buf, y, 48) < 0);
 	CHECK(dequantize_row(4, buf, y, 32) < 0);

@@ -10,6 +10,7 @@
 #include "tests/test.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* §2.1, typed in from the spec: id, name, elements and bytes per block. */
@@ -69,9 +70,13 @@ static void test_computable(void)
 		const struct dtype_info *ti = dtype_get(t);
 		if (!ti)
 			continue;
+		/* Weight types with kernels; Q8_1/Q8_K are activation-only. */
 		bool want = t == ENGINE_DTYPE_F32 || t == ENGINE_DTYPE_F16 ||
 			    t == ENGINE_DTYPE_BF16 || t == ENGINE_DTYPE_Q8_0 ||
-			    t == ENGINE_DTYPE_Q4_0;
+			    t == ENGINE_DTYPE_Q4_0 || t == ENGINE_DTYPE_Q4_1 ||
+			    t == ENGINE_DTYPE_Q5_0 || t == ENGINE_DTYPE_Q5_1 ||
+			    (t >= ENGINE_DTYPE_Q2_K && t <= ENGINE_DTYPE_Q6_K) ||
+			    t == ENGINE_DTYPE_IQ4_NL || t == ENGINE_DTYPE_IQ4_XS;
 		CHECK_MSG(ti->computable == want, "%s computable = %d", ti->name, ti->computable);
 	}
 }
@@ -133,6 +138,26 @@ static void test_block_structs(void)
 {
 	CHECK_EQ_INT(sizeof(struct block_q4_0), dtype_get(ENGINE_DTYPE_Q4_0)->size);
 	CHECK_EQ_INT(sizeof(struct block_q8_0), dtype_get(ENGINE_DTYPE_Q8_0)->size);
+	CHECK_EQ_INT(sizeof(struct block_q4_1), dtype_get(ENGINE_DTYPE_Q4_1)->size);
+	CHECK_EQ_INT(sizeof(struct block_q5_0), dtype_get(ENGINE_DTYPE_Q5_0)->size);
+	CHECK_EQ_INT(sizeof(struct block_q5_1), dtype_get(ENGINE_DTYPE_Q5_1)->size);
+	CHECK_EQ_INT(sizeof(struct block_q8_1), dtype_get(ENGINE_DTYPE_Q8_1)->size);
+	CHECK_EQ_INT(sizeof(struct block_q2_K), dtype_get(ENGINE_DTYPE_Q2_K)->size);
+	CHECK_EQ_INT(sizeof(struct block_q3_K), dtype_get(ENGINE_DTYPE_Q3_K)->size);
+	CHECK_EQ_INT(sizeof(struct block_q4_K), dtype_get(ENGINE_DTYPE_Q4_K)->size);
+	CHECK_EQ_INT(sizeof(struct block_q5_K), dtype_get(ENGINE_DTYPE_Q5_K)->size);
+	CHECK_EQ_INT(sizeof(struct block_q6_K), dtype_get(ENGINE_DTYPE_Q6_K)->size);
+	CHECK_EQ_INT(sizeof(struct block_q8_K), dtype_get(ENGINE_DTYPE_Q8_K)->size);
+	CHECK_EQ_INT(sizeof(struct block_iq4_nl), dtype_get(ENGINE_DTYPE_IQ4_NL)->size);
+	CHECK_EQ_INT(sizeof(struct block_iq4_xs), dtype_get(ENGINE_DTYPE_IQ4_XS)->size);
+	/* Field offsets that the formats fix (§2.3-2.5). */
+	CHECK_EQ_INT(offsetof(struct block_q2_K, d), 80);
+	CHECK_EQ_INT(offsetof(struct block_q3_K, scales), 96);
+	CHECK_EQ_INT(offsetof(struct block_q4_K, qs), 16);
+	CHECK_EQ_INT(offsetof(struct block_q5_K, qs), 48);
+	CHECK_EQ_INT(offsetof(struct block_q6_K, scales), 192);
+	CHECK_EQ_INT(offsetof(struct block_q8_K, bsums), 260);
+	CHECK_EQ_INT(offsetof(struct block_iq4_xs, qs), 8);
 	CHECK_EQ_INT(QK4_0, dtype_get(ENGINE_DTYPE_Q4_0)->blck);
 	CHECK_EQ_INT(QK8_0, dtype_get(ENGINE_DTYPE_Q8_0)->blck);
 	CHECK_EQ_INT(QK_K, dtype_get(ENGINE_DTYPE_Q4_K)->blck);
@@ -168,10 +193,12 @@ static void test_init_threads(void)
 		CHECK_EQ_INT(bad[i], 0);
 }
 
-/* stories3M-q8_0.gguf and stories3M-q4_0.gguf were written by llama-quantize
- * (no importance matrix) from stories3M-f32.gguf: every Q8_0 / Q4_0 tensor
- * in them must be what our quantizer makes of the F32 source. */
-static void check_llama_cpp_file(const char *qfile, uint32_t qtype)
+/* stories3M-q8_0.gguf, -q4_0, -q6_k and -q4_k_m were written by
+ * llama-quantize (no importance matrix) from stories3M-f32.gguf: every tensor
+ * of type qtype in them must be what our quantizer makes of the F32 source,
+ * byte for byte. The squared error of their dequantized weights and of ours
+ * against the source is printed too (for docs/engine.md). */
+static void check_llama_cpp_file(const char *qfile, uint32_t qtype, int min_tensors)
 {
 	char src_path[4096], q_path[4096];
 	snprintf(src_path, sizeof(src_path), "%s", test_data_path("models/stories3M-f32.gguf"));
@@ -191,6 +218,7 @@ static void check_llama_cpp_file(const char *qfile, uint32_t qtype)
 		return;
 	}
 	int n_checked = 0;
+	double se_ours = 0, se_theirs = 0, sx2 = 0;
 	for (uint64_t i = 0; i < q->n_tensors; i++) {
 		const struct gguf_tensor *tq = &q->tensors[i];
 		if (tq->type != qtype)
@@ -203,34 +231,60 @@ static void check_llama_cpp_file(const char *qfile, uint32_t qtype)
 		if (!match)
 			continue;
 		float *row = malloc((size_t)ne0 * sizeof(float));
+		float *deq = malloc((size_t)ne0 * sizeof(float));
 		uint8_t *out = malloc(tq->row_bytes);
 		int bad_rows = 0;
-		for (int64_t r = 0; row && out && r < rows; r++) {
+		for (int64_t r = 0; row && deq && out && r < rows; r++) {
+			const uint8_t *theirs = (const uint8_t *)tq->data + r * tq->row_bytes;
 			memcpy(row, (const uint8_t *)ts->data + r * ts->row_bytes,
 			       (size_t)ne0 * sizeof(float));
 			CHECK_OK(quantize_row(qtype, row, out, ne0));
-			bad_rows += memcmp(out, (const uint8_t *)tq->data + r * tq->row_bytes,
-					   tq->row_bytes) != 0;
+			bad_rows += memcmp(out, theirs, tq->row_bytes) != 0;
+			CHECK_OK(dequantize_row(qtype, theirs, deq, ne0));
+			for (int64_t j = 0; j < ne0; j++)
+				se_theirs += ((double)deq[j] - row[j]) * ((double)deq[j] - row[j]);
+			CHECK_OK(dequantize_row(qtype, out, deq, ne0));
+			for (int64_t j = 0; j < ne0; j++) {
+				se_ours += ((double)deq[j] - row[j]) * ((double)deq[j] - row[j]);
+				sx2 += (double)row[j] * row[j];
+			}
 		}
+		free(deq);
 		CHECK_MSG(bad_rows == 0, "%s: %d of %lld rows differ from llama.cpp's", tq->name,
 			  bad_rows, (long long)rows);
 		free(row);
 		free(out);
 		n_checked++;
 	}
-	CHECK_MSG(n_checked >= 29, "only %d %s tensors compared", n_checked, dtype_name(qtype));
+	CHECK_MSG(n_checked >= min_tensors, "only %d %s tensors compared", n_checked,
+		  dtype_name(qtype));
+	fprintf(stderr, "%s: %d %s tensors, relative squared error ours %.4g, llama.cpp's %.4g\n",
+		qfile, n_checked, dtype_name(qtype), se_ours / sx2, se_theirs / sx2);
 	gguf_close(src);
 	gguf_close(q);
 }
 
 static void test_llama_cpp_q8_0(void)
 {
-	check_llama_cpp_file("models/stories3M-q8_0.gguf", ENGINE_DTYPE_Q8_0);
+	check_llama_cpp_file("models/stories3M-q8_0.gguf", ENGINE_DTYPE_Q8_0, 29);
 }
 
 static void test_llama_cpp_q4_0(void)
 {
-	check_llama_cpp_file("models/stories3M-q4_0.gguf", ENGINE_DTYPE_Q4_0);
+	check_llama_cpp_file("models/stories3M-q4_0.gguf", ENGINE_DTYPE_Q4_0, 29);
+}
+
+/* The Q6_K output matrix of the Q4_0 file, and the Q6_K / Q4_K_M files. */
+static void test_llama_cpp_q6_k(void)
+{
+	check_llama_cpp_file("models/stories3M-q4_0.gguf", ENGINE_DTYPE_Q6_K, 1);
+	check_llama_cpp_file("models/stories3M-q6_k.gguf", ENGINE_DTYPE_Q6_K, 29);
+}
+
+static void test_llama_cpp_q4_k(void)
+{
+	check_llama_cpp_file("models/stories3M-q4_k_m.gguf", ENGINE_DTYPE_Q4_K, 25);
+	check_llama_cpp_file("models/stories3M-q4_k_m.gguf", ENGINE_DTYPE_Q6_K, 5);
 }
 
 int main(void)
@@ -244,5 +298,7 @@ int main(void)
 	TEST_RUN(test_init_threads);
 	TEST_RUN(test_llama_cpp_q8_0);
 	TEST_RUN(test_llama_cpp_q4_0);
+	TEST_RUN(test_llama_cpp_q6_k);
+	TEST_RUN(test_llama_cpp_q4_k);
 	return test_finish();
 }
