@@ -55,6 +55,19 @@ void engine_model_free(engine_model *m); /* NULL-safe */
 void engine_model_get_info(const engine_model *m, struct engine_model_info *ret_info);
 const engine_tokenizer *engine_model_tokenizer(const engine_model *m);
 
+/* Memory the engine reads on every token, for mlock and prefault: the
+ * model's mapping (read-only) and a context's KV cache (writable). */
+struct engine_region {
+	void *addr;
+	size_t len;
+	const char *what;
+};
+void engine_model_region(const engine_model *m, struct engine_region *ret);
+/* Fills up to max regions, returns how many. */
+int engine_ctx_regions(const engine_ctx *c, struct engine_region *ret, int max);
+/* Bytes of KV cache per token and sequence (all layers, K and V). */
+uint64_t engine_model_kv_bytes_per_token(const engine_model *m);
+
 /* ---- contexts and batches ---------------------------------------------- */
 
 struct engine_ctx_params {

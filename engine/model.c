@@ -485,6 +485,29 @@ const engine_tokenizer *engine_model_tokenizer(const engine_model *m)
 	return m->tok;
 }
 
+void engine_model_region(const engine_model *m, struct engine_region *ret)
+{
+	ret->addr = (void *)m->file->base;
+	ret->len = m->file->size;
+	ret->what = "weights";
+}
+
+uint64_t engine_model_kv_bytes_per_token(const engine_model *m)
+{
+	return 2ull * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * sizeof(float);
+}
+
+int engine_ctx_regions(const engine_ctx *c, struct engine_region *ret, int max)
+{
+	size_t bytes = c->kv_seq_stride * c->n_seq * sizeof(float);
+	int n = 0;
+	if (n < max)
+		ret[n++] = (struct engine_region){c->k_cache, bytes, "KV cache (K)"};
+	if (n < max)
+		ret[n++] = (struct engine_region){c->v_cache, bytes, "KV cache (V)"};
+	return n;
+}
+
 /* ---- contexts ------------------------------------------------------------ */
 
 static int ctx_alloc(float **p, size_t n)
