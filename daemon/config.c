@@ -1,0 +1,926 @@
+/* daemon/config.c: edgelmd's configuration, one table.
+ *
+ * Every key is one row of `options[]` below (redis's standardConfig):
+ * name, type, where it lives in struct daemon_config, its default as text,
+ * its range and flags, and one line of help. The same rows drive
+ *   - the defaults (each default string goes through the parser, so a
+ *     default that does not parse is caught by the tests),
+ *   - daemon_config_set (type and range checks),
+ *   - daemon_config_load (`key value` lines),
+ *   - daemon_config_print (the file format, loadable again) and its
+ *     --doc variant (the Markdown table of docs/configuration.md),
+ *   - daemon_config_apply_reload (what SIGHUP may change in place).
+ *
+ * File format: one `key value` per line; the value runs to the end of the
+ * line and may contain spaces. A value may be put in double quotes (needed
+ * for an empty value, leading or trailing spaces, or " #"; inside quotes \"
+ * and \\ escape). Lines whose first non-blank character is '#' are
+ * comments, and so is everything from a '#' that follows a blank outside
+ * quotes. A repeated key replaces the earlier value, except `listen`: its
+ * lines add URLs (the first `listen` line of a file replaces the built-in
+ * default). */
+#include "daemon/config.h"
+
+#include "tuning/tuning.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+enum opt_type {
+	OPT_STRING, /* char[] */
+	OPT_INT,    /* int, decimal */
+	OPT_UINT,   /* uint32_t, decimal */
+	OPT_BOOL,   /* bool: yes/no, true/false, on/off, 1/0 */
+	OPT_DOUBLE, /* double */
+	OPT_OCTAL,  /* uint32_t, octal (file modes) */
+	OPT_LIST,   /* listen: char[DAEMON_MAX_LISTEN][512] + n_listen */
+};
+
+typedef int (*opt_check_fn)(const char *value, struct cm_err *err);
+
+struct opt {
+	const char *name;
+	enum opt_type type;
+	size_t off;          /* offsetof(struct daemon_config, field) */
+	size_t size;         /* sizeof the field (string: buffer; list: one entry) */
+	const char *def;     /* default, as the text a file would hold */
+	double min, max;     /* numbers: inclusive range */
+	unsigned flags;      /* enum daemon_config_flags */
+	const char *choices; /* strings: the allowed values, "a|b|c" (NULL: any) */
+	opt_check_fn check;  /* strings: extra syntax check (NULL: none) */
+	long keep;           /* ints: the value spelled "keep" (0: no such value) */
+	const char *section; /* starts a section in print (NULL: same section) */
+	const char *help;
+};
+
+static int check_ioprio(const char *v, struct cm_err *err);
+static int check_numa(const char *v, struct cm_err *err);
+static int check_metrics_listen(const char *v, struct cm_err *err);
+static int check_url(const char *v, struct cm_err *err);
+static int check_abs_path(const char *v, struct cm_err *err);
+static int check_abs_path_or_empty(const char *v, struct cm_err *err);
+
+#define FIELD(f) offsetof(struct daemon_config, f), sizeof(((struct daemon_config *)0)->f)
+#define LISTF(f) offsetof(struct daemon_config, f), sizeof(((struct daemon_config *)0)->f[0])
+#define R CONFIG_RELOADABLE
+#define KEEP_NICE 99
+#define KEEP_OOM 9999
+
+/* clang-format off */
+static const struct opt options[] = {
+	{ "model", OPT_STRING, FIELD(model), "", 0, 0, R, NULL, NULL, 0, "model and engine",
+	  "GGUF model to serve (required). A reload with a new path loads it beside the old one, then swaps" },
+	{ "threads", OPT_INT, FIELD(threads), "0", 0, TUNING_MAX_CPUS, 0, NULL, NULL, 0, NULL,
+	  "worker threads; 0: one per usable physical core (big cores first)" },
+	{ "isa", OPT_STRING, FIELD(isa), "auto", 0, 0, 0, NULL, NULL, 0, NULL,
+	  "kernel variant: auto (best this CPU has), scalar, avx2, avx512, ... (EDGELM_ISA overrides)" },
+	{ "ctx_size", OPT_UINT, FIELD(ctx_size), "0", 0, 1048576, 0, NULL, NULL, 0, NULL,
+	  "tokens per sequence; 0: the model's context, capped by kv_budget_mib" },
+	{ "parallel", OPT_UINT, FIELD(parallel), "4", 1, 256, 0, NULL, NULL, 0, NULL,
+	  "sequences decoded together (KV cache slots)" },
+	{ "batch_size", OPT_UINT, FIELD(batch_size), "512", 1, 65536, 0, NULL, NULL, 0, NULL,
+	  "most tokens in one engine step (decodes plus a prefill chunk)" },
+	{ "prefill_chunk", OPT_UINT, FIELD(prefill_chunk), "256", 1, 65536, 0, NULL, NULL, 0, NULL,
+	  "most prompt tokens per step, so running decodes never stall behind a long prompt" },
+	{ "kv_budget_mib", OPT_UINT, FIELD(kv_budget_mib), "0", 0, 16777216, 0, NULL, NULL, 0, NULL,
+	  "KV cache memory budget in MiB; 0: no cap" },
+	{ "prefix_cache", OPT_BOOL, FIELD(prefix_cache), "yes", 0, 0, 0, NULL, NULL, 0, NULL,
+	  "keep finished sequences' KV cache to reuse shared prompt prefixes" },
+
+	{ "queue_size", OPT_UINT, FIELD(queue_size), "16", 1, 65536, R, NULL, NULL, 0, "requests",
+	  "requests waiting for a slot; beyond it a request is refused with queue_full" },
+	{ "max_tokens_default", OPT_UINT, FIELD(max_tokens_default), "256", 1, 1048576, R, NULL,
+	  NULL, 0, NULL, "max_tokens of a request that gives none" },
+	{ "max_tokens_limit", OPT_UINT, FIELD(max_tokens_limit), "8192", 1, 1048576, R, NULL, NULL,
+	  0, NULL, "upper bound of a request's max_tokens" },
+	{ "stream_idle_ms", OPT_UINT, FIELD(stream_idle_ms), "30000", 100, 86400000, R, NULL, NULL,
+	  0, NULL, "a stream not polled for this long is cancelled" },
+	{ "deadline_ms_default", OPT_UINT, FIELD(deadline_ms_default), "0", 0, 86400000, R, NULL,
+	  NULL, 0, NULL, "deadline of a request that gives none; 0: none" },
+	{ "drain_timeout_ms", OPT_UINT, FIELD(drain_timeout_ms), "10000", 0, 3600000, R, NULL, NULL,
+	  0, NULL, "on SIGTERM, running requests may finish for this long (keep it below the unit's TimeoutStopSec)" },
+
+	{ "listen", OPT_LIST, LISTF(listen), "ipc:///run/edgelm/edgelm.sock", 0, 0, 0, NULL,
+	  check_url, 0, "ipc",
+	  "nng URL to serve (ipc:// or tcp://); each listen line adds one, up to 8" },
+	{ "socket_group", OPT_STRING, FIELD(socket_group), "edgelm", 0, 0, 0, NULL, NULL, 0, NULL,
+	  "group of the ipc:// socket files; \"\": leave as created" },
+	{ "socket_mode", OPT_OCTAL, FIELD(socket_mode), "0660", 0, 0777, 0, NULL, NULL, 0, NULL,
+	  "mode of the ipc:// socket files (clients need write permission)" },
+	{ "max_msg_kib", OPT_UINT, FIELD(max_msg_kib), "1024", 1, 1048576, 0, NULL, NULL, 0, NULL,
+	  "largest request message in KiB" },
+
+	{ "metrics_listen", OPT_STRING, FIELD(metrics_listen), "127.0.0.1:9477", 0, 0, 0, NULL,
+	  check_metrics_listen, 0, "monitor",
+	  "Prometheus endpoint, ADDR:PORT, or off" },
+	{ "monitor_interval_ms", OPT_UINT, FIELD(monitor_interval_ms), "1000", 100, 60000, 0, NULL,
+	  NULL, 0, NULL, "how often the monitor samples the system" },
+	{ "metrics_textfile", OPT_STRING, FIELD(metrics_textfile), "", 0, 0, R, NULL,
+	  check_abs_path_or_empty, 0, NULL,
+	  "node_exporter textfile to write the metrics to (absolute path); \"\": off" },
+	{ "peak_bandwidth_gbs", OPT_DOUBLE, FIELD(peak_bandwidth_gbs), "0", 0, 100000, R, NULL, NULL,
+	  0, NULL, "measured memory read bandwidth in GB/s (edgelm-bench), for the bottleneck verdict; 0: unknown" },
+
+	{ "tuning", OPT_BOOL, FIELD(tuning), "yes", 0, 0, 0, NULL, NULL, 0, "tuning",
+	  "master switch of every tuning knob below" },
+	{ "pin", OPT_BOOL, FIELD(pin), "yes", 0, 0, 0, NULL, NULL, 0, NULL,
+	  "pin workers to cores, keep service threads off them" },
+	{ "governor", OPT_STRING, FIELD(governor), "performance", 0, 0, 0, NULL, NULL, 0, NULL,
+	  "cpufreq governor of the cpus used (\"a|b\": the first offered), or keep" },
+	{ "epp", OPT_STRING, FIELD(epp), "performance", 0, 0, 0, NULL, NULL, 0, NULL,
+	  "energy_performance_preference of the cpus used, or keep" },
+	{ "nice", OPT_INT, FIELD(nice), "-5", -20, 19, 0, NULL, NULL, KEEP_NICE, NULL,
+	  "nice value of the daemon's threads, or keep" },
+	{ "sched_batch", OPT_BOOL, FIELD(sched_batch), "no", 0, 0, 0, NULL, NULL, 0, NULL,
+	  "run the workers under SCHED_BATCH" },
+	{ "load_ioprio", OPT_STRING, FIELD(load_ioprio), "be:7", 0, 0, 0, NULL, check_ioprio, 0,
+	  NULL, "I/O priority while loading the model: keep, idle, be or be:N (N 0..7)" },
+	{ "mlock", OPT_STRING, FIELD(mlock), "try", 0, 0, 0, "off|try|on|all", NULL, 0, NULL,
+	  "lock weights and KV cache in RAM: off; try (warn once and serve unlocked); on (refuse to start); all (mlockall)" },
+	{ "hugepages", OPT_BOOL, FIELD(hugepages), "no", 0, 0, 0, NULL, NULL, 0, NULL,
+	  "copy the weights to transparent huge pages (costs the model's size in RSS)" },
+	{ "prefault", OPT_BOOL, FIELD(prefault), "yes", 0, 0, 0, NULL, NULL, 0, NULL,
+	  "read the whole model at load, so the first requests do not fault" },
+	{ "numa", OPT_STRING, FIELD(numa), "auto", 0, 0, 0, NULL, check_numa, 0, NULL,
+	  "NUMA placement: auto, node, interleave or off" },
+	{ "oom_score_adj", OPT_INT, FIELD(oom_score_adj), "keep", -1000, 1000, 0, NULL, NULL,
+	  KEEP_OOM, NULL, "OOM killer adjustment, or keep (lowering it needs CAP_SYS_RESOURCE: prefer OOMScoreAdjust=)" },
+	{ "state_file", OPT_STRING, FIELD(state_file), "/run/edgelm/tuning.state", 0, 0, 0, NULL,
+	  check_abs_path, 0, NULL, "where tuning records what to restore (edgelmd --restore-tuning)" },
+
+	{ "log_level", OPT_STRING, FIELD(log_level), "info", 0, 0, R,
+	  "err|warning|notice|info|debug", NULL, 0, "logging and systemd",
+	  "least important messages logged" },
+	{ "watchdog_stall_ms", OPT_UINT, FIELD(watchdog_stall_ms), "0", 0, 3600000, CONFIG_HIDDEN,
+	  NULL, NULL, 0, NULL,
+	  "test only: a prompt containing __edgelm_test_stall__ stalls the scheduler this long" },
+};
+/* clang-format on */
+
+#undef R
+
+static const struct opt *opt_find(const char *name)
+{
+	for (size_t i = 0; i < CM_ARRAY_LEN(options); i++)
+		if (strcmp(options[i].name, name) == 0)
+			return &options[i];
+	return NULL;
+}
+
+static void *opt_ptr(struct daemon_config *c, const struct opt *o)
+{
+	return (char *)c + o->off;
+}
+
+static const void *opt_cptr(const struct daemon_config *c, const struct opt *o)
+{
+	return (const char *)c + o->off;
+}
+
+/* ---- value checks ------------------------------------------------------- */
+
+static int check_ioprio(const char *v, struct cm_err *err)
+{
+	enum tuning_ioprio cls;
+	int level;
+
+	if (tuning_ioprio_parse(v, &cls, &level) < 0)
+		return cm_err_set(err, -EINVAL, "'%s' is not keep, idle, be or be:N (N 0..7)", v);
+	return 0;
+}
+
+static int check_numa(const char *v, struct cm_err *err)
+{
+	enum tuning_numa n;
+
+	if (tuning_numa_parse(v, &n) < 0)
+		return cm_err_set(err, -EINVAL, "'%s' is not auto, node, interleave or off", v);
+	return 0;
+}
+
+/* "off", or ADDR:PORT with a port 1..65535 ("[::1]:9477" for IPv6). */
+static int check_metrics_listen(const char *v, struct cm_err *err)
+{
+	const char *colon = strrchr(v, ':');
+	char *end;
+	unsigned long port;
+
+	if (strcmp(v, "off") == 0)
+		return 0;
+	if (!colon || colon == v)
+		return cm_err_set(err, -EINVAL, "'%s' is not ADDR:PORT or off", v);
+	errno = 0;
+	port = strtoul(colon + 1, &end, 10);
+	if (!isdigit((unsigned char)colon[1]) || *end || errno || port < 1 || port > 65535)
+		return cm_err_set(err, -EINVAL, "'%s': the port is not 1..65535", v);
+	return 0;
+}
+
+static int check_url(const char *v, struct cm_err *err)
+{
+	const char *sep = strstr(v, "://");
+
+	if (!sep || sep == v || !sep[3])
+		return cm_err_set(err, -EINVAL,
+		                  "'%s' is not an nng URL (ipc:///path, tcp://ADDR:PORT)", v);
+	return 0;
+}
+
+static int check_abs_path(const char *v, struct cm_err *err)
+{
+	if (v[0] != '/')
+		return cm_err_set(err, -EINVAL, "'%s' is not an absolute path", v);
+	return 0;
+}
+
+static int check_abs_path_or_empty(const char *v, struct cm_err *err)
+{
+	return v[0] ? check_abs_path(v, err) : 0;
+}
+
+static bool in_choices(const char *choices, const char *v)
+{
+	size_t n = strlen(v);
+
+	for (const char *p = choices; p && *p;) {
+		const char *bar = strchr(p, '|');
+		size_t len = bar ? (size_t)(bar - p) : strlen(p);
+		if (len == n && strncmp(p, v, n) == 0)
+			return true;
+		p = bar ? bar + 1 : NULL;
+	}
+	return false;
+}
+
+/* ---- parsing one value -------------------------------------------------- */
+
+static int parse_bool(const char *v, bool *ret)
+{
+	static const char *const yes[] = {"yes", "true", "on", "1"};
+	static const char *const no[] = {"no", "false", "off", "0"};
+
+	for (size_t i = 0; i < CM_ARRAY_LEN(yes); i++) {
+		if (strcasecmp(v, yes[i]) == 0) {
+			*ret = true;
+			return 0;
+		}
+		if (strcasecmp(v, no[i]) == 0) {
+			*ret = false;
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+static int range_err(const struct opt *o, const char *v, struct cm_err *err)
+{
+	if (o->keep)
+		return cm_err_set(err, -ERANGE, "%s: %s is out of range %.0f..%.0f (or keep)",
+		                  o->name, v, o->min, o->max);
+	if (o->type == OPT_OCTAL)
+		return cm_err_set(err, -ERANGE, "%s: %s is out of range %04o..%04o", o->name, v,
+		                  (unsigned)o->min, (unsigned)o->max);
+	return cm_err_set(err, -ERANGE, "%s: %s is out of range %.15g..%.15g", o->name, v, o->min,
+	                  o->max);
+}
+
+static int set_integer(struct daemon_config *c, const struct opt *o, const char *v,
+                       struct cm_err *err)
+{
+	char *end;
+	long long x;
+	int base = o->type == OPT_OCTAL ? 8 : 10;
+
+	if (o->keep && strcmp(v, "keep") == 0) {
+		*(int *)opt_ptr(c, o) = (int)o->keep;
+		return 0;
+	}
+	errno = 0;
+	x = strtoll(v, &end, base);
+	if (end == v || *end || !(isdigit((unsigned char)v[0]) || v[0] == '-' || v[0] == '+'))
+		return cm_err_set(err, -EINVAL, "%s: '%s' is not %s", o->name, v,
+		                  o->type == OPT_OCTAL ? "an octal number (e.g. 0660)"
+		                  : o->keep            ? "an integer or keep"
+		                                       : "an integer");
+	if (errno == ERANGE || x < (long long)o->min || x > (long long)o->max) {
+		if (o->keep && x == o->keep) {
+			*(int *)opt_ptr(c, o) = (int)o->keep;
+			return 0;
+		}
+		return range_err(o, v, err);
+	}
+	if (o->type == OPT_INT)
+		*(int *)opt_ptr(c, o) = (int)x;
+	else
+		*(uint32_t *)opt_ptr(c, o) = (uint32_t)x;
+	return 0;
+}
+
+static int set_string(char *dst, size_t size, const struct opt *o, const char *v,
+                      struct cm_err *err)
+{
+	struct cm_err sub;
+	int r;
+
+	if (strlen(v) >= size)
+		return cm_err_set(err, -ENAMETOOLONG, "%s: value longer than %zu bytes", o->name,
+		                  size - 1);
+	for (const char *p = v; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			return cm_err_set(err, -EINVAL, "%s: control character in the value",
+			                  o->name);
+	if (o->choices && !in_choices(o->choices, v)) {
+		char list[128];
+		size_t j = 0;
+		for (const char *p = o->choices; *p && j + 3 < sizeof(list); p++) {
+			if (*p == '|') {
+				list[j++] = ',';
+				list[j++] = ' ';
+			} else {
+				list[j++] = *p;
+			}
+		}
+		list[j] = '\0';
+		return cm_err_set(err, -EINVAL, "%s: '%s' is not one of %s", o->name, v, list);
+	}
+	if (o->check) {
+		r = o->check(v, &sub);
+		if (r < 0)
+			return cm_err_set(err, r, "%s: %s", o->name, sub.msg);
+	}
+	memcpy(dst, v, strlen(v) + 1);
+	return 0;
+}
+
+/* A list value replaces the list: URLs separated by blanks. */
+static int set_list(struct daemon_config *c, const struct opt *o, const char *v, bool append,
+                    struct cm_err *err)
+{
+	char(*list)[512] = opt_ptr(c, o);
+	char tmp[DAEMON_MAX_LISTEN][512];
+	int n = append ? c->n_listen : 0;
+	const char *p = v;
+	int r;
+
+	/* Parse into a copy: a bad entry leaves the list as it was. */
+	if (append)
+		memcpy(tmp, list, sizeof(tmp));
+	else
+		memset(tmp, 0, sizeof(tmp));
+	while (*p) {
+		size_t len;
+		char one[512];
+
+		while (*p && isspace((unsigned char)*p))
+			p++;
+		if (!*p)
+			break;
+		len = strcspn(p, " \t");
+		if (n >= DAEMON_MAX_LISTEN)
+			return cm_err_set(err, -E2BIG, "%s: more than %d URLs", o->name,
+			                  DAEMON_MAX_LISTEN);
+		if (len >= sizeof(one))
+			return cm_err_set(err, -ENAMETOOLONG, "%s: URL longer than %zu bytes",
+			                  o->name, sizeof(one) - 1);
+		memcpy(one, p, len);
+		one[len] = '\0';
+		r = set_string(tmp[n], sizeof(tmp[n]), o, one, err);
+		if (r < 0)
+			return r;
+		n++;
+		p += len;
+	}
+	memcpy(list, tmp, sizeof(tmp));
+	c->n_listen = n;
+	return 0;
+}
+
+static int opt_set(struct daemon_config *c, const struct opt *o, const char *v, bool append,
+                   struct cm_err *err)
+{
+	double d;
+	char *end;
+	bool b;
+
+	switch (o->type) {
+	case OPT_STRING:
+		return set_string(opt_ptr(c, o), o->size, o, v, err);
+	case OPT_INT:
+	case OPT_UINT:
+	case OPT_OCTAL:
+		return set_integer(c, o, v, err);
+	case OPT_BOOL:
+		if (parse_bool(v, &b) < 0)
+			return cm_err_set(err, -EINVAL, "%s: '%s' is not yes or no", o->name, v);
+		*(bool *)opt_ptr(c, o) = b;
+		return 0;
+	case OPT_DOUBLE:
+		errno = 0;
+		d = strtod(v, &end);
+		if (end == v || *end || isspace((unsigned char)v[0]))
+			return cm_err_set(err, -EINVAL, "%s: '%s' is not a number", o->name, v);
+		if (errno == ERANGE || !isfinite(d) || d < o->min || d > o->max)
+			return range_err(o, v, err);
+		*(double *)opt_ptr(c, o) = d;
+		return 0;
+	case OPT_LIST:
+		return set_list(c, o, v, append, err);
+	}
+	return cm_err_set(err, -EINVAL, "%s: bad option type", o->name);
+}
+
+/* ---- closest key, for "did you mean" ------------------------------------ */
+
+static size_t edit_distance(const char *a, const char *b)
+{
+	size_t la = strlen(a), lb = strlen(b);
+	size_t row[64];
+
+	if (lb >= CM_ARRAY_LEN(row))
+		return SIZE_MAX;
+	for (size_t j = 0; j <= lb; j++)
+		row[j] = j;
+	for (size_t i = 1; i <= la; i++) {
+		size_t diag = row[0];
+		row[0] = i;
+		for (size_t j = 1; j <= lb; j++) {
+			size_t up = row[j];
+			size_t cost = tolower((unsigned char)a[i - 1]) != b[j - 1];
+			size_t best = diag + cost;
+			if (row[j] + 1 < best)
+				best = row[j] + 1;
+			if (row[j - 1] + 1 < best)
+				best = row[j - 1] + 1;
+			row[j] = best;
+			diag = up;
+		}
+	}
+	return row[lb];
+}
+
+/* The known key nearest to `key`, or NULL when none is plausibly meant. */
+static const char *closest_key(const char *key)
+{
+	const char *best = NULL;
+	size_t best_d = SIZE_MAX;
+	size_t len = strlen(key);
+
+	for (size_t i = 0; i < CM_ARRAY_LEN(options); i++) {
+		const struct opt *o = &options[i];
+		size_t d;
+
+		if (o->flags & CONFIG_HIDDEN)
+			continue;
+		d = edit_distance(key, o->name);
+		/* "threads_count" -> "threads": a known key that the typo contains
+		 * or that contains the typo is a good guess too. */
+		if (len >= 3 && (strstr(o->name, key) || strstr(key, o->name)))
+			d = CM_MIN(d, (size_t)2);
+		if (d < best_d) {
+			best_d = d;
+			best = o->name;
+		}
+	}
+	if (best && best_d <= CM_MAX((size_t)2, len / 3))
+		return best;
+	return NULL;
+}
+
+static int unknown_key(const char *key, struct cm_err *err)
+{
+	const char *near = closest_key(key);
+
+	if (near)
+		return cm_err_set(err, -ENOENT, "unknown key '%s' (did you mean '%s'?)", key, near);
+	return cm_err_set(err, -ENOENT, "unknown key '%s'", key);
+}
+
+/* ---- public ------------------------------------------------------------- */
+
+void daemon_config_default(struct daemon_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	for (size_t i = 0; i < CM_ARRAY_LEN(options); i++) {
+		int r = opt_set(c, &options[i], options[i].def, false, NULL);
+		(void)r;
+		/* The tests check that every default parses. */
+	}
+}
+
+int daemon_config_set(struct daemon_config *c, const char *key, const char *value,
+                      struct cm_err *err)
+{
+	const struct opt *o = opt_find(key);
+
+	if (!o)
+		return unknown_key(key, err);
+	return opt_set(c, o, value, false, err);
+}
+
+/* Split one line into key and value (both point into `line`, which is
+ * modified). Returns 1 for a key line, 0 for a blank or comment line, or a
+ * negative errno with a message. */
+static int split_line(char *line, char **ret_key, char **ret_value, struct cm_err *err)
+{
+	char *p = line, *key, *v, *w;
+
+	while (isspace((unsigned char)*p))
+		p++;
+	if (*p == '\0' || *p == '#')
+		return 0;
+	key = p;
+	while (*p && !isspace((unsigned char)*p))
+		p++;
+	if (*p)
+		*p++ = '\0';
+	while (isspace((unsigned char)*p))
+		p++;
+	v = p;
+	if (*v == '"') {
+		/* Quoted: unescape in place up to the closing quote. */
+		for (p = w = v + 1; *p && *p != '"'; p++) {
+			if (*p == '\\' && (p[1] == '"' || p[1] == '\\'))
+				p++;
+			*w++ = *p;
+		}
+		if (*p != '"')
+			return cm_err_set(err, -EINVAL, "%s: missing closing quote", key);
+		*w = '\0';
+		for (p++; isspace((unsigned char)*p); p++)
+			;
+		if (*p && *p != '#')
+			return cm_err_set(err, -EINVAL, "%s: text after the closing quote", key);
+		*ret_key = key;
+		*ret_value = v + 1;
+		return 1;
+	}
+	/* Unquoted: a '#' after a blank starts a comment. */
+	for (p = v; *p; p++) {
+		if (*p == '#' && p > v && isspace((unsigned char)p[-1])) {
+			*p = '\0';
+			break;
+		}
+	}
+	w = v + strlen(v);
+	while (w > v && isspace((unsigned char)w[-1]))
+		*--w = '\0';
+	if (*v == '\0')
+		return cm_err_set(err, -EINVAL, "%s: missing value (use \"\" for an empty one)",
+		                  key);
+	*ret_key = key;
+	*ret_value = v;
+	return 1;
+}
+
+int daemon_config_load(struct daemon_config *c, const char *path, struct cm_err *err)
+{
+	struct daemon_config tmp;
+	char *line = NULL;
+	size_t cap = 0;
+	ssize_t len;
+	unsigned lineno = 0;
+	bool list_seen = false;
+	struct cm_err sub;
+	FILE *f;
+	int r = 0;
+
+	f = fopen(path, "re");
+	if (!f)
+		return cm_err_set(err, -errno, "%s: %s", path, strerror(errno));
+	/* Work on a copy, so a file with an error changes nothing. */
+	tmp = *c;
+	while ((len = getline(&line, &cap, f)) >= 0) {
+		char *key = NULL, *value = NULL;
+		const struct opt *o;
+
+		lineno++;
+		if (memchr(line, '\0', (size_t)len)) {
+			r = cm_err_set(err, -EINVAL, "%s:%u: NUL byte in the line", path, lineno);
+			goto out;
+		}
+		cm_err_clear(&sub);
+		r = split_line(line, &key, &value, &sub);
+		if (r == 0)
+			continue;
+		if (r < 0) {
+			r = cm_err_set(err, r, "%s:%u: %s", path, lineno, sub.msg);
+			goto out;
+		}
+		o = opt_find(key);
+		if (!o) {
+			r = unknown_key(key, &sub);
+			r = cm_err_set(err, r, "%s:%u: %s", path, lineno, sub.msg);
+			goto out;
+		}
+		r = opt_set(&tmp, o, value, o->type == OPT_LIST && list_seen, &sub);
+		if (r < 0) {
+			r = cm_err_set(err, r, "%s:%u: %s", path, lineno, sub.msg);
+			goto out;
+		}
+		if (o->type == OPT_LIST)
+			list_seen = true;
+	}
+	if (ferror(f)) {
+		r = cm_err_set(err, -EIO, "%s: read error", path);
+		goto out;
+	}
+	*c = tmp;
+	r = 0;
+out:
+	free(line);
+	fclose(f);
+	return r;
+}
+
+int daemon_config_validate(const struct daemon_config *c, struct cm_err *err)
+{
+	if (!c->model[0])
+		return cm_err_set(err, -EINVAL, "no model: set `model` in %s or pass --model",
+		                  DAEMON_CONFIG_PATH);
+	if (c->n_listen < 1)
+		return cm_err_set(err, -EINVAL, "no listen URL: set `listen` or pass --listen");
+	if (c->prefill_chunk > c->batch_size)
+		return cm_err_set(err, -EINVAL, "prefill_chunk (%u) is larger than batch_size (%u)",
+		                  c->prefill_chunk, c->batch_size);
+	if (c->parallel > c->batch_size)
+		return cm_err_set(err, -EINVAL,
+		                  "parallel (%u) is larger than batch_size (%u): every step "
+		                  "decodes one token of each sequence",
+		                  c->parallel, c->batch_size);
+	if (c->max_tokens_default > c->max_tokens_limit)
+		return cm_err_set(err, -EINVAL,
+		                  "max_tokens_default (%u) is larger than max_tokens_limit (%u)",
+		                  c->max_tokens_default, c->max_tokens_limit);
+	return 0;
+}
+
+/* ---- printing ----------------------------------------------------------- */
+
+/* Does the text need quotes to come back unchanged through split_line? */
+static bool needs_quotes(const char *s)
+{
+	size_t n = strlen(s);
+
+	if (n == 0 || s[0] == '"' || isspace((unsigned char)s[0]) ||
+	    isspace((unsigned char)s[n - 1]))
+		return true;
+	for (size_t i = 1; i < n; i++)
+		if (s[i] == '#' && isspace((unsigned char)s[i - 1]))
+			return true;
+	return false;
+}
+
+static void print_text(FILE *f, const char *s)
+{
+	if (!needs_quotes(s)) {
+		fputs(s, f);
+		return;
+	}
+	fputc('"', f);
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			fputc('\\', f);
+		fputc(*s, f);
+	}
+	fputc('"', f);
+}
+
+/* The value of a scalar option as text, the way the file spells it. */
+static void format_value(const struct daemon_config *c, const struct opt *o, char *buf, size_t len)
+{
+	const void *p = opt_cptr(c, o);
+
+	switch (o->type) {
+	case OPT_STRING:
+		snprintf(buf, len, "%s", (const char *)p);
+		break;
+	case OPT_INT:
+		if (o->keep && *(const int *)p == o->keep)
+			snprintf(buf, len, "keep");
+		else
+			snprintf(buf, len, "%d", *(const int *)p);
+		break;
+	case OPT_UINT:
+		snprintf(buf, len, "%u", (unsigned)*(const uint32_t *)p);
+		break;
+	case OPT_OCTAL:
+		snprintf(buf, len, "%04o", (unsigned)*(const uint32_t *)p);
+		break;
+	case OPT_BOOL:
+		snprintf(buf, len, "%s", *(const bool *)p ? "yes" : "no");
+		break;
+	case OPT_DOUBLE:
+		/* %.17g round-trips every double; %g first for the common case. */
+		snprintf(buf, len, "%g", *(const double *)p);
+		if (strtod(buf, NULL) != *(const double *)p)
+			snprintf(buf, len, "%.17g", *(const double *)p);
+		break;
+	case OPT_LIST:
+		buf[0] = '\0';
+		for (int i = 0; i < c->n_listen; i++) {
+			size_t used = strlen(buf);
+			snprintf(buf + used, len - used, "%s%s", i ? " " : "", c->listen[i]);
+		}
+		break;
+	}
+}
+
+static bool opt_equal(const struct daemon_config *a, const struct daemon_config *b,
+                      const struct opt *o)
+{
+	const void *pa = opt_cptr(a, o), *pb = opt_cptr(b, o);
+
+	switch (o->type) {
+	case OPT_STRING:
+		return strcmp(pa, pb) == 0;
+	case OPT_INT:
+		return *(const int *)pa == *(const int *)pb;
+	case OPT_UINT:
+	case OPT_OCTAL:
+		return *(const uint32_t *)pa == *(const uint32_t *)pb;
+	case OPT_BOOL:
+		return *(const bool *)pa == *(const bool *)pb;
+	case OPT_DOUBLE:
+		return *(const double *)pa == *(const double *)pb;
+	case OPT_LIST:
+		if (a->n_listen != b->n_listen)
+			return false;
+		for (int i = 0; i < a->n_listen; i++)
+			if (strcmp(a->listen[i], b->listen[i]) != 0)
+				return false;
+		return true;
+	}
+	return false;
+}
+
+static const char *type_name(const struct opt *o)
+{
+	switch (o->type) {
+	case OPT_STRING:
+		return o->choices ? "choice" : "string";
+	case OPT_INT:
+		return "integer";
+	case OPT_UINT:
+		return "unsigned";
+	case OPT_BOOL:
+		return "boolean";
+	case OPT_DOUBLE:
+		return "number";
+	case OPT_OCTAL:
+		return "octal";
+	case OPT_LIST:
+		return "URL list";
+	}
+	return "?";
+}
+
+/* Markdown cell text: '|' escaped, nothing else touched. */
+static void md_cell(FILE *f, const char *s)
+{
+	for (; *s; s++) {
+		if (*s == '|')
+			fputc('\\', f);
+		fputc(*s, f);
+	}
+}
+
+static void print_doc(FILE *f, const struct daemon_config *def)
+{
+	char buf[DAEMON_MAX_LISTEN * 520];
+
+	fputs("| key | type | default | range | reloadable | description |\n", f);
+	fputs("|---|---|---|---|---|---|\n", f);
+	for (size_t i = 0; i < CM_ARRAY_LEN(options); i++) {
+		const struct opt *o = &options[i];
+		char range[96] = "";
+
+		if (o->flags & CONFIG_HIDDEN)
+			continue;
+		format_value(def, o, buf, sizeof(buf));
+		switch (o->type) {
+		case OPT_INT:
+		case OPT_UINT:
+		case OPT_DOUBLE:
+			snprintf(range, sizeof(range), "%.15g..%.15g%s", o->min, o->max,
+			         o->keep ? ", keep" : "");
+			break;
+		case OPT_OCTAL:
+			snprintf(range, sizeof(range), "%04o..%04o", (unsigned)o->min,
+			         (unsigned)o->max);
+			break;
+		case OPT_BOOL:
+			snprintf(range, sizeof(range), "yes, no");
+			break;
+		case OPT_STRING:
+			for (const char *p = o->choices, *bar; p && *p; p = bar ? bar + 1 : NULL) {
+				size_t used = strlen(range);
+				bar = strchr(p, '|');
+				snprintf(range + used, sizeof(range) - used, "%s%.*s",
+				         used ? ", " : "", (int)(bar ? bar - p : (long)strlen(p)),
+				         p);
+			}
+			break;
+		case OPT_LIST:
+			snprintf(range, sizeof(range), "1..%d URLs", DAEMON_MAX_LISTEN);
+			break;
+		}
+		fprintf(f, "| `%s` | %s | ", o->name, type_name(o));
+		if (buf[0]) {
+			fputc('`', f);
+			md_cell(f, buf);
+			fputc('`', f);
+		} else {
+			fputs("\"\"", f);
+		}
+		fputs(" | ", f);
+		md_cell(f, range);
+		fprintf(f, " | %s | ", o->flags & CONFIG_RELOADABLE ? "yes" : "no");
+		md_cell(f, o->help);
+		fputs(" |\n", f);
+	}
+}
+
+void daemon_config_print(FILE *f, const struct daemon_config *c, bool doc)
+{
+	struct daemon_config def;
+	char buf[DAEMON_MAX_LISTEN * 520];
+	char dbuf[DAEMON_MAX_LISTEN * 520];
+
+	daemon_config_default(&def);
+	if (doc) {
+		print_doc(f, &def);
+		return;
+	}
+	fprintf(f, "# edgelmd configuration (edgelmd --print-config): `key value` lines,\n"
+	           "# loadable again with --config. Reloadable keys (SIGHUP) are marked.\n");
+	for (size_t i = 0; i < CM_ARRAY_LEN(options); i++) {
+		const struct opt *o = &options[i];
+		bool same = opt_equal(c, &def, o);
+
+		/* Test-only keys appear only when set. */
+		if ((o->flags & CONFIG_HIDDEN) && same)
+			continue;
+		if (o->section)
+			fprintf(f, "\n# ---- %s\n", o->section);
+		fprintf(f, "# %s%s\n", o->help,
+		        o->flags & CONFIG_RELOADABLE ? " [reloadable]" : "");
+		if (same)
+			dbuf[0] = '\0';
+		else
+			format_value(&def, o, dbuf, sizeof(dbuf));
+		if (o->type == OPT_LIST) {
+			for (int j = 0; j < c->n_listen; j++) {
+				fprintf(f, "%s ", o->name);
+				print_text(f, c->listen[j]);
+				fputc('\n', f);
+			}
+			if (!same)
+				fprintf(f, "# default: %s %s\n", o->name, dbuf);
+			continue;
+		}
+		format_value(c, o, buf, sizeof(buf));
+		fprintf(f, "%s ", o->name);
+		print_text(f, buf);
+		if (!same) {
+			fputs("  # default: ", f);
+			fputs(dbuf[0] ? dbuf : "\"\"", f);
+		}
+		fputc('\n', f);
+	}
+}
+
+/* ---- reload ------------------------------------------------------------- */
+
+int daemon_config_apply_reload(struct daemon_config *c, const struct daemon_config *nc,
+                               const char **ret_key)
+{
+	int what = 0;
+
+	if (ret_key)
+		*ret_key = NULL;
+	for (size_t i = 0; i < CM_ARRAY_LEN(options); i++) {
+		const struct opt *o = &options[i];
+
+		if (opt_equal(c, nc, o))
+			continue;
+		if (strcmp(o->name, "model") == 0) {
+			/* Not copied: the daemon loads the new model beside the old
+			 * one and sets c->model itself once the swap succeeded. */
+			what |= 1;
+		} else if (o->flags & CONFIG_RELOADABLE) {
+			/* Only scalar types are reloadable; size is the field's. */
+			memcpy(opt_ptr(c, o), opt_cptr(nc, o), o->size);
+		} else if (!(what & 2)) {
+			what |= 2;
+			if (ret_key)
+				*ret_key = o->name;
+		}
+	}
+	return what;
+}
