@@ -12,6 +12,20 @@ $(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $(MODULE_LIBS)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(TEST_LDLIBS)
 
+# The daemon's own tests also link its code (daemon/module.mk: libdaemon.a,
+# everything but main.c).
+$(BUILD)/tests/unit/test_daemon_%: $(BUILD)/tests/unit/test_daemon_%.o $(DAEMON_LIB) $(MODULE_LIBS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(TEST_LDLIBS)
+
+# A fake systemd for integration tests: prints every sd_notify datagram
+# received on a socket path (tests/integration/notify_listener.c).
+NOTIFY_LISTENER := $(BUILD)/tests/integration/notify_listener
+TESTS += $(NOTIFY_LISTENER)
+$(NOTIFY_LISTENER): $(BUILD)/tests/integration/notify_listener.o
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^
+
 $(BUILD)/tests/kernels/%: $(BUILD)/tests/kernels/%.o $(MODULE_LIBS)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(TEST_LDLIBS)
