@@ -1,21 +1,26 @@
 /* tools/edgelm-quantize.c: convert the matrices of a GGUF model to another
- * tensor type.
+ * tensor type, or to one of llama-quantize's mixes.
  *
- *   edgelm-quantize [-t N] IN.gguf OUT.gguf TYPE     (TYPE: Q8_0 Q4_0 F16 BF16 F32)
+ *   edgelm-quantize [-t N] IN.gguf OUT.gguf TYPE
  *
- * Follows llama-quantize's choices (gguf-formats §3) for these types:
+ * TYPE is a recipe (tools/lib/recipes.c, gguf-formats §3): Q4_K_M, Q4_K_S,
+ * Q5_K_M, Q5_K_S, Q6_K, Q3_K_M, Q2_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
+ * IQ4_XS, F16, BF16 or F32 (Q3_K, Q4_K, Q5_K mean their _M mix).
+ * Follows llama-quantize's choices:
  * - only weight matrices are converted: names ending in "weight", at least
  *   two dimensions (ggml_n_dims >= 2, trailing 1s not counted), not norms
  *   ("_norm.weight"), not the MoE router or position/token-type embeddings.
  *   Everything else (1-D tensors, norms, biases) is copied unchanged;
- * - for Q4_0, llama.cpp makes the output matrix (output.weight, or
- *   token_embd.weight when the embedding is tied) Q6_K. We have no Q6_K yet,
- *   so it becomes Q8_0 and a line says so;
- * - a matrix whose rows (ne[0]) do not divide the block becomes F16, with a
- *   line "edgelm-quantize: NAME: row N not a multiple of B, kept as F16".
- * Sources may be F32, F16, BF16, Q8_0 or Q4_0; a tensor that is converted is
- * dequantized to f32 row by row first. A tensor already of the target type
- * is copied as is. All metadata is copied; general.file_type and
+ * - the output matrix (output.weight, or token_embd.weight when the
+ *   embedding is tied) is Q6_K in every quantized recipe but Q8_0, and the
+ *   K mixes give attn_v / ffn_down more bits in some layers;
+ * - a matrix whose rows (ne[0]) do not divide the chosen type's block falls
+ *   back (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K/IQ4_XS ->
+ *   IQ4_NL, then F16), with one line per tensor:
+ *   "edgelm-quantize: NAME: row N not a multiple of B, T1 -> T2".
+ * Sources may be of any type the engine computes with; a tensor that is
+ * converted is dequantized to f32 row by row first. A tensor already of the
+ * target type is copied as is. All metadata is copied; general.file_type and
  * general.quantization_version are set.
  *
  * Rows are split over worker threads (-t, default one per usable CPU). The
@@ -24,6 +29,7 @@
 #include "common/common.h"
 #include "engine/gguf.h"
 #include "engine/quant.h"
+#include "tools/lib/tools.h"
 
 #include <getopt.h>
 #include <inttypes.h>
@@ -43,43 +49,33 @@
 /* Below this many elements a tensor is converted on the main thread. */
 #define MIN_PARALLEL_ELEMS 8192
 
-static const struct {
-	const char *name;
-	uint32_t type;
-	uint32_t file_type; /* general.file_type (llama_ftype) */
-} targets[] = {
-	{ "Q8_0", ENGINE_DTYPE_Q8_0, 7 }, { "Q4_0", ENGINE_DTYPE_Q4_0, 2 },
-	{ "F16", ENGINE_DTYPE_F16, 1 },	  { "BF16", ENGINE_DTYPE_BF16, 32 },
-	{ "F32", ENGINE_DTYPE_F32, 0 },
-};
-
 static void usage(FILE *o)
 {
-	fprintf(o,
-		"usage: edgelm-quantize [-t N] IN.gguf OUT.gguf TYPE\n"
-		"\n"
-		"Convert the weight matrices of IN to TYPE (Q8_0, Q4_0, F16, BF16 or F32)\n"
-		"and write OUT, with llama-quantize's rules: 1-D tensors and norms are\n"
-		"copied unchanged; matrices whose rows do not divide the block stay F16;\n"
-		"for Q4_0 the output matrix becomes Q8_0 (Q6_K in llama.cpp).\n"
-		"\n"
-		"  -t, --threads N   worker threads (default: one per usable CPU)\n"
-		"  -h, --help\n"
-		"\n"
-		"Exit codes: 0 ok, 1 usage, 2 bad input, 3 write error.\n");
+	fprintf(o, "usage: edgelm-quantize [-t N] IN.gguf OUT.gguf TYPE\n"
+		   "\n"
+		   "Convert the weight matrices of IN to TYPE and write OUT, with\n"
+		   "llama-quantize's rules: 1-D tensors and norms are copied unchanged; the\n"
+		   "output matrix becomes Q6_K (except for Q8_0 and float types); the K mixes\n"
+		   "give some attn_v/ffn_down layers more bits; matrices whose rows do not\n"
+		   "divide the block fall back to another type (one line each).\n"
+		   "\n"
+		   "TYPE:");
+	const struct tools_recipe *r;
+	for (size_t i = 0; (r = tools_recipe_at(i)); i++)
+		fprintf(o, " %s", r->name);
+	fprintf(o, "\n"
+		   "\n"
+		   "  -t, --threads N   worker threads (default: one per usable CPU)\n"
+		   "  -h, --help\n"
+		   "\n"
+		   "Exit codes: 0 ok, 1 usage, 2 bad input, 3 write error.\n");
 }
 
-/* Source types we can read rows of (dequantize_row). */
+/* Source types we can read rows of (every computable type dequantizes). */
 static bool can_read(uint32_t type)
 {
-	return type == ENGINE_DTYPE_F32 || type == ENGINE_DTYPE_F16 || type == ENGINE_DTYPE_BF16 ||
-	       type == ENGINE_DTYPE_Q8_0 || type == ENGINE_DTYPE_Q4_0;
-}
-
-static bool ends_with(const char *s, const char *suffix)
-{
-	size_t n = strlen(s), m = strlen(suffix);
-	return n >= m && memcmp(s + n - m, suffix, m) == 0;
+	const struct dtype_info *ti = dtype_get(type);
+	return ti && ti->computable;
 }
 
 /* ggml_n_dims: dimensions not counting trailing ones. */
@@ -91,12 +87,36 @@ static int eff_dims(const struct gguf_tensor *t)
 	return n;
 }
 
-static bool is_matrix_weight(const struct gguf_tensor *t)
+/* Layers in the model: one more than the largest "blk.N." index. */
+static int count_layers(const struct gguf_file *f)
 {
-	return ends_with(t->name, "weight") && eff_dims(t) >= 2 &&
-	       !strstr(t->name, "_norm.weight") && !strstr(t->name, "ffn_gate_inp.weight") &&
-	       strcmp(t->name, "position_embd.weight") != 0 &&
-	       strcmp(t->name, "token_types.weight") != 0;
+	int n = 0;
+	for (uint64_t i = 0; i < f->n_tensors; i++) {
+		const char *nm = f->tensors[i].name;
+		if (strncmp(nm, "blk.", 4) == 0) {
+			int l = atoi(nm + 4);
+			if (l >= n && l < 1 << 20)
+				n = l + 1;
+		}
+	}
+	return n;
+}
+
+/* n_head / n_head_kv from the architecture's keys, 1 when absent. */
+static int model_gqa(const struct gguf_file *f)
+{
+	struct gguf_str arch;
+	uint32_t nh = 0, nkv = 0;
+	char key[160];
+	if (gguf_get_str(f, "general.architecture", &arch, NULL) || arch.len > 64)
+		return 1;
+	snprintf(key, sizeof(key), "%.*s.attention.head_count", (int)arch.len, arch.ptr);
+	if (gguf_get_u32(f, key, &nh, NULL))
+		return 1;
+	snprintf(key, sizeof(key), "%.*s.attention.head_count_kv", (int)arch.len, arch.ptr);
+	if (gguf_get_u32(f, key, &nkv, NULL) || nkv == 0)
+		return 1;
+	return (int)(nh / nkv);
 }
 
 /* ---- row conversion ------------------------------------------------------------ */
@@ -231,17 +251,12 @@ int main(int argc, char **argv)
 	}
 	const char *in_path = argv[optind], *out_path = argv[optind + 1];
 	const char *type_name = argv[optind + 2];
-	size_t ti;
-	for (ti = 0; ti < CM_ARRAY_LEN(targets); ti++)
-		if (dtype_from_name(type_name) == (int)targets[ti].type)
-			break;
-	if (ti == CM_ARRAY_LEN(targets)) {
-		fprintf(stderr,
-			"edgelm-quantize: unsupported type '%s' (Q8_0, Q4_0, F16, BF16, F32)\n",
+	const struct tools_recipe *recipe = tools_recipe_find(type_name);
+	if (!recipe) {
+		fprintf(stderr, "edgelm-quantize: unsupported type '%s' (see --help)\n",
 			type_name);
 		return EXIT_USAGE;
 	}
-	const uint32_t target = targets[ti].type;
 	if (!nthreads)
 		nthreads = default_threads();
 
@@ -263,37 +278,32 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	if ((rc = gguf_writer_copy_kv(w, f, NULL, NULL)) ||
-	    (rc = gguf_writer_set_u32(w, "general.file_type", targets[ti].file_type)) ||
+	    (rc = gguf_writer_set_u32(w, "general.file_type", recipe->file_type)) ||
 	    (rc = gguf_writer_set_u32(w, "general.quantization_version", 2))) {
 		fprintf(stderr, "edgelm-quantize: copying metadata: %s\n", strerror(-rc));
 		goto out;
 	}
 
 	const bool has_output = gguf_find_tensor(f, "output.weight") != NULL;
+	const int n_layer = count_layers(f), gqa = model_gqa(f);
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
 		const struct gguf_tensor *t = &f->tensors[i];
 		uint32_t out_type = t->type;
 		const void *data = t->data;
 
-		if (is_matrix_weight(t)) {
-			out_type = target;
-			bool is_output = !strcmp(t->name, "output.weight") ||
-					 (!has_output && !strcmp(t->name, "token_embd.weight"));
-			if (target == ENGINE_DTYPE_Q4_0 && is_output) {
-				out_type = ENGINE_DTYPE_Q8_0;
-				fprintf(stderr,
-					"edgelm-quantize: %s: Q6_K in llama.cpp, not implemented "
-					"here, using Q8_0\n",
-					t->name);
-			}
-			uint32_t blck = dtype_get(out_type)->blck;
-			if (t->ne[0] % blck != 0) {
-				fprintf(stderr,
-					"edgelm-quantize: %s: row %" PRId64
-					" not a multiple of %u, kept as F16\n",
-					t->name, t->ne[0], blck);
-				out_type = ENGINE_DTYPE_F16;
-			}
+		if (tools_recipe_quantizable(t->name, eff_dims(t))) {
+			struct tools_tensor tt = {
+				.name = t->name,
+				.ne0 = t->ne[0],
+				.n_layer = n_layer,
+				.gqa = gqa,
+				.is_output = !strcmp(t->name, "output.weight") ||
+					     (!has_output && !strcmp(t->name, "token_embd.weight")),
+			};
+			char note[128];
+			out_type = tools_recipe_type(recipe, &tt, note, sizeof(note));
+			if (note[0])
+				fprintf(stderr, "edgelm-quantize: %s: %s\n", t->name, note);
 		}
 		if (out_type != t->type) {
 			if (!can_read(t->type)) {
@@ -340,7 +350,7 @@ int main(int argc, char **argv)
 	}
 
 	printf("edgelm-quantize: %s -> %s (%s): %" PRIu64 " tensors:", in_path, out_path,
-	       targets[ti].name, f->n_tensors);
+	       recipe->name, f->n_tensors);
 	const char *sep = " ";
 	for (uint32_t t = 0; t < ENGINE_DTYPE_COUNT; t++) {
 		if (n_by_type[t]) {

@@ -60,8 +60,11 @@ void tools_mkmodel_usage(FILE *o)
 		   "  --shape   one of:");
 	for (size_t i = 0; i < CM_ARRAY_LEN(shapes); i++)
 		fprintf(o, " %s", shapes[i].name);
-	fprintf(o, "\n  --type    type of the 2-D weights: F32, F16, BF16, Q8_0, Q4_0 (default Q4_0);\n"
-		   "            a tensor whose rows do not divide the block keeps F16\n"
+	fprintf(o, "\n  --type    type or llama-quantize mix of the 2-D weights (default Q4_0):");
+	const struct tools_recipe *r;
+	for (size_t i = 0; (r = tools_recipe_at(i)); i++)
+		fprintf(o, "%s%s", i % 9 == 8 ? "\n              " : " ", r->name);
+	fprintf(o, "\n            (edgelm-quantize's per-tensor rules and row-size fallbacks)\n"
 		   "  --vocab   vocab GGUF to copy tokenizer.* from ('synthetic' for a byte-level\n"
 		   "            SPM vocab; default: the shape's real vocab from\n"
 		   "            $EDGELM_TESTDATA/vocab, synthetic for the test shapes)\n"
@@ -267,10 +270,8 @@ int tools_mkmodel_main(int argc, char **argv)
 	for (size_t i = 0; shape_name && i < CM_ARRAY_LEN(shapes); i++)
 		if (strcasecmp(shapes[i].name, shape_name) == 0)
 			sh = &shapes[i];
-	int wtype = dtype_from_name(type_name);
-	bool type_ok = wtype == ENGINE_DTYPE_F32 || wtype == ENGINE_DTYPE_F16 ||
-		       wtype == ENGINE_DTYPE_BF16 || wtype == ENGINE_DTYPE_Q8_0 ||
-		       wtype == ENGINE_DTYPE_Q4_0;
+	const struct tools_recipe *recipe = tools_recipe_find(type_name);
+	bool type_ok = recipe != NULL;
 	if (!sh || !out || !type_ok || layers < 0 || layers > 512 || ctx < 0 || optind < argc) {
 		if (shape_name && !sh)
 			fprintf(stderr, "edgelm-gguf: unknown shape '%s'\n", shape_name);
@@ -306,12 +307,7 @@ int tools_mkmodel_main(int argc, char **argv)
 #define K(s) (snprintf(key, sizeof(key), "%s." s, sh->arch), key)
 	gguf_writer_set_str(w, "general.architecture", sh->arch);
 	gguf_writer_set_str(w, "general.name", gname);
-	gguf_writer_set_u32(w, "general.file_type",
-			    wtype == ENGINE_DTYPE_F32    ? 0
-			    : wtype == ENGINE_DTYPE_F16  ? 1
-			    : wtype == ENGINE_DTYPE_BF16 ? 32
-			    : wtype == ENGINE_DTYPE_Q8_0 ? 7
-							 : 2);
+	gguf_writer_set_u32(w, "general.file_type", recipe->file_type);
 	gguf_writer_set_u32(w, K("context_length"), n_ctx);
 	gguf_writer_set_u32(w, K("embedding_length"), sh->n_embd);
 	gguf_writer_set_u32(w, K("block_count"), n_layer);
@@ -356,8 +352,12 @@ int tools_mkmodel_main(int argc, char **argv)
 		struct gen_tensor *t_ = &ts[nt++];                                         \
 		snprintf(t_->name, sizeof(t_->name), "%s", nm);                            \
 		t_->n_dims = 2, t_->ne[0] = (nin), t_->ne[1] = (nout);                     \
-		t_->type = dtype_row_size((uint32_t)wtype, (nin)) ? (uint32_t)wtype       \
-								  : ENGINE_DTYPE_F16;     \
+		struct tools_tensor tt_ = { t_->name, (nin), (int)n_layer,                \
+					    (int)(sh->n_head / sh->n_head_kv),            \
+					    !strcmp(t_->name, "output.weight") ||         \
+						    (sh->tied &&                          \
+						     !strcmp(t_->name, "token_embd.weight")) }; \
+		t_->type = tools_recipe_type(recipe, &tt_, NULL, 0);                       \
 		t_->std = 1.0f / sqrtf((float)(nin));                                      \
 	} while (0)
 #define VEC(nm, n, sd, val)                                                                \
@@ -439,7 +439,7 @@ int tools_mkmodel_main(int argc, char **argv)
 		goto fail;
 	}
 	fprintf(stderr, "edgelm-gguf: wrote %s: %s, %u layers, vocab %u, %s weights, %.1f MiB\n",
-		out, sh->name, n_layer, n_vocab, dtype_name((uint32_t)wtype),
+		out, sh->name, n_layer, n_vocab, recipe->name,
 		(double)total / (1 << 20));
 	rc = 0;
 	goto out;
