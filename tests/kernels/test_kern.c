@@ -101,8 +101,25 @@ static uint16_t rd16(const uint8_t *p)
 	return (uint16_t)(p[0] | p[1] << 8);
 }
 
-/* Decode n elements of `type` (F32, F16, BF16, Q8_0, Q4_0) to double. */
-static void ref_decode(uint32_t type, const void *src, int64_t n, double *out)
+static const int iq4k[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
+			       1,    13,   25,  38,  53,  69,  89,  113 };
+
+/* 6-bit scale/min pair j of a Q4_K/Q5_K scales[12] (§2.4, "k4" packing). */
+static void ref_k4(const uint8_t *s, int j, int *sc, int *m)
+{
+	if (j < 4) {
+		*sc = s[j] & 63;
+		*m = s[j + 4] & 63;
+	} else {
+		*sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+		*m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+	}
+}
+
+/* Decode n elements of `type` to double. When mag is not NULL it gets, per
+ * element, |scale part| + |min part| of the value (just |value| for formats
+ * without a min): the size of what a kernel's roundings act on. */
+static void ref_decode2(uint32_t type, const void *src, int64_t n, double *out, double *mag)
 {
 	const uint8_t *p = src;
 	switch (type) {
@@ -128,6 +145,13 @@ static void ref_decode(uint32_t type, const void *src, int64_t n, double *out)
 				out[32 * b + j] = d * (int8_t)p[2 + j];
 		}
 		break;
+	case ENGINE_DTYPE_Q8_1: /* f16 d, f16 s, i8 qs[32] */
+		for (int64_t b = 0; b < n / 32; b++, p += 36) {
+			double d = ref_f16(rd16(p));
+			for (int j = 0; j < 32; j++)
+				out[32 * b + j] = d * (int8_t)p[4 + j];
+		}
+		break;
 	case ENGINE_DTYPE_Q4_0:
 		for (int64_t b = 0; b < n / 32; b++, p += 18) {
 			double d = ref_f16(rd16(p));
@@ -137,27 +161,201 @@ static void ref_decode(uint32_t type, const void *src, int64_t n, double *out)
 			}
 		}
 		break;
+	case ENGINE_DTYPE_Q4_1: /* f16 d, f16 m, qs[16] */
+		for (int64_t b = 0; b < n / 32; b++, p += 20) {
+			double d = ref_f16(rd16(p)), m = ref_f16(rd16(p + 2));
+			for (int j = 0; j < 32; j++) {
+				int q = j < 16 ? p[4 + j] & 15 : p[4 + j - 16] >> 4;
+				out[32 * b + j] = d * q + m;
+				if (mag)
+					mag[32 * b + j] = fabs(d * q) + fabs(m);
+			}
+		}
+		break;
+	case ENGINE_DTYPE_Q5_0: /* f16 d, qh[4], qs[16] */
+	case ENGINE_DTYPE_Q5_1: /* f16 d, f16 m, qh[4], qs[16] */
+	{
+		int q51 = type == ENGINE_DTYPE_Q5_1, bs = q51 ? 24 : 22, o = q51 ? 4 : 2;
+		for (int64_t b = 0; b < n / 32; b++, p += bs) {
+			double d = ref_f16(rd16(p)), m = q51 ? ref_f16(rd16(p + 2)) : 0;
+			uint32_t H = p[o] | p[o + 1] << 8 | p[o + 2] << 16 | (uint32_t)p[o + 3] << 24;
+			for (int j = 0; j < 32; j++) {
+				int lo = j < 16 ? p[o + 4 + j] & 15 : p[o + 4 + j - 16] >> 4;
+				int q = lo | (int)((H >> j) & 1) << 4;
+				out[32 * b + j] = q51 ? d * q + m : d * (q - 16);
+				if (mag)
+					mag[32 * b + j] = fabs(out[32 * b + j] - m) + fabs(m);
+			}
+		}
+		break;
+	}
+	case ENGINE_DTYPE_IQ4_NL:
+		for (int64_t b = 0; b < n / 32; b++, p += 18) {
+			double d = ref_f16(rd16(p));
+			for (int j = 0; j < 16; j++) {
+				out[32 * b + j] = d * iq4k[p[2 + j] & 15];
+				out[32 * b + j + 16] = d * iq4k[p[2 + j] >> 4];
+			}
+		}
+		break;
+	case ENGINE_DTYPE_Q2_K: /* scales[16], qs[64], f16 d, f16 dmin */
+		for (int64_t b = 0; b < n / 256; b++, p += 84) {
+			double d = ref_f16(rd16(p + 80)), dmin = ref_f16(rd16(p + 82));
+			for (int e = 0; e < 256; e++) {
+				int h = e / 128, g = (e % 128) / 32, l = e % 32;
+				int q = (p[16 + 32 * h + l] >> (2 * g)) & 3;
+				int sc = p[e / 16] & 15, m = p[e / 16] >> 4;
+				out[256 * b + e] = d * sc * q - dmin * m;
+				if (mag)
+					mag[256 * b + e] = fabs(d * sc * q) + fabs(dmin * m);
+			}
+		}
+		break;
+	case ENGINE_DTYPE_Q3_K: /* hmask[32], qs[64], scales[12], f16 d */
+		for (int64_t b = 0; b < n / 256; b++, p += 110) {
+			double d = ref_f16(rd16(p + 108));
+			const uint8_t *sc = p + 96;
+			for (int e = 0; e < 256; e++) {
+				int h = e / 128, g = (e % 128) / 32, l = e % 32, i = e / 16;
+				int q2 = (p[32 + 32 * h + l] >> (2 * g)) & 3;
+				int hb = (p[l] >> (e / 32)) & 1;
+				int lo = i < 8 ? sc[i] & 15 : sc[i - 8] >> 4;
+				int s6 = (lo | ((sc[8 + i % 4] >> (2 * (i / 4))) & 3) << 4) - 32;
+				out[256 * b + e] = d * s6 * ((q2 | hb << 2) - 4);
+			}
+		}
+		break;
+	case ENGINE_DTYPE_Q4_K: /* f16 d, f16 dmin, scales[12], qs[128] */
+	case ENGINE_DTYPE_Q5_K: /* ... qh[32] before qs */
+	{
+		int q5 = type == ENGINE_DTYPE_Q5_K, bs = q5 ? 176 : 144, oq = q5 ? 48 : 16;
+		for (int64_t b = 0; b < n / 256; b++, p += bs) {
+			double d = ref_f16(rd16(p)), dmin = ref_f16(rd16(p + 2));
+			for (int e = 0; e < 256; e++) {
+				int sb = e / 32, l = e % 32, sc, m;
+				ref_k4(p + 4, sb, &sc, &m);
+				int q = (p[oq + 32 * (e / 64) + l] >> (4 * (sb & 1))) & 15;
+				if (q5)
+					q += 16 * ((p[16 + l] >> sb) & 1);
+				out[256 * b + e] = d * sc * q - dmin * m;
+				if (mag)
+					mag[256 * b + e] = fabs(d * sc * q) + fabs(dmin * m);
+			}
+		}
+		break;
+	}
+	case ENGINE_DTYPE_Q6_K: /* ql[128], qh[64], i8 scales[16], f16 d */
+		for (int64_t b = 0; b < n / 256; b++, p += 210) {
+			double d = ref_f16(rd16(p + 208));
+			for (int e = 0; e < 256; e++) {
+				int h = e / 128, k = (e % 128) / 32, l = e % 32;
+				int lo = (p[64 * h + 32 * (k & 1) + l] >> (k < 2 ? 0 : 4)) & 15;
+				int hi = (p[128 + 32 * h + l] >> (2 * k)) & 3;
+				out[256 * b + e] = d * (int8_t)p[192 + e / 16] * ((lo | hi << 4) - 32);
+			}
+		}
+		break;
+	case ENGINE_DTYPE_Q8_K: /* f32 d, i8 qs[256], i16 bsums[16] */
+		for (int64_t b = 0; b < n / 256; b++, p += 292) {
+			float d;
+			memcpy(&d, p, 4);
+			for (int e = 0; e < 256; e++)
+				out[256 * b + e] = (double)d * (int8_t)p[4 + e];
+		}
+		break;
+	case ENGINE_DTYPE_IQ4_XS: /* f16 d, u16 scales_h, scales_l[4], qs[128] */
+		for (int64_t b = 0; b < n / 256; b++, p += 136) {
+			double d = ref_f16(rd16(p));
+			int sh = rd16(p + 2);
+			for (int ib = 0; ib < 8; ib++) {
+				int ls = ((p[4 + ib / 2] >> (4 * (ib % 2))) & 15) | ((sh >> (2 * ib)) & 3) << 4;
+				for (int j = 0; j < 16; j++) {
+					uint8_t q = p[8 + 16 * ib + j];
+					out[256 * b + 32 * ib + j] = d * (ls - 32) * iq4k[q & 15];
+					out[256 * b + 32 * ib + j + 16] = d * (ls - 32) * iq4k[q >> 4];
+				}
+			}
+		}
+		break;
 	default:
 		fprintf(stderr, "ref_decode: type %u not handled\n", type);
 		abort();
 	}
+	bool has_min = type == ENGINE_DTYPE_Q4_1 || type == ENGINE_DTYPE_Q5_1 ||
+		       type == ENGINE_DTYPE_Q5_0 || type == ENGINE_DTYPE_Q2_K ||
+		       type == ENGINE_DTYPE_Q4_K || type == ENGINE_DTYPE_Q5_K;
+	if (mag && !has_min)
+		for (int64_t i = 0; i < n; i++)
+			mag[i] = fabs(out[i]);
+}
+
+static void ref_decode(uint32_t type, const void *src, int64_t n, double *out)
+{
+	ref_decode2(type, src, n, out, NULL);
+}
+
+/* Elements and bytes per block, from the §2.1 table (not from dtype_get). */
+static void ref_block(uint32_t type, int *blck, int *size)
+{
+	static const struct {
+		uint32_t t;
+		int blck, size;
+	} tab[] = {
+		{ ENGINE_DTYPE_F32, 1, 4 },	 { ENGINE_DTYPE_F16, 1, 2 },
+		{ ENGINE_DTYPE_BF16, 1, 2 },	 { ENGINE_DTYPE_Q4_0, 32, 18 },
+		{ ENGINE_DTYPE_Q4_1, 32, 20 },	 { ENGINE_DTYPE_Q5_0, 32, 22 },
+		{ ENGINE_DTYPE_Q5_1, 32, 24 },	 { ENGINE_DTYPE_Q8_0, 32, 34 },
+		{ ENGINE_DTYPE_Q8_1, 32, 36 },	 { ENGINE_DTYPE_Q2_K, 256, 84 },
+		{ ENGINE_DTYPE_Q3_K, 256, 110 }, { ENGINE_DTYPE_Q4_K, 256, 144 },
+		{ ENGINE_DTYPE_Q5_K, 256, 176 }, { ENGINE_DTYPE_Q6_K, 256, 210 },
+		{ ENGINE_DTYPE_Q8_K, 256, 292 }, { ENGINE_DTYPE_IQ4_NL, 32, 18 },
+		{ ENGINE_DTYPE_IQ4_XS, 256, 136 },
+	};
+	for (size_t i = 0; i < sizeof(tab) / sizeof(tab[0]); i++) {
+		if (tab[i].t == type) {
+			*blck = tab[i].blck;
+			*size = tab[i].size;
+			return;
+		}
+	}
+	*blck = 1;
+	*size = 0;
 }
 
 /* Bytes of n elements, from the §2.1 sizes (not from dtype_row_size). */
 static size_t ref_bytes(uint32_t type, int64_t n)
 {
+	int blck, size;
+	ref_block(type, &blck, &size);
+	return (size_t)(n / blck) * (size_t)size;
+}
+
+/* Offsets of the f16 scale fields inside a block (-1 terminated). */
+static const int *half_fields(uint32_t type)
+{
+	static const int at0[] = { 0, -1 }, at01[] = { 0, 2, -1 }, q2k[] = { 80, 82, -1 },
+			 q3k[] = { 108, -1 }, q6k[] = { 208, -1 }, none[] = { -1 };
 	switch (type) {
-	case ENGINE_DTYPE_F32:
-		return (size_t)n * 4;
-	case ENGINE_DTYPE_F16:
-	case ENGINE_DTYPE_BF16:
-		return (size_t)n * 2;
-	case ENGINE_DTYPE_Q8_0:
-		return (size_t)n / 32 * 34;
 	case ENGINE_DTYPE_Q4_0:
-		return (size_t)n / 32 * 18;
+	case ENGINE_DTYPE_Q5_0:
+	case ENGINE_DTYPE_Q8_0:
+	case ENGINE_DTYPE_IQ4_NL:
+	case ENGINE_DTYPE_IQ4_XS:
+		return at0;
+	case ENGINE_DTYPE_Q4_1:
+	case ENGINE_DTYPE_Q5_1:
+	case ENGINE_DTYPE_Q8_1:
+	case ENGINE_DTYPE_Q4_K:
+	case ENGINE_DTYPE_Q5_K:
+		return at01;
+	case ENGINE_DTYPE_Q2_K:
+		return q2k;
+	case ENGINE_DTYPE_Q3_K:
+		return q3k;
+	case ENGINE_DTYPE_Q6_K:
+		return q6k;
 	}
-	return 0;
+	return none;
 }
 
 /* A random half with a normal exponent in [emin, emax] (biased) and sign. */
@@ -816,6 +1014,31 @@ static void make_weight(uint32_t type, int64_t n, enum wmode m, uint8_t *w)
 		}
 		break;
 	}
+	default: {
+		/* Any other block format: every byte random (or all-ones / zero /
+		 * alternating for the extreme modes), then the f16 scales set as
+		 * for Q8_0. Random bytes include every scale, min and code. */
+		int blck, bs;
+		ref_block(type, &blck, &bs);
+		for (int64_t b = 0; b < n / blck; b++) {
+			uint8_t *blk = w + (size_t)bs * b;
+			for (int j = 0; j < bs; j++)
+				blk[j] = m == W_RANDOM || m == W_ZERO_SCALE ? (uint8_t)rng_u64()
+					 : m == W_MAX_POS		   ? 0xff
+					 : m == W_MAX_NEG		   ? 0x00
+					 : (j & 1)			   ? 0xf0
+									   : 0x0f;
+			for (const int *f = half_fields(type); *f >= 0; f++) {
+				uint16_t d = m == W_ZERO_SCALE ? 0
+					     : m == W_RANDOM   ? rand_half(1, 22, 1)
+					     : (b & 1)	       ? 0xfbff
+								: 0x7bff;
+				blk[*f] = (uint8_t)d;
+				blk[*f + 1] = (uint8_t)(d >> 8);
+			}
+		}
+		break;
+	}
 	}
 }
 
@@ -830,11 +1053,15 @@ static void make_act(uint32_t act_type, int64_t n, enum amode m, float *x, uint8
 {
 	for (int64_t i = 0; i < n; i++)
 		x[i] = (float)(rng_normal() * exp(rng_unif(-3, 3)));
+	/* Q8_1's s = fp16(d * sum q) overflows to inf once a block's sum passes
+	 * 65504 (a limit of the format, as in ggml): its extremes stay below. */
+	const bool q81 = act_type == ENGINE_DTYPE_Q8_1;
 	if (m == A_HUGE)
-		x[rng_u64() % (uint64_t)n] = -1e6f;
+		x[rng_u64() % (uint64_t)n] = q81 ? -6e4f : -1e6f;
 	if (m == A_QUANT || m == A_HUGE || act_type != ENGINE_DTYPE_Q8_0) {
 		if (act_type != ENGINE_DTYPE_Q8_0 && m != A_QUANT && m != A_HUGE) {
-			float v = m == A_MAX_POS ? 65504.0f : m == A_MAX_NEG ? -65504.0f : 0.0f;
+			float big = q81 ? 2047.0f : 65504.0f;
+			float v = m == A_MAX_POS ? big : m == A_MAX_NEG ? -big : 0.0f;
 			for (int64_t i = 0; i < n; i++)
 				x[i] = v;
 		}
@@ -875,22 +1102,42 @@ static void check_dot(uint32_t type, int64_t n, const uint8_t *w, const uint8_t 
 	const struct kern_type_ops *to = &V->t[type];
 	double *dw = xmalloc((size_t)n * sizeof(double));
 	double *da = xmalloc((size_t)n * sizeof(double));
-	ref_decode(type, w, n, dw);
+	double *mw = xmalloc((size_t)n * sizeof(double));
+	ref_decode2(type, w, n, dw, mw);
 	ref_decode(to->act_type, a, n, da);
-	double ref = 0, S = 0;
+	double ref = 0, S = 0, Sm = 0;
 	for (int64_t i = 0; i < n; i++) {
 		ref += dw[i] * da[i];
 		S += fabs(dw[i] * da[i]);
+		Sm += mw[i] * fabs(da[i]);
 	}
 	double tol;
 	const double u = 0x1p-24;
-	if (type == ENGINE_DTYPE_Q8_0 || type == ENGINE_DTYPE_Q4_0)
-		tol = 2 * (double)(n / 32 + 2) * u * S;
-	else if (V == &kern_generic_ops)
+	int blck, bsz;
+	ref_block(type, &blck, &bsz);
+	if (blck > 1) {
+		/* Per block: exact integer sums, then a handful of roundings
+		 * (d_w d_a, int -> float, the product, a min term, the sum),
+		 * each relative to the scale or min part (Sm >= S). */
+		tol = 2 * (double)(n / blck + 4) * u * Sm;
+	} else if (V == &kern_generic_ops)
 		tol = u * fabs(ref) + (double)n * 0x1p-53 * S;
 	else
 		tol = (double)(n + 2) * u * S;
 	tol += 1e-37; /* denormal noise when S == 0 */
+	if (to->act_type == ENGINE_DTYPE_Q8_1) {
+		/* Q4_1/Q5_1 use the activation's s = fp16(d sum q) for the min
+		 * term: its rounding is part of the format, so it is allowed
+		 * exactly, block by block. */
+		for (int64_t b = 0; b < n / 32; b++) {
+			const uint8_t *ab = a + 36 * b;
+			double d = ref_f16(rd16(ab)), sh = ref_f16(rd16(ab + 2)), sq = 0;
+			for (int j = 0; j < 32; j++)
+				sq += (int8_t)ab[4 + j];
+			double mwt = ref_f16(rd16(w + (type == ENGINE_DTYPE_Q4_1 ? 20 : 24) * b + 2));
+			tol += fabs(mwt) * fabs(sh - d * sq) * (1 + 4 * u);
+		}
+	}
 
 	float s = NAN;
 	to->vec_dot(n, &s, w, a);
@@ -910,10 +1157,38 @@ static void check_dot(uint32_t type, int64_t n, const uint8_t *w, const uint8_t 
 	}
 	free(dw);
 	free(da);
+	free(mw);
 }
 
-static const uint32_t wtypes[] = { ENGINE_DTYPE_F32, ENGINE_DTYPE_F16, ENGINE_DTYPE_BF16,
-				   ENGINE_DTYPE_Q8_0, ENGINE_DTYPE_Q4_0 };
+static const uint32_t wtypes[] = {
+	ENGINE_DTYPE_F32,  ENGINE_DTYPE_F16,  ENGINE_DTYPE_BF16,   ENGINE_DTYPE_Q8_0,
+	ENGINE_DTYPE_Q4_0, ENGINE_DTYPE_Q4_1, ENGINE_DTYPE_Q5_0,   ENGINE_DTYPE_Q5_1,
+	ENGINE_DTYPE_Q2_K, ENGINE_DTYPE_Q3_K, ENGINE_DTYPE_Q4_K,   ENGINE_DTYPE_Q5_K,
+	ENGINE_DTYPE_Q6_K, ENGINE_DTYPE_IQ4_NL, ENGINE_DTYPE_IQ4_XS,
+};
+
+/* The activation layout each weight type pairs with (§2.6). */
+static uint32_t want_act(uint32_t type)
+{
+	switch (type) {
+	case ENGINE_DTYPE_F32:
+	case ENGINE_DTYPE_F16:
+	case ENGINE_DTYPE_BF16:
+		return ENGINE_DTYPE_F32;
+	case ENGINE_DTYPE_Q4_1:
+	case ENGINE_DTYPE_Q5_1:
+		return ENGINE_DTYPE_Q8_1;
+	case ENGINE_DTYPE_Q2_K:
+	case ENGINE_DTYPE_Q3_K:
+	case ENGINE_DTYPE_Q4_K:
+	case ENGINE_DTYPE_Q5_K:
+	case ENGINE_DTYPE_Q6_K:
+	case ENGINE_DTYPE_IQ4_XS:
+		return ENGINE_DTYPE_Q8_K;
+	default:
+		return ENGINE_DTYPE_Q8_0;
+	}
+}
 
 static void test_variant_table(void)
 {
@@ -926,8 +1201,9 @@ static void test_variant_table(void)
 			  "%s: %s: no quantizer for act type %u", V_name, dtype_name(wtypes[ti]),
 			  to->act_type);
 	}
-	CHECK_EQ_INT(V->t[ENGINE_DTYPE_Q8_0].act_type, ENGINE_DTYPE_Q8_0);
-	CHECK_EQ_INT(V->t[ENGINE_DTYPE_Q4_0].act_type, ENGINE_DTYPE_Q8_0);
+	for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++)
+		CHECK_MSG(V->t[wtypes[ti]].act_type == want_act(wtypes[ti]), "%s: %s act type %u",
+			  V_name, dtype_name(wtypes[ti]), V->t[wtypes[ti]].act_type);
 	CHECK(V->dot_f32 && V->axpy_f32);
 }
 
@@ -936,8 +1212,11 @@ static void test_variant_dequant(void)
 	static const int64_t sizes[] = { 32, 64, 4096, 32 * 33 };
 	for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++) {
 		uint32_t type = wtypes[ti];
+		int blck, bsz;
+		ref_block(type, &blck, &bsz);
 		for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
-			int64_t n = sizes[si];
+			/* K-quants: 256, 512, 4096 and 256 * 33 elements. */
+			int64_t n = blck == 256 ? sizes[si] * 8 : sizes[si];
 			uint8_t *w = xmalloc(ref_bytes(type, n));
 			float *y = xmalloc((size_t)n * sizeof(float));
 			double *r = xmalloc((size_t)n * sizeof(double));
@@ -946,9 +1225,18 @@ static void test_variant_dequant(void)
 				ref_decode(type, w, n, r);
 				V->t[type].dequant(w, y, n);
 				int bad = 0;
-				/* d * q is exact in f32 for every format here. */
-				for (int64_t i = 0; i < n; i++)
-					bad += !((double)y[i] == r[i]);
+				/* d * q is exact in f32 for the 32-blocks; K-quants
+				 * round d * scale * q (and the min) in float, within
+				 * a few units of the scale and min parts. */
+				double *mg = xmalloc((size_t)n * sizeof(double));
+				ref_decode2(type, w, n, r, mg);
+				for (int64_t i = 0; i < n; i++) {
+					double t = blck == 256 ? 3 * 0x1p-24 * mg[i] : 0;
+					if (type == ENGINE_DTYPE_Q4_1 || type == ENGINE_DTYPE_Q5_1)
+						t = 0x1p-24 * mg[i];
+					bad += !(fabs((double)y[i] - r[i]) <= t);
+				}
+				free(mg);
 				CHECK_MSG(!bad, "%s %s n=%lld %s: %d elements differ", V_name,
 					  dtype_name(type), (long long)n, wmode_names[m], bad);
 			}
@@ -965,8 +1253,11 @@ static void test_variant_vec_dot(void)
 	static const int64_t fsizes[] = { 1, 3, 31, 32, 33, 64, 1000, 4096, 32 * 33 };
 	for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++) {
 		uint32_t type = wtypes[ti];
-		bool quant = type == ENGINE_DTYPE_Q8_0 || type == ENGINE_DTYPE_Q4_0;
-		const int64_t *sizes = quant ? qsizes : fsizes;
+		static const int64_t ksizes[] = { 256, 512, 4096, 256 * 5 };
+		int blck, bsz;
+		ref_block(type, &blck, &bsz);
+		bool quant = blck > 1;
+		const int64_t *sizes = blck == 256 ? ksizes : quant ? qsizes : fsizes;
 		size_t nsizes = quant ? 4 : sizeof(fsizes) / sizeof(fsizes[0]);
 		uint32_t at = V->t[type].act_type;
 		for (size_t si = 0; si < nsizes; si++) {
