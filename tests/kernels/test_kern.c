@@ -896,6 +896,276 @@ static void test_q4_0_roundtrip_bound(void)
 	}
 }
 
+/* measured rms / max: Q4_1 .078/.065, Q5_0 .043/.056, Q5_1 .038/.031,
+ * Q2_K .297/.331, Q3_K .150/.197, Q4_K .072/.072, Q5_K .036/.047,
+ * Q6_K .018/.016, IQ4_NL .076/.083, IQ4_XS .077/.086 */
+#define RT_Q4_1 0.10, 0.085
+#define RT_Q5_0 0.055, 0.072
+#define RT_Q5_1 0.050, 0.041
+#define RT_Q2_K 0.39, 0.43
+#define RT_Q3_K 0.195, 0.26
+#define RT_Q4_K 0.093, 0.094
+#define RT_Q5_K 0.047, 0.061
+#define RT_Q6_K 0.023, 0.021
+#define RT_IQ4_NL 0.10, 0.11
+#define RT_IQ4_XS 0.10, 0.11
+/* ---- the other quantizers: error budgets --------------------------------------- */
+
+/* quantize -> dequantize per type on spans of 256 Gaussian values with a
+ * random scale per span: the RMS of the relative squared error per span, and
+ * the largest |error| over the span's largest |x|. Budgets are the measured
+ * values rounded up by about 1.3x (K-quant searches trade a somewhat larger
+ * worst case for a smaller RMS error): they catch a broken scale search or
+ * bit layout, not a last-digit change. Q8_1 / Q8_K have exact bounds below. */
+static const struct {
+	uint32_t type;
+	double rel_rms, max_rel;
+} rt_budget[] = {
+	{ ENGINE_DTYPE_Q4_1, RT_Q4_1 },	    { ENGINE_DTYPE_Q5_0, RT_Q5_0 },
+	{ ENGINE_DTYPE_Q5_1, RT_Q5_1 },	    { ENGINE_DTYPE_Q2_K, RT_Q2_K },
+	{ ENGINE_DTYPE_Q3_K, RT_Q3_K },	    { ENGINE_DTYPE_Q4_K, RT_Q4_K },
+	{ ENGINE_DTYPE_Q5_K, RT_Q5_K },	    { ENGINE_DTYPE_Q6_K, RT_Q6_K },
+	{ ENGINE_DTYPE_IQ4_NL, RT_IQ4_NL }, { ENGINE_DTYPE_IQ4_XS, RT_IQ4_XS },
+};
+
+static void test_roundtrip_budget(void)
+{
+	const int64_t n = 256 * 16;
+	float *x = xmalloc((size_t)n * sizeof(float));
+	uint8_t *y = xmalloc(ref_bytes(ENGINE_DTYPE_Q8_K, n));
+	double *r = xmalloc((size_t)n * sizeof(double));
+	for (size_t ti = 0; ti < sizeof(rt_budget) / sizeof(rt_budget[0]); ti++) {
+		uint32_t type = rt_budget[ti].type;
+		double sum_rel = 0, worst = 0;
+		int spans = 0;
+		for (int rep = 0; rep < 8; rep++) {
+			for (int64_t b = 0; b < n / 256; b++) {
+				double sc = exp(rng_unif(-6, 6));
+				for (int j = 0; j < 256; j++)
+					x[256 * b + j] = (float)(rng_normal() * sc);
+			}
+			CHECK_OK(quantize_row(type, x, y, n));
+			ref_decode(type, y, n, r);
+			for (int64_t b = 0; b < n / 256; b++, spans++) {
+				double amax = 0, emax = 0, ss = 0, ee = 0;
+				for (int j = 0; j < 256; j++) {
+					double xv = x[256 * b + j], e = r[256 * b + j] - xv;
+					amax = fmax(amax, fabs(xv));
+					emax = fmax(emax, fabs(e));
+					ss += xv * xv;
+					ee += e * e;
+				}
+				sum_rel += ee / ss;
+				worst = fmax(worst, emax / amax);
+			}
+		}
+		double rms = sqrt(sum_rel / spans);
+		if (getenv("TEST_VERBOSE"))
+			fprintf(stderr, "%-7s rel rms %.5f, max %.5f\n", dtype_name(type), rms, worst);
+		CHECK_MSG(rms <= rt_budget[ti].rel_rms, "%s: relative rms error %.5f > %.5f",
+			  dtype_name(type), rms, rt_budget[ti].rel_rms);
+		CHECK_MSG(worst <= rt_budget[ti].max_rel, "%s: max error %.5f of amax > %.5f",
+			  dtype_name(type), worst, rt_budget[ti].max_rel);
+		/* Zeros stay zeros, with no NaN anywhere. */
+		memset(x, 0, (size_t)n * sizeof(float));
+		CHECK_OK(quantize_row(type, x, y, n));
+		ref_decode(type, y, n, r);
+		int bad = 0;
+		for (int64_t i = 0; i < n; i++)
+			bad += r[i] != 0;
+		CHECK_MSG(!bad, "%s: %d non-zero elements from zeros", dtype_name(type), bad);
+	}
+	free(x);
+	free(y);
+	free(r);
+}
+
+/* Q8_K (§2.4): the element of largest |x| maps to -127 exactly, d = 1/iscale
+ * may be negative, every |q| <= 127, bsums are the sums of 16, and the error
+ * is at most |d|/2 (plus the float rounding of iscale * x). Q8_1: Q8_0's
+ * rules plus s = fp16(d * sum q). */
+static void test_act_quantizers(void)
+{
+	const int64_t n = 256 * 8;
+	float *x = xmalloc((size_t)n * sizeof(float));
+	uint8_t *y = xmalloc(ref_bytes(ENGINE_DTYPE_Q8_K, n));
+	double *r = xmalloc((size_t)n * sizeof(double));
+	for (int rep = 0; rep < 10; rep++) {
+		fill_input(x, n, (rep & 1) ? -1e6f : 0.0f);
+		CHECK_OK(quantize_row(ENGINE_DTYPE_Q8_K, x, y, n));
+		ref_decode(ENGINE_DTYPE_Q8_K, y, n, r);
+		int bad = 0;
+		for (int64_t b = 0; b < n / 256; b++) {
+			const uint8_t *blk = y + 292 * b;
+			float d;
+			memcpy(&d, blk, 4);
+			int k = 0;
+			for (int j = 1; j < 256; j++)
+				if (fabsf(x[256 * b + j]) > fabsf(x[256 * b + k]))
+					k = j;
+			if (x[256 * b + k] == 0) {
+				for (int j = 0; j < 292; j++)
+					bad += blk[j] != 0;
+				continue;
+			}
+			bad += (int8_t)blk[4 + k] != -127;
+			bad += (d < 0) != (x[256 * b + k] > 0);
+			for (int i = 0; i < 16; i++) {
+				int sum = 0;
+				for (int j = 0; j < 16; j++)
+					sum += (int8_t)blk[4 + 16 * i + j];
+				bad += (int16_t)rd16(blk + 260 + 2 * i) != sum;
+			}
+			for (int j = 0; j < 256; j++) {
+				double e = fabs(r[256 * b + j] - x[256 * b + j]);
+				bad += !(e <= fabs(d) * 0.5 * (1 + 1e-5) + 1e-6 * fabs(x[256 * b + k]));
+				bad += (int8_t)blk[4 + j] == -128;
+			}
+		}
+		CHECK_MSG(!bad, "q8_K: %d violations", bad);
+
+		CHECK_OK(quantize_row(ENGINE_DTYPE_Q8_1, x, y, n));
+		uint8_t *q8 = xmalloc(ref_bytes(ENGINE_DTYPE_Q8_0, n));
+		quantize_row_q8_0_ref(x, q8, n);
+		bad = 0;
+		for (int64_t b = 0; b < n / 32; b++) {
+			const uint8_t *blk = y + 36 * b, *ref = q8 + 34 * b;
+			int sum = 0;
+			float amax = 0;
+			bad += rd16(blk) != rd16(ref) || memcmp(blk + 4, ref + 2, 32) != 0;
+			for (int j = 0; j < 32; j++) {
+				sum += (int8_t)blk[4 + j];
+				amax = fmaxf(amax, fabsf(x[32 * b + j]));
+			}
+			/* s uses the float scale, before its rounding to f16. */
+			bad += rd16(blk + 2) != fp32_to_fp16((float)sum * (amax / 127.0f));
+		}
+		CHECK_MSG(!bad, "q8_1: %d blocks differ from Q8_0 + s", bad);
+		free(q8);
+	}
+	free(x);
+	free(y);
+	free(r);
+}
+
+/* ---- known answers for the new layouts (bytes written by hand) ------------------- */
+
+static void check_elems(uint32_t type, const uint8_t *blk, int n, const int *idx,
+			const float *want, int count)
+{
+	float *y = xmalloc((size_t)n * sizeof(float));
+	CHECK_OK(dequantize_row(type, blk, y, n));
+	for (int i = 0; i < count; i++)
+		CHECK_MSG(y[idx[i]] == want[i], "%s elem %d: %g, expected %g", dtype_name(type),
+			  idx[i], y[idx[i]], want[i]);
+	free(y);
+}
+
+static void test_kquant_known_answer(void)
+{
+	uint8_t b[292];
+
+	/* Q4_K: d = 1 (0x3c00), dmin = 0.5 (0x3800); sc0..3 = 1..4 with
+	 * bits 6-7 of byte 0 = 01 (so sc4 gets 16 + 1), m0..3 = 5..8, bytes
+	 * 8..11 = low nibbles sc4..7 = 1,3,5,7 / m4..7 = 2,4,6,8. qs[i] =
+	 * (i % 16) | (15 - i % 16) << 4. */
+	memset(b, 0, sizeof(b));
+	b[0] = 0x00, b[1] = 0x3c, b[2] = 0x00, b[3] = 0x38;
+	const uint8_t sc4[12] = { 1 | 0x40, 2, 3, 4, 5, 6, 7, 8, 0x21, 0x43, 0x65, 0x87 };
+	memcpy(b + 4, sc4, 12);
+	for (int i = 0; i < 128; i++)
+		b[16 + i] = (uint8_t)((i % 16) | (15 - i % 16) << 4);
+	/* e 0: sb 0, qs[0] low = 0 -> 1*1*0 - 0.5*5; e 33: sb 1, qs[1] high = 14
+	 * -> 2*14 - 3; e 130: sb 4, qs[66] low = 2 -> 17*2 - 0.5*2; e 200: sb 6,
+	 * qs[104] low = 8 -> 5*8 - 3; e 255: sb 7, qs[127] high = 0 -> -4. */
+	static const int i4[] = { 0, 33, 130, 200, 255 };
+	static const float w4[] = { -2.5f, 25.0f, 33.0f, 37.0f, -4.0f };
+	check_elems(ENGINE_DTYPE_Q4_K, b, 256, i4, w4, 5);
+
+	/* Q5_K: the same fields plus qh[32] (at 16) before qs (at 48): qh[1]
+	 * bit 1 adds 16 to e 33, qh[8] bit 6 to e 200. */
+	uint8_t b5[176] = { 0 };
+	memcpy(b5, b, 16);
+	memcpy(b5 + 48, b + 16, 128);
+	b5[16 + 1] = 0x02, b5[16 + 8] = 0x40;
+	static const float w5[] = { -2.5f, 57.0f, 33.0f, 117.0f, -4.0f };
+	check_elems(ENGINE_DTYPE_Q5_K, b5, 256, i4, w5, 5);
+
+	/* Q6_K: ql (0), qh (128), scales (192), d (208) = 0.25 (0x3400).
+	 * e 0: ql[0] low 0x3, qh[0] bits 0-1 = 2 -> q = 35 - 32 = 3, scale 2:
+	 * 1.5. e 100: h 0, k 3, l 4: ql[36] high = 0xa, qh[4] bits 6-7 = 1 ->
+	 * 26 - 32 = -6, scales[6] = -4: 6. e 255: h 1, k 3, l 31: ql[127]
+	 * high = 0xf, qh[95] bits 6-7 = 3 -> 31, scales[15] = -128: -992. */
+	uint8_t b6[210] = { 0 };
+	b6[0] = 0x03, b6[128] = 0x02;
+	b6[36] = 0xa0, b6[128 + 4] = 0x40;
+	b6[127] = 0xf0, b6[128 + 63] = 0xc0;
+	b6[192] = 2, b6[192 + 6] = (uint8_t)-4, b6[192 + 15] = 0x80;
+	b6[208] = 0x00, b6[209] = 0x34;
+	static const int i6[] = { 0, 100, 255, 1 };
+	static const float w6[] = { 1.5f, 6.0f, -992.0f, -16.0f };
+	check_elems(ENGINE_DTYPE_Q6_K, b6, 256, i6, w6, 4);
+
+	/* Q3_K: hmask (0), qs (32), scales (96), d (108) = 1. Scale 0: low
+	 * nibble of scales[0] = 0x1, high bits (scales[8] bits 0-1) = 2 ->
+	 * 33 - 32 = 1; scale 9: high nibble of scales[1] = 0xf, scales[9]
+	 * bits 4-5 = 0 -> 15 - 32 = -17. e 0: q2 = qs[0] & 3 = 3, hmask[0]
+	 * bit 0 set -> 7 - 4 = 3 -> 3. e 150: i 9, h 1, g 0, l 22: q2 =
+	 * qs[54] & 3 = 1, hmask[22] bit 4 clear -> 1 - 4 = -3 -> 51. */
+	uint8_t b3[110] = { 0 };
+	b3[32] = 0x03, b3[0] = 0x01;
+	b3[32 + 54] = 0x01;
+	b3[96] = 0x01, b3[96 + 8] = 0x02, b3[96 + 1] = 0xf0;
+	b3[108] = 0x00, b3[109] = 0x3c;
+	static const int i3[] = { 0, 150, 1 };
+	static const float w3[] = { 3.0f, 51.0f, -4.0f };
+	check_elems(ENGINE_DTYPE_Q3_K, b3, 256, i3, w3, 3);
+
+	/* Q2_K: scales (0), qs (16), d (80) = 1, dmin (82) = 2. scales[0] =
+	 * 0x13 (sc 3, m 1); scales[10] = 0x20 (sc 0, m 2). e 0: qs[0] & 3 = 2
+	 * -> 6 - 2 = 4; e 161: h 1, g 1, l 1: (qs[33] >> 2) & 3 = 3, sb16 10
+	 * -> 0 - 4 = -4. */
+	uint8_t b2[84] = { 0 };
+	b2[0] = 0x13, b2[10] = 0x20;
+	b2[16] = 0x02, b2[16 + 33] = 0x0c;
+	b2[80] = 0x00, b2[81] = 0x3c, b2[82] = 0x00, b2[83] = 0x40;
+	static const int i2[] = { 0, 161, 1 };
+	static const float w2[] = { 4.0f, -4.0f, -2.0f };
+	check_elems(ENGINE_DTYPE_Q2_K, b2, 256, i2, w2, 3);
+
+	/* IQ4_XS: d (0) = 0.5, scales_h (2) = 0x0002 (sub-block 0 high bits
+	 * 2), scales_l[0] = 0x01 (sub-block 0 low 1 -> ls 33 -> 1; sub-block 1
+	 * low 0, high 0 -> ls 0 -> -32). qs[0] = 0xf0: e 0 K[0] = -127, e 16
+	 * K[15] = 113; qs[16] = 0x08: e 32 K[8] = 1 -> -16. */
+	uint8_t bx[136] = { 0 };
+	bx[0] = 0x00, bx[1] = 0x38, bx[2] = 0x02, bx[4] = 0x01;
+	bx[8] = 0xf0, bx[8 + 16] = 0x08;
+	static const int ix[] = { 0, 16, 32 };
+	static const float wx[] = { -63.5f, 56.5f, -16.0f };
+	check_elems(ENGINE_DTYPE_IQ4_XS, bx, 256, ix, wx, 3);
+
+	/* Q5_0: d = 1, qh = bit 0 and bit 17, qs[0] = 0x21, qs[1] = 0x00:
+	 * e 0 = (1 | 16) - 16 = 1, e 16 = 2 - 16 = -14, e 17 = (0 | 16) - 16
+	 * = 0, e 1 = -16. Q5_1 with m = -1: e 0 = 17 - 1 = 16. */
+	uint8_t q5[24] = { 0x00, 0x3c, 0x01, 0x00, 0x02, 0x00, 0x21 };
+	static const int i50[] = { 0, 16, 17, 1 };
+	static const float w50[] = { 1.0f, -14.0f, 0.0f, -16.0f };
+	check_elems(ENGINE_DTYPE_Q5_0, q5, 32, i50, w50, 4);
+	uint8_t q51[24] = { 0x00, 0x3c, 0x00, 0xbc, 0x01, 0x00, 0x02, 0x00, 0x21 };
+	static const float w51[] = { 16.0f, 1.0f, 15.0f, -1.0f };
+	check_elems(ENGINE_DTYPE_Q5_1, q51, 32, i50, w51, 4);
+
+	/* Q6_K / Q4_K quantizer on a ramp: every byte reproduced by decoding
+	 * is within the budget, and a constant block is exact. */
+	float cst[256];
+	for (int j = 0; j < 256; j++)
+		cst[j] = -3.0f;
+	CHECK_OK(quantize_row(ENGINE_DTYPE_Q6_K, cst, b, 256));
+	float yy[256];
+	CHECK_OK(dequantize_row(ENGINE_DTYPE_Q6_K, b, yy, 256));
+	CHECK_MSG(fabsf(yy[7] + 3.0f) <= 3.0f * 0x1p-10f, "Q6_K constant: %g", yy[7]);
+}
+
 /* quantize_row / dequantize_row dispatch for the float types and errors. */
 static void test_row_dispatch(void)
 {
@@ -1483,6 +1753,9 @@ int main(void)
 	TEST_RUN(test_q8_0_roundtrip_bound);
 	TEST_RUN(test_q4_0_roundtrip_bound);
 	TEST_RUN(test_row_dispatch);
+	TEST_RUN(test_roundtrip_budget);
+	TEST_RUN(test_act_quantizers);
+	TEST_RUN(test_kquant_known_answer);
 	TEST_RUN(test_select);
 	TEST_RUN(test_detect_caps);
 	TEST_RUN(test_act_row_size);
