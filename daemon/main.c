@@ -1,0 +1,594 @@
+/* daemon/main.c: edgelmd's start, main loop and stop.
+ *
+ * Start, in dependency order: config -> log -> CPU detection and tuning
+ * plan (--check stops here) -> memory fit check -> signals blocked (before
+ * any thread) -> tuning applied -> monitor -> model loaded and locked ->
+ * context -> warm-up -> scheduler -> IPC socket bound -> READY=1.
+ * Stop (SIGTERM/SIGINT), in exact reverse: STOPPING=1 -> new requests get
+ * shutting_down -> running ones finish within drain_timeout_ms, then are
+ * cancelled -> socket closed -> monitor -> tuning restored -> exit 0.
+ * SIGHUP: RELOADING=1, reload the config file; reloadable keys change in
+ * place; a new model is loaded beside the old one and swapped in between
+ * steps; then READY=1.
+ *
+ * Exit codes: 0 ok, 1 usage or configuration, 2 bad model file, 3 runtime
+ * failure (socket, threads), 4 not enough memory for model + KV cache. */
+#include "daemon/config.h"
+#include "daemon/daemon.h"
+#include "daemon/log.h"
+#include "daemon/notify.h"
+
+#include <getopt.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum { EXIT_USAGE = 1, EXIT_MODEL = 2, EXIT_RUNTIME = 3, EXIT_MEMORY = 4 };
+
+static void usage(FILE *o)
+{
+	fprintf(o,
+		"usage: edgelmd [options]\n"
+		"\n"
+		"  --config FILE          configuration file (default " DAEMON_CONFIG_PATH ")\n"
+		"  --model FILE           GGUF model (overrides `model`)\n"
+		"  --listen URL           nng URL to serve, repeatable (ipc:// or tcp://)\n"
+		"  --metrics-listen A:P   Prometheus endpoint, or `off`\n"
+		"  --threads N, --ctx N, --parallel N, --isa NAME\n"
+		"  --set KEY=VALUE        any configuration key (repeatable)\n"
+		"  --foreground           accepted for systemd units (edgelmd never forks)\n"
+		"  --check                print the CPU report and what tuning would change, then exit\n"
+		"  --print-config         print the effective configuration and exit\n"
+		"  --print-config-doc     print the configuration reference (Markdown) and exit\n"
+		"  --restore-tuning       undo tuning left by a crashed daemon (state file), then exit\n"
+		"  --version, --help\n"
+		"\n"
+		"Exit codes: 0 ok, 1 usage or configuration, 2 bad model, 3 runtime failure,\n"
+		"4 not enough memory.\n");
+}
+
+static void to_tuning_config(const struct daemon_config *c, struct tuning_config *t)
+{
+	tuning_config_default(t);
+	t->threads = c->threads;
+	t->pin = c->pin;
+	snprintf(t->governor, sizeof(t->governor), "%s", c->tuning ? c->governor : "keep");
+	snprintf(t->epp, sizeof(t->epp), "%s", c->tuning ? c->epp : "keep");
+	t->nice = c->tuning && c->nice != 99 ? c->nice : TUNING_KEEP;
+	t->sched_batch = c->tuning && c->sched_batch;
+	if (!c->tuning || tuning_ioprio_parse(c->load_ioprio, &t->load_ioprio, &t->load_ioprio_level))
+		tuning_ioprio_parse("keep", &t->load_ioprio, &t->load_ioprio_level);
+	if (!c->tuning || tuning_mlock_parse(c->mlock, &t->mlock))
+		tuning_mlock_parse("off", &t->mlock);
+	t->hugepages = c->tuning && c->hugepages;
+	t->prefault = c->tuning && c->prefault;
+	if (!c->tuning || tuning_numa_parse(c->numa, &t->numa))
+		tuning_numa_parse("off", &t->numa);
+	t->oom_score_adj = c->tuning && c->oom_score_adj != 9999 ? c->oom_score_adj : TUNING_KEEP;
+	if (!c->tuning)
+		t->pin = false;
+}
+
+static void log_tuning_changes(const struct tuning_state *st)
+{
+	for (int i = 0; i < st->n_changes; i++) {
+		const struct tuning_change *ch = &st->changes[i];
+		if (ch->result < 0)
+			log_warning("tuning: %s %s: not applied: %s, ignoring",
+				    tuning_knob_name(ch->kind), ch->target, ch->reason);
+		else
+			log_info("tuning: %s %s: %s -> %s", tuning_knob_name(ch->kind), ch->target,
+				 ch->before, ch->after);
+	}
+}
+
+static uint64_t file_size(const char *path)
+{
+	struct stat st;
+	return stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+
+static void on_flag(void *ud, const struct monitor_flag_event *ev)
+{
+	(void)ud;
+	daemon_log(ev->on ? LOG_WARNING : LOG_NOTICE, NULL, "bottleneck %s %s: %s", ev->name,
+		   ev->on ? "on" : "off", ev->reason);
+}
+
+/* Load the model and its context as the config says (main thread). */
+static int load_model(struct daemon *d, engine_model **ret_m, engine_ctx **ret_c,
+		      struct cm_err *err)
+{
+	const struct daemon_config *c = &d->cfg;
+	struct engine_params ep = {
+		.n_threads = d->tplan.n_workers > 0 ? d->tplan.n_workers : c->threads,
+		.cpus = d->tplan.pin ? d->tplan.worker_cpus : NULL,
+		.n_cpus = d->tplan.pin ? d->tplan.n_workers : 0,
+		.ctx_max = c->ctx_size,
+		.isa = strcmp(c->isa, "auto") == 0 ? NULL : c->isa,
+	};
+	engine_model *m = NULL;
+	engine_ctx *cx = NULL;
+	if (c->tuning)
+		(void)tuning_thread_sched_batch(c->sched_batch, NULL);
+	int r = engine_model_load(c->model, &ep, &m, err);
+	if (c->tuning && c->sched_batch)
+		(void)tuning_thread_sched_batch(false, NULL);
+	if (r)
+		return r;
+	struct engine_model_info mi;
+	engine_model_get_info(m, &mi);
+	struct engine_ctx_params cp = {
+		.n_ctx = d->cfg.ctx_size && d->cfg.ctx_size < mi.n_ctx ? d->cfg.ctx_size : mi.n_ctx,
+		.n_seq = c->parallel,
+		.n_batch = c->batch_size + c->parallel,
+	};
+	/* Refuse before anything big is allocated or read: the mapping is
+	 * still untouched, the KV cache not yet allocated. */
+	uint64_t kv = engine_model_kv_bytes_per_token(m) * cp.n_ctx * cp.n_seq;
+	r = tuning_memory_fit_check(&d->treport, file_size(c->model), kv, err);
+	if (r) {
+		engine_model_free(m);
+		return -ENOMEM;
+	}
+	r = engine_ctx_new(m, &cp, &cx, err);
+	if (r) {
+		engine_model_free(m);
+		return r;
+	}
+	/* warm-up: one token through every layer, then forget it */
+	int32_t bos = engine_tokenizer_bos(engine_model_tokenizer(m));
+	int32_t pos0 = 0, seq0 = 0;
+	struct engine_batch b = {.n = 1, .tokens = &bos, .pos = &pos0, .seq = &seq0};
+	if (bos >= 0 && engine_decode(cx, &b, err) == 0)
+		engine_seq_truncate(cx, 0, 0);
+	*ret_m = m;
+	*ret_c = cx;
+	return 0;
+}
+
+static void set_model_name(struct daemon *d)
+{
+	const char *slash = strrchr(d->cfg.model, '/');
+	snprintf(d->model_name, sizeof(d->model_name), "%.255s", slash ? slash + 1 : d->cfg.model);
+	daemon_log_set_model(d->model_name);
+}
+
+static void lock_memory(struct daemon *d)
+{
+	struct tuning_region regs[4];
+	struct engine_region er[3];
+	engine_model_region(d->model, &er[0]);
+	int n = 1 + engine_ctx_regions(d->ctx, &er[1], 2);
+	for (int i = 0; i < n; i++)
+		regs[i] = (struct tuning_region){er[i].addr, er[i].len, er[i].what};
+	struct cm_err err = {0};
+	if (tuning_memory_lock(&d->tplan, &d->treport, regs, n, &d->tstate, &err) != 0)
+		log_warning("%s", err.msg);
+	if (d->cfg.tuning && d->cfg.prefault)
+		for (int i = 0; i < n; i++)
+			(void)tuning_prefault(regs[i].addr, regs[i].len, i > 0, NULL);
+}
+
+static void update_tuning_json(struct daemon *d)
+{
+	char *json = NULL;
+	if (tuning_state_json(&d->tstate, &d->tplan, &json, NULL) != 0)
+		json = NULL;
+	pthread_mutex_lock(&d->mu);
+	cm_free(d->tuning_json);
+	d->tuning_json = json;
+	pthread_mutex_unlock(&d->mu);
+}
+
+static void reload(struct daemon *d)
+{
+	daemon_notify_reloading();
+	log_notice("reloading %s", d->config_path);
+	struct daemon_config nc;
+	daemon_config_default(&nc);
+	struct cm_err err = {0};
+	int r = daemon_config_load(&nc, d->config_path, &err);
+	if (r == 0)
+		r = daemon_config_validate(&nc, &err);
+	if (r) {
+		log_err("reload: %s; keeping the current configuration", err.msg);
+		daemon_notify_ready();
+		return;
+	}
+	const char *key = NULL;
+	char old_model[sizeof(d->cfg.model)];
+	snprintf(old_model, sizeof(old_model), "%s", d->cfg.model);
+	pthread_mutex_lock(&d->mu);
+	int what = daemon_config_apply_reload(&d->cfg, &nc, &key);
+	pthread_mutex_unlock(&d->mu);
+	daemon_log_set_level(d->cfg.log_level);
+	if (what & 2)
+		log_warning("reload: `%s` changed, which needs a restart; ignoring it", key);
+	if (what & 1) {
+		engine_model *m = NULL;
+		engine_ctx *c = NULL;
+		struct daemon_config saved = d->cfg;
+		snprintf(d->cfg.model, sizeof(d->cfg.model), "%s", nc.model);
+		atomic_store(&d->phase, PHASE_LOADING);
+		if (load_model(d, &m, &c, &err) != 0) {
+			log_err("reload: cannot load %s: %s; keeping %s", nc.model, err.msg, old_model);
+			d->cfg = saved;
+			atomic_store(&d->phase, PHASE_READY);
+			daemon_notify_ready();
+			return;
+		}
+		log_notice("reload: %s loaded; swapping it in once running requests finish",
+			   nc.model);
+		set_model_name(d);
+		sched_swap_model(d->sched, m, c); /* READY=1 after the swap */
+		return;
+	}
+	daemon_notify_ready();
+}
+
+int main(int argc, char **argv)
+{
+	enum {
+		OPT_CONFIG = 256,
+		OPT_MODEL,
+		OPT_LISTEN,
+		OPT_MLISTEN,
+		OPT_THREADS,
+		OPT_CTX,
+		OPT_PARALLEL,
+		OPT_ISA,
+		OPT_SET,
+		OPT_FG,
+		OPT_CHECK,
+		OPT_PRINT,
+		OPT_PRINTDOC,
+		OPT_RESTORE,
+		OPT_VERSION,
+	};
+	static const struct option opts[] = {
+		{"config", required_argument, NULL, OPT_CONFIG},
+		{"model", required_argument, NULL, OPT_MODEL},
+		{"listen", required_argument, NULL, OPT_LISTEN},
+		{"metrics-listen", required_argument, NULL, OPT_MLISTEN},
+		{"threads", required_argument, NULL, OPT_THREADS},
+		{"ctx", required_argument, NULL, OPT_CTX},
+		{"parallel", required_argument, NULL, OPT_PARALLEL},
+		{"isa", required_argument, NULL, OPT_ISA},
+		{"set", required_argument, NULL, OPT_SET},
+		{"foreground", no_argument, NULL, OPT_FG},
+		{"check", no_argument, NULL, OPT_CHECK},
+		{"print-config", no_argument, NULL, OPT_PRINT},
+		{"print-config-doc", no_argument, NULL, OPT_PRINTDOC},
+		{"restore-tuning", no_argument, NULL, OPT_RESTORE},
+		{"version", no_argument, NULL, OPT_VERSION},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	static struct daemon dd;
+	struct daemon *d = &dd;
+	const char *config_path = DAEMON_CONFIG_PATH;
+	bool config_given = false, check = false, print = false, print_doc = false,
+	     restore = false;
+	/* Overrides are applied after the file: collect them first. */
+	const char *ov_key[64], *ov_val[64];
+	char *ov_buf[64];
+	int n_ov = 0, n_listen_ov = 0;
+	int c;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		const char *key = NULL;
+		switch (c) {
+		case OPT_CONFIG: config_path = optarg; config_given = true; break;
+		case OPT_MODEL: key = "model"; break;
+		case OPT_LISTEN: key = n_listen_ov++ ? "listen+" : "listen"; break;
+		case OPT_MLISTEN: key = "metrics_listen"; break;
+		case OPT_THREADS: key = "threads"; break;
+		case OPT_CTX: key = "ctx_size"; break;
+		case OPT_PARALLEL: key = "parallel"; break;
+		case OPT_ISA: key = "isa"; break;
+		case OPT_SET: {
+			char *eq = strchr(optarg, '=');
+			if (!eq || n_ov >= 64) {
+				fprintf(stderr, "edgelmd: --set wants KEY=VALUE, got '%s'\n", optarg);
+				return EXIT_USAGE;
+			}
+			ov_buf[n_ov] = strndup(optarg, (size_t)(eq - optarg));
+			ov_key[n_ov] = ov_buf[n_ov];
+			ov_val[n_ov++] = eq + 1;
+			continue;
+		}
+		case OPT_FG: break;
+		case OPT_CHECK: check = true; break;
+		case OPT_PRINT: print = true; break;
+		case OPT_PRINTDOC: print_doc = true; break;
+		case OPT_RESTORE: restore = true; break;
+		case OPT_VERSION: printf("edgelmd %s\n", EDGELM_VERSION); return 0;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return EXIT_USAGE;
+		}
+		if (key && n_ov < 64) {
+			ov_buf[n_ov] = NULL;
+			ov_key[n_ov] = key;
+			ov_val[n_ov++] = optarg;
+		}
+	}
+	if (optind < argc) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	struct cm_err err = {0};
+	int rc = 0, sfd = -1;
+
+	daemon_config_default(&d->cfg);
+	if (print_doc) {
+		daemon_config_print(stdout, &d->cfg, true);
+		return 0;
+	}
+	int r = daemon_config_load(&d->cfg, config_path, &err);
+	if (r == -ENOENT && !config_given) {
+		r = 0; /* no default file: flags alone may be enough */
+	} else if (r) {
+		fprintf(stderr, "edgelmd: %s\n", err.msg);
+		return EXIT_USAGE;
+	}
+	for (int i = 0; i < n_ov; i++) {
+		const char *key = ov_key[i];
+		if (strcmp(key, "listen+") == 0)
+			key = "listen"; /* daemon_config_set appends after the first */
+		else if (strcmp(key, "listen") == 0)
+			d->cfg.n_listen = 0; /* the command line replaces the file's list */
+		if (daemon_config_set(&d->cfg, key, ov_val[i], &err) != 0) {
+			fprintf(stderr, "edgelmd: %s\n", err.msg);
+			return EXIT_USAGE;
+		}
+		free(ov_buf[i]);
+	}
+	d->config_path = config_path;
+	if (daemon_log_init(d->cfg.log_level) != 0) {
+		fprintf(stderr, "edgelmd: bad log_level '%s'\n", d->cfg.log_level);
+		return EXIT_USAGE;
+	}
+	if (print) {
+		daemon_config_print(stdout, &d->cfg, false);
+		return 0;
+	}
+	if (tuning_paths_from_env(&d->tpaths, &err) != 0) {
+		log_err("%s", err.msg);
+		return EXIT_USAGE;
+	}
+	if (d->cfg.state_file[0] && !getenv("EDGELM_TUNING_STATE"))
+		snprintf(d->tpaths.state_file, sizeof(d->tpaths.state_file), "%.511s", d->cfg.state_file);
+	if (restore) {
+		struct tuning_state st;
+		tuning_state_init(&st);
+		r = tuning_restore_from_file(&d->tpaths, &st, &err);
+		tuning_state_print(stdout, &st);
+		tuning_state_fini(&st);
+		if (r) {
+			fprintf(stderr, "edgelmd: --restore-tuning: %s\n", err.msg);
+			return EXIT_RUNTIME;
+		}
+		return 0;
+	}
+	if (!check && daemon_config_validate(&d->cfg, &err) != 0) {
+		fprintf(stderr, "edgelmd: %s\n", err.msg);
+		return EXIT_USAGE;
+	}
+
+	/* CPU detection and the plan. */
+	tuning_report_init(&d->treport);
+	tuning_plan_init(&d->tplan);
+	tuning_state_init(&d->tstate);
+	pthread_mutex_init(&d->mu, NULL);
+	atomic_store(&d->phase, PHASE_LOADING);
+	struct tuning_config tc;
+	to_tuning_config(&d->cfg, &tc);
+	uint64_t model_bytes = d->cfg.model[0] ? file_size(d->cfg.model) : 0;
+	tc.model_bytes = model_bytes;
+	if (tuning_detect(&d->tpaths, &d->treport, &err) != 0 ||
+	    tuning_plan_make(&d->treport, &tc, &d->tplan, &err) != 0) {
+		log_err("tuning: %s", err.msg);
+		rc = EXIT_USAGE;
+		goto out;
+	}
+	if (check) {
+		tuning_report_print(stdout, &d->treport, &d->tplan);
+		goto out;
+	}
+	if (model_bytes == 0) {
+		log_err("cannot read model %s: %s", d->cfg.model, strerror(errno));
+		rc = EXIT_MODEL;
+		goto out;
+	}
+	daemon_notify_init();
+
+	/* Signals: blocked before any thread exists, read from a signalfd. */
+	sigset_t sigs;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGHUP);
+	sigaddset(&sigs, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+	sfd = signalfd(-1, &sigs, SFD_CLOEXEC);
+	if (sfd < 0) {
+		log_err("signalfd: %s", strerror(errno));
+		rc = EXIT_RUNTIME;
+		goto out;
+	}
+
+	tuning_apply(&d->tplan, &d->tpaths, &d->tstate, &err);
+	d->tuning_applied = true;
+	log_tuning_changes(&d->tstate);
+	log_info("tuning: %d workers (%s)", d->tplan.n_workers, d->tplan.threads_note);
+
+	/* The monitor first, so the load itself is observed. */
+	struct monitor_params mp;
+	monitor_params_default(&mp);
+	mp.interval_ms = d->cfg.monitor_interval_ms;
+	mp.textfile_path = d->cfg.metrics_textfile[0] ? d->cfg.metrics_textfile : NULL;
+	mp.on_flag = on_flag;
+	mp.worker_prefix = "edgelm:w";
+	if (monitor_new(&mp, &d->mon, &err) != 0 || monitor_start(d->mon, &err) != 0) {
+		log_warning("monitor: %s; serving without metrics", err.msg);
+		monitor_free(d->mon);
+		d->mon = NULL;
+	} else {
+		d->mi = monitor_inference_get(d->mon);
+		d->fam_requests = d->mi->requests;
+		monitor_gauge_set(d->mi->loading, 1);
+		if (d->cfg.peak_bandwidth_gbs > 0)
+			monitor_gauge_set(d->mi->peak_bandwidth, d->cfg.peak_bandwidth_gbs * 1e9);
+		if (strcmp(d->cfg.metrics_listen, "off") != 0 &&
+		    monitor_http_start(d->mon, d->cfg.metrics_listen, &err) != 0)
+			log_warning("metrics endpoint %s: %s; ignoring", d->cfg.metrics_listen,
+				    err.msg);
+	}
+
+	/* The model. */
+	daemon_notify_status("loading %s", d->cfg.model);
+	daemon_notify_extend_timeout(120 * 1000000ull);
+	set_model_name(d);
+	(void)tuning_load_begin(&d->tplan, &d->tstate, NULL);
+	r = load_model(d, &d->model, &d->ctx, &err);
+	(void)tuning_load_end(&d->tstate, NULL);
+	if (r) {
+		log_err("%s: %s", d->cfg.model, err.msg);
+		rc = r == -ENOMEM ? EXIT_MEMORY : EXIT_MODEL;
+		goto out_stop;
+	}
+	engine_model_get_info(d->model, &d->minfo);
+	if (d->cfg.ctx_size == 0 || d->cfg.ctx_size > d->minfo.n_ctx)
+		d->cfg.ctx_size = d->minfo.n_ctx;
+	{
+		uint64_t kv = engine_model_kv_bytes_per_token(d->model) * d->cfg.ctx_size *
+			      d->cfg.parallel;
+		log_info("model %s: %s, %u layers, %u ctx x %u sequences (%.1f MiB of KV), "
+			 "kernels %s, %d threads",
+			 d->model_name, d->minfo.arch, d->minfo.n_layer, d->cfg.ctx_size,
+			 d->cfg.parallel, (double)kv / (1 << 20), d->minfo.isa,
+			 d->minfo.n_threads);
+	}
+	lock_memory(d);
+	update_tuning_json(d);
+	if (d->mi) {
+		monitor_gauge_set(d->mi->loading, 0);
+		monitor_gauge_set(d->mi->workers, d->minfo.n_threads);
+		monitor_gauge_set(d->mi->kv_capacity, (double)d->cfg.ctx_size * d->cfg.parallel);
+	}
+
+	if (sched_new(d, &d->sched, &err) != 0 || sched_start(d->sched, &err) != 0) {
+		log_err("%s", err.msg);
+		rc = EXIT_RUNTIME;
+		goto out_stop;
+	}
+
+	/* The socket, last: READY=1 only once it is bound. */
+	const char *urls[DAEMON_MAX_LISTEN];
+	for (int i = 0; i < d->cfg.n_listen; i++)
+		urls[i] = d->cfg.listen[i];
+	struct ipc_server_params sp = {
+		.urls = urls,
+		.n_urls = (size_t)d->cfg.n_listen,
+		.socket_mode = (int)d->cfg.socket_mode,
+		.socket_group = d->cfg.socket_group[0] ? d->cfg.socket_group : NULL,
+	};
+	sp.limits.max_msg_bytes = (size_t)d->cfg.max_msg_kib * 1024;
+	if (ipc_server_new(&sp, daemon_handle_call, d, &d->srv, &err) != 0) {
+		log_err("%s", err.msg);
+		rc = EXIT_RUNTIME;
+		goto out_stop;
+	}
+	cm_err_clear(&err);
+	if (ipc_server_start(d->srv, &err) != 0) {
+		log_err("%s", err.msg);
+		rc = EXIT_RUNTIME;
+		goto out_stop;
+	}
+	if (err.code)
+		log_warning("%s; ignoring", err.msg);
+	atomic_store(&d->phase, PHASE_READY);
+	for (int i = 0; i < d->cfg.n_listen; i++)
+		log_notice("serving %s on %s", d->model_name, d->cfg.listen[i]);
+	daemon_notify_ready();
+	daemon_notify_status("ready: %s", d->model_name);
+
+	/* Main loop: signals, and a STATUS= line every few seconds. */
+	for (;;) {
+		struct pollfd pfd = {.fd = sfd, .events = POLLIN};
+		int pr = poll(&pfd, 1, 2000);
+		if (pr > 0) {
+			struct signalfd_siginfo si;
+			if (read(sfd, &si, sizeof(si)) != sizeof(si))
+				continue;
+			if (si.ssi_signo == SIGHUP) {
+				reload(d);
+				continue;
+			}
+			if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
+				log_notice("%s: shutting down (drain up to %u ms)",
+					   si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT",
+					   d->cfg.drain_timeout_ms);
+				break;
+			}
+			continue;
+		}
+		int running, queued;
+		double tps;
+		sched_counts(d->sched, &running, &queued, &tps);
+		char flags[128] = "";
+		if (d->mon) {
+			struct monitor_flag_state fl[MONITOR_FLAG_COUNT];
+			monitor_flags_get(d->mon, fl);
+			for (int i = 0; i < MONITOR_FLAG_COUNT; i++)
+				if (fl[i].on) {
+					size_t l = strlen(flags);
+					snprintf(flags + l, sizeof(flags) - l, " %s",
+						 monitor_flag_name((enum monitor_flag)i));
+				}
+		}
+		if (d->mi)
+			monitor_gauge_set(d->mi->queued, queued);
+		daemon_notify_status("%s: %d running, %d queued, %.1f tok/s%s%s", d->model_name,
+				     running, queued, running ? tps : 0.0, flags[0] ? ";" : "",
+				     flags);
+	}
+
+	daemon_notify_stopping();
+	atomic_store(&d->phase, PHASE_DRAINING);
+	ipc_server_drain(d->srv);
+	sched_stop(d->sched, d->cfg.drain_timeout_ms);
+out_stop:
+	if (d->srv) {
+		int left = ipc_server_stop(d->srv, 2000);
+		if (left)
+			log_warning("%d calls still open at shutdown", left);
+	}
+	sched_free(d->sched);
+	d->sched = NULL;
+	ipc_server_free(d->srv);
+	if (d->mon) {
+		monitor_http_stop(d->mon);
+		monitor_stop(d->mon);
+		monitor_free(d->mon);
+	}
+	engine_ctx_free(d->ctx);
+	engine_model_free(d->model);
+	if (d->tuning_applied && tuning_restore(&d->tstate, &d->tpaths, &err) != 0)
+		log_warning("tuning restore: %s", err.msg);
+	if (sfd >= 0)
+		close(sfd);
+	if (rc == 0)
+		log_notice("stopped");
+out:
+	cm_free(d->tuning_json);
+	tuning_state_fini(&d->tstate);
+	tuning_plan_fini(&d->tplan);
+	tuning_report_fini(&d->treport);
+	return rc;
+}

@@ -1,0 +1,401 @@
+/* tests/unit/test_daemon_serve.c: the real edgelmd on a temporary socket,
+ * with stories260K, driven through libedgelm and raw protocol messages.
+ *
+ * - 8 concurrent clients, streaming and not: each greedy output equals the
+ *   reference text for its prompt (batching never changes results);
+ * - cancel frees the sequence (edgelm_sequences_running back to 0);
+ * - a stream nobody polls is cancelled and freed after stream_idle_ms;
+ * - a poll repeated after a "lost" reply returns the same text: nothing is
+ *   lost or duplicated;
+ * - hostile requests get their error codes and health stays ready;
+ * - a client-chosen id in use, queue limits, tokenize/detokenize, info;
+ * - SIGTERM: exit 0. */
+#include "common/common.h"
+#include "ipc/edgelm.h"
+#include "tests/test.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static pid_t daemon_pid = -1;
+static char url[4200];
+static json_t *ref;
+
+static const char *bin(const char *name)
+{
+	static char b[2][4096];
+	static int k;
+	const char *build = getenv("BUILD");
+	k ^= 1;
+	snprintf(b[k], sizeof(b[k]), "%s/bin/%s", build && *build ? build : "build", name);
+	return b[k];
+}
+
+static edgelm_client *client(void)
+{
+	edgelm_client *c = NULL;
+	struct edgelm_error e;
+	if (edgelm_connect(url, &c, &e) != 0)
+		return NULL;
+	return c;
+}
+
+static int start_daemon(void)
+{
+	const char *model = test_data_path("models/stories260K-f32.gguf");
+	char model_copy[4096];
+	snprintf(model_copy, sizeof(model_copy), "%s", model);
+	snprintf(url, sizeof(url), "ipc://%s/edgelm-test.sock", test_tmpdir());
+	char log[4200];
+	snprintf(log, sizeof(log), "%s/edgelmd.log", test_tmpdir());
+	daemon_pid = fork();
+	if (daemon_pid == 0) {
+		FILE *f = freopen(log, "w", stderr);
+		(void)f;
+		execl(bin("edgelmd"), "edgelmd", "--config", "/dev/null", "--model", model_copy,
+		      "--listen", url, "--metrics-listen", "off", "--set", "parallel=8", "--set",
+		      "tuning=false", "--set", "stream_idle_ms=1500", "--set", "queue_size=16",
+		      "--set", "socket_group=", "--set", "watchdog_stall_ms=40", "--threads", "2",
+		      (char *)NULL);
+		_exit(127);
+	}
+	/* wait for ready */
+	for (int i = 0; i < 200; i++) {
+		edgelm_client *c = client();
+		enum edgelm_health h;
+		if (c && edgelm_health(c, &h, NULL, NULL) == 0 && h == EDGELM_HEALTH_READY) {
+			edgelm_close(c);
+			return 0;
+		}
+		if (c)
+			edgelm_close(c);
+		int st;
+		if (waitpid(daemon_pid, &st, WNOHANG) == daemon_pid) {
+			fprintf(stderr, "edgelmd exited early (status %d); log in %s\n", st, log);
+			daemon_pid = -1;
+			return -1;
+		}
+		usleep(50000);
+	}
+	return -1;
+}
+
+/* A metric's value from the metrics JSON (first series), NaN if absent. */
+static double metric(const char *name)
+{
+	edgelm_client *c = client();
+	char *js = NULL;
+	double v = NAN;
+	if (c && edgelm_metrics(c, &js, NULL) == 0) {
+		json_t *j = json_loads(js, 0, NULL);
+		json_t *m = json_object_get(json_object_get(j, "metrics"), "metrics");
+		json_t *fam = json_object_get(m, name);
+		json_t *s0 = json_array_get(json_object_get(fam, "series"), 0);
+		if (s0)
+			v = json_number_value(json_object_get(s0, "value"));
+		json_decref(j);
+	}
+	edgelm_free(js);
+	edgelm_close(c);
+	return v;
+}
+
+static bool wait_metric(const char *name, double want, int ms)
+{
+	for (int t = 0; t < ms; t += 100) {
+		if (metric(name) == want)
+			return true;
+		usleep(100000);
+	}
+	return false;
+}
+
+struct job {
+	int prompt;
+	bool stream;
+	int rc;
+	char *text;
+	size_t len;
+};
+
+static int collect(const char *text, size_t len, void *user)
+{
+	struct job *j = user;
+	j->text = realloc(j->text, j->len + len + 1);
+	memcpy(j->text + j->len, text, len);
+	j->len += len;
+	j->text[j->len] = '\0';
+	return 0;
+}
+
+static void *run_job(void *arg)
+{
+	struct job *j = arg;
+	json_t *item = json_array_get(ref, (size_t)j->prompt);
+	edgelm_client *c = client();
+	struct edgelm_params p;
+	edgelm_params_init(&p);
+	p.temperature = 0;
+	p.max_tokens = (int32_t)json_array_size(json_object_get(item, "steps"));
+	struct edgelm_result r = {0};
+	const char *prompt = json_string_value(json_object_get(item, "prompt"));
+	if (j->stream) {
+		j->rc = edgelm_generate_stream(c, prompt, &p, collect, j, &r, NULL);
+	} else {
+		j->rc = edgelm_generate(c, prompt, &p, &r, NULL);
+		if (j->rc == 0) {
+			j->text = strdup(r.text);
+			j->len = r.text_len;
+		}
+	}
+	edgelm_result_free(&r);
+	edgelm_close(c);
+	return NULL;
+}
+
+static void test_concurrent_reference(void)
+{
+	pthread_t th[8];
+	struct job jobs[8];
+	for (int i = 0; i < 8; i++) {
+		jobs[i] = (struct job){.prompt = i % (int)json_array_size(ref), .stream = i % 2 == 0};
+		pthread_create(&th[i], NULL, run_job, &jobs[i]);
+	}
+	for (int i = 0; i < 8; i++) {
+		pthread_join(th[i], NULL);
+		const char *want =
+			json_string_value(json_object_get(json_array_get(ref, (size_t)jobs[i].prompt), "text"));
+		CHECK_EQ_INT(jobs[i].rc, 0);
+		CHECK_MSG(jobs[i].text && strcmp(jobs[i].text, want) == 0,
+			  "client %d (%s):\n got: %s\nwant: %s", i, jobs[i].stream ? "stream" : "blocking",
+			  jobs[i].text ? jobs[i].text : "(null)", want);
+		free(jobs[i].text);
+	}
+	CHECK(wait_metric("edgelm_sequences_running", 0, 3000));
+}
+
+/* Raw protocol call; returns the parsed reply. */
+static json_t *call(const char *req)
+{
+	edgelm_client *c = client();
+	char *rep = NULL;
+	size_t len = 0;
+	edgelm_call_json(c, req, strlen(req), &rep, &len, NULL);
+	json_t *j = rep ? json_loads(rep, 0, NULL) : NULL;
+	edgelm_free(rep);
+	edgelm_close(c);
+	return j;
+}
+
+static const char *err_code(json_t *j)
+{
+	return json_string_value(json_object_get(json_object_get(j, "error"), "code"));
+}
+
+static void test_poll_retry(void)
+{
+	json_t *item = json_array_get(ref, 0);
+	char req[1024];
+	snprintf(req, sizeof(req),
+		 "{\"op\":\"generate\",\"id\":\"retry-1\",\"prompt\":\"%s\",\"max_tokens\":%zu,"
+		 "\"temperature\":0,\"stream\":true}",
+		 json_string_value(json_object_get(item, "prompt")),
+		 json_array_size(json_object_get(item, "steps")));
+	json_t *j = call(req);
+	CHECK(json_is_true(json_object_get(j, "ok")));
+	json_decref(j);
+	char got[8192] = "";
+	size_t have = 0;
+	bool done = false;
+	for (int guard = 0; !done && guard < 2000; guard++) {
+		snprintf(req, sizeof(req),
+			 "{\"op\":\"poll\",\"id\":\"retry-1\",\"ack\":%zu,\"wait_ms\":500}", have);
+		json_t *a = call(req);
+		/* every other reply is "lost": ask again with the same ack */
+		json_t *b = call(req);
+		CHECK(a && b);
+		if (!a || !b)
+			break;
+		const char *ta = json_string_value(json_object_get(a, "text"));
+		const char *tb = json_string_value(json_object_get(b, "text"));
+		/* the retry starts at the same offset; it may carry more text */
+		CHECK(ta && tb && strncmp(ta, tb, strlen(ta)) == 0);
+		CHECK_EQ_INT(json_integer_value(json_object_get(b, "offset")), (long long)have);
+		size_t next = (size_t)json_integer_value(json_object_get(b, "next"));
+		if (tb && have + strlen(tb) < sizeof(got))
+			memcpy(got + have, tb, strlen(tb) + 1);
+		have = next;
+		done = json_is_true(json_object_get(b, "done"));
+		json_decref(a);
+		json_decref(b);
+	}
+	CHECK(done);
+	CHECK_STREQ(got, json_string_value(json_object_get(item, "text")));
+	/* release, then the id is gone */
+	snprintf(req, sizeof(req), "{\"op\":\"poll\",\"id\":\"retry-1\",\"ack\":%zu}", have);
+	json_decref(call(req));
+	json_t *gone = call(req);
+	CHECK_STREQ(err_code(gone), "not_found");
+	json_decref(gone);
+}
+
+static void test_cancel_frees(void)
+{
+	/* The test hook (watchdog_stall_ms) makes this request slow: 40 ms a
+	 * step, so it is surely running when the cancel arrives. */
+	json_t *j = call("{\"op\":\"generate\",\"id\":\"c-1\",\"prompt\":\"__edgelm_test_stall__ Once\","
+			 "\"max_tokens\":400,\"temperature\":1,\"stream\":true}");
+	CHECK(json_is_true(json_object_get(j, "ok")));
+	json_decref(j);
+	usleep(100000);
+	j = call("{\"op\":\"cancel\",\"id\":\"c-1\"}");
+	CHECK(json_is_true(json_object_get(j, "ok")));
+	json_decref(j);
+	CHECK(wait_metric("edgelm_sequences_running", 0, 3000));
+	j = call("{\"op\":\"poll\",\"id\":\"c-1\",\"ack\":0,\"wait_ms\":1000}");
+	const char *fr = json_string_value(json_object_get(j, "finish_reason"));
+	CHECK_MSG(fr && strcmp(fr, "cancelled") == 0, "poll after cancel: %s",
+		  j ? json_dumps(j, JSON_COMPACT) : "(no reply)");
+	json_decref(j);
+}
+
+static void test_abandoned_stream(void)
+{
+	json_t *j = call("{\"op\":\"generate\",\"id\":\"gone-1\",\"prompt\":\"__edgelm_test_stall__ Once\","
+			 "\"max_tokens\":450,\"temperature\":1,\"stream\":true}");
+	CHECK(json_is_true(json_object_get(j, "ok")));
+	json_decref(j);
+	usleep(500000);
+	CHECK_EQ_INT(metric("edgelm_sequences_running"), 1); /* still generating (40 ms a step) */
+	/* nobody polls: after stream_idle_ms (1500) it is cancelled and freed */
+	CHECK(wait_metric("edgelm_sequences_running", 0, 6000));
+	usleep(1800000);
+	j = call("{\"op\":\"poll\",\"id\":\"gone-1\",\"ack\":0}");
+	CHECK_STREQ(err_code(j), "not_found");
+	json_decref(j);
+}
+
+static void test_errors_and_health(void)
+{
+	static const struct {
+		const char *req, *code;
+	} cases[] = {
+		{"{", "invalid_json"},
+		{"{\"op\":\"fly\"}", "unknown_op"},
+		{"{\"op\":\"generate\"}", "invalid_field"},
+		{"{\"op\":\"generate\",\"prompt\":5}", "invalid_field"},
+		{"{\"op\":\"generate\",\"prompt\":\"x\",\"temperature\":-1}", "invalid_field"},
+		{"{\"op\":\"poll\",\"id\":\"nope\"}", "not_found"},
+		{"{\"op\":\"cancel\",\"id\":\"nope\"}", "not_found"},
+		{"{\"op\":\"detokenize\",\"ids\":[99999]}", "invalid_field"},
+		{"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",
+		 "invalid_json"},
+	};
+	for (size_t i = 0; i < CM_ARRAY_LEN(cases); i++) {
+		json_t *j = call(cases[i].req);
+		CHECK_MSG(j && err_code(j) && strcmp(err_code(j), cases[i].code) == 0,
+			  "%s: got %s", cases[i].req, j && err_code(j) ? err_code(j) : "(none)");
+		json_decref(j);
+	}
+	/* a prompt longer than the context (512) */
+	size_t n = 6000;
+	char *big = malloc(n + 100);
+	strcpy(big, "{\"op\":\"generate\",\"prompt\":\"");
+	size_t k = strlen(big);
+	for (size_t i = 0; i < n / 2; i++, k += 2)
+		memcpy(big + k, "a ", 2);
+	strcpy(big + k, "\"}");
+	json_t *j = call(big);
+	CHECK_STREQ(err_code(j), "prompt_too_long");
+	json_decref(j);
+	free(big);
+	/* an id in use */
+	j = call("{\"op\":\"generate\",\"id\":\"dup\",\"prompt\":\"Once\",\"max_tokens\":300,"
+		 "\"stream\":true}");
+	json_decref(j);
+	j = call("{\"op\":\"generate\",\"id\":\"dup\",\"prompt\":\"Once\",\"stream\":true}");
+	CHECK_STREQ(err_code(j), "invalid_field");
+	json_decref(j);
+	json_decref(call("{\"op\":\"cancel\",\"id\":\"dup\"}"));
+	/* health is still ready */
+	edgelm_client *c = client();
+	enum edgelm_health h = EDGELM_HEALTH_LOADING;
+	CHECK_OK(edgelm_health(c, &h, NULL, NULL));
+	CHECK_EQ_INT(h, EDGELM_HEALTH_READY);
+	edgelm_close(c);
+}
+
+static void test_tokenize_info(void)
+{
+	edgelm_client *c = client();
+	int32_t *ids = NULL;
+	size_t n = 0;
+	CHECK_OK(edgelm_tokenize(c, "Once upon a time", true, false, &ids, &n, NULL));
+	json_t *pt = json_object_get(json_array_get(ref, 0), "prompt_tokens");
+	CHECK_EQ_INT(n, json_array_size(pt));
+	for (size_t i = 0; i < n && i < json_array_size(pt); i++)
+		CHECK_EQ_INT(ids[i], json_integer_value(json_array_get(pt, i)));
+	char *text = NULL;
+	CHECK_OK(edgelm_detokenize(c, ids + 1, n - 1, &text, NULL));
+	CHECK_STREQ(text, "Once upon a time");
+	edgelm_free(text);
+	edgelm_free(ids);
+	char *info = NULL;
+	CHECK_OK(edgelm_info(c, &info, NULL));
+	json_t *j = info ? json_loads(info, 0, NULL) : NULL;
+	CHECK_STREQ(json_string_value(json_object_get(j, "architecture")), "llama");
+	CHECK_EQ_INT(json_integer_value(json_object_get(j, "n_vocab")), 512);
+	json_decref(j);
+	edgelm_free(info);
+	edgelm_close(c);
+}
+
+static void test_sigterm(void)
+{
+	CHECK(kill(daemon_pid, SIGTERM) == 0);
+	int st = -1;
+	for (int i = 0; i < 100; i++) {
+		if (waitpid(daemon_pid, &st, WNOHANG) == daemon_pid)
+			break;
+		usleep(100000);
+	}
+	CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
+	daemon_pid = -1;
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	if (!test_file_exists(test_data_path("models/stories260K-f32.gguf")) ||
+	    !test_file_exists(test_data_path("reference/stories260K-f32.json"))) {
+		test_cur_name = "test_daemon_serve";
+		TEST_SKIP_DATA("stories260K model or reference not found under $EDGELM_TESTDATA");
+		test_n_skip++;
+		if (getenv("EDGELM_REQUIRE_DATA"))
+			test_n_fail++;
+		return test_finish();
+	}
+	ref = json_load_file(test_data_path("reference/stories260K-f32.json"), 0, NULL);
+	if (start_daemon() != 0) {
+		test_cur_name = "start_daemon";
+		CHECK(!"edgelmd did not become ready");
+		test_n_fail++;
+		return test_finish();
+	}
+	TEST_RUN(test_concurrent_reference);
+	TEST_RUN(test_poll_retry);
+	TEST_RUN(test_cancel_frees);
+	TEST_RUN(test_abandoned_stream);
+	TEST_RUN(test_errors_and_health);
+	TEST_RUN(test_tokenize_info);
+	TEST_RUN(test_sigterm);
+	if (daemon_pid > 0) {
+		kill(daemon_pid, SIGKILL);
+		waitpid(daemon_pid, NULL, 0);
+	}
+	json_decref(ref);
+	return test_finish();
+}
