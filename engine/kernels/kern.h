@@ -25,11 +25,24 @@ typedef void (*kern_vec_dot_fn)(int64_t n, float *s, const void *w, const void *
 typedef void (*kern_quant_fn)(const float *x, void *y, int64_t n);
 /* Dequantize n elements of a weight row to f32. */
 typedef void (*kern_dequant_fn)(const void *w, float *y, int64_t n);
+/* The many-token (tile) kernel:
+ *   s[t * s_stride + r] = dot(w + r * w_stride, a + t * a_stride)
+ * for r < nr, t < nt (strides in bytes for w and a, in floats for s). The
+ * weights of a tile are read (and unpacked) once for all nt tokens. `aux` is
+ * what kern_act_aux() made for the activation rows (aux_stride floats apart),
+ * or NULL for act types that have none. The result agrees with vec_dot to
+ * the kernel's error budget (tests/kernels/test_kern_simd.c), not bitwise:
+ * the tile kernel is used for every batch of more than one token, and the
+ * choice depends only on the batch, never on the thread count. */
+typedef void (*kern_gemm_fn)(int64_t n, int nr, int nt, const void *w, size_t w_stride,
+			     const void *a, size_t a_stride, const float *aux, size_t aux_stride,
+			     float *s, size_t s_stride);
 
 struct kern_type_ops {
 	uint32_t act_type;        /* ENGINE_DTYPE_* of the activation layout */
 	kern_vec_dot_fn vec_dot;  /* NULL: type not computable by this variant */
 	kern_dequant_fn dequant;
+	kern_gemm_fn gemm;        /* NULL: the caller loops vec_dot */
 };
 
 /* CPU features the dispatcher looks at (filled by tuning/ or by
@@ -51,6 +64,12 @@ struct kern_ops {
 	float (*dot_f32)(int64_t n, const float *a, const float *b);
 	/* y += a * x */
 	void (*axpy_f32)(int64_t n, float a, const float *x, float *y);
+	/* Streaming read of n bytes (p 64-byte aligned, n a multiple of 256)
+	 * with the widest loads the variant has; returns a value that depends
+	 * on every byte so the reads cannot be elided. edgelm-bench measures
+	 * the box's read bandwidth with it. NULL (the generic table): use
+	 * kern_read_stream_generic. */
+	uint64_t (*read_stream)(const void *p, size_t n);
 };
 
 /* The generic (scalar) table: always available, the reference. */
@@ -58,6 +77,17 @@ extern const struct kern_ops kern_generic_ops;
 
 /* Bytes of an activation row of n elements in layout act_type. */
 size_t kern_act_row_size(uint32_t act_type, int64_t n);
+
+/* Floats of side data per activation row that the tile kernels use (0 when
+ * the layout has none), and its computation from a converted row: for Q8_0,
+ * per 32-element block b, aux[2b] = d (as f32) and aux[2b + 1] = sum(q) (an
+ * integer, exact in f32), which lets VNNI kernels feed unsigned weight codes
+ * and take the offset off exactly once per block. */
+size_t kern_act_aux_len(uint32_t act_type, int64_t n);
+void kern_act_aux(uint32_t act_type, const void *a, int64_t n, float *aux);
+
+/* Portable streaming read (8 independent 64-bit lanes). */
+uint64_t kern_read_stream_generic(const void *p, size_t n);
 
 /* Pick the best variant the caps allow, or the one named by `force`
  * ("scalar", "avx2", ...; NULL or "" or "auto" for the best). Returns NULL and

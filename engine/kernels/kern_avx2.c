@@ -1,0 +1,286 @@
+/* engine/kernels/kern_avx2.c: AVX2 + FMA + F16C kernels (Haswell, Zen 1 and
+ * later). Built with -mavx2 -mfma -mf16c and no LTO (engine/module.mk); only
+ * called after kern_select() has checked the CPU.
+ *
+ * - Float weights (F32, F16, BF16) accumulate in double, as the reference
+ *   does: each product of two floats is exact in double, so the result
+ *   differs from kern_generic only by the order of the double additions
+ *   (n * 2^-53 of sum |w a|) and is nearly always the same float.
+ * - Q8_0 and Q4_0 use the maddubs sign trick (|w| unsigned, sign(w) * a
+ *   signed): pair sums stay within int16 because |w| <= 128 and activations
+ *   are in [-127, 127] (our quantizer never makes -128). Exact int32 per
+ *   block, one FMA per block in float, lanes summed at the end: the float
+ *   rounding differs from the scalar's sequential order.
+ * - The Q8_0 activation quantizer matches quantize_row_q8_0_ref bit for bit:
+ *   same d, same 1/d, same product, and roundf() (half away from zero)
+ *   rebuilt from truncation instead of the vector round-to-nearest-even.
+ * - dot_f32 accumulates in double like the reference; axpy_f32 multiplies
+ *   then adds (no FMA), so it is bit-identical to the reference. */
+#include "engine/kernels/kern.h"
+
+#include "engine/quant.h"
+
+#include <immintrin.h>
+
+/* ---- small helpers (file-local: ISA files share none) -------------------- */
+
+static inline float hsum_ps(__m256 v)
+{
+	__m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+	x = _mm_add_ss(x, _mm_movehdup_ps(x));
+	return _mm_cvtss_f32(x);
+}
+
+static inline double hsum_pd(__m256d v)
+{
+	__m128d x = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+	x = _mm_add_sd(x, _mm_unpackhi_pd(x, x));
+	return _mm_cvtsd_f64(x);
+}
+
+static inline float half(uint16_t h)
+{
+	return _cvtsh_ss(h);
+}
+
+/* 8 float products accumulated into two double vectors. */
+static inline void fma8_pd(__m256 w, __m256 a, __m256d *s0, __m256d *s1)
+{
+	*s0 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(w)),
+			      _mm256_cvtps_pd(_mm256_castps256_ps128(a)), *s0);
+	*s1 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(w, 1)),
+			      _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)), *s1);
+}
+
+/* ---- float weights ------------------------------------------------------- */
+
+static double dot_tail(int64_t i, int64_t n, const float *w, const float *a)
+{
+	double s = 0;
+	for (; i < n; i++)
+		s += (double)w[i] * (double)a[i];
+	return s;
+}
+
+static void vec_dot_f32(int64_t n, float *s, const void *vw, const void *va)
+{
+	const float *w = vw, *a = va;
+	__m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+	int64_t i = 0;
+	for (; i + 16 <= n; i += 16) {
+		fma8_pd(_mm256_loadu_ps(w + i), _mm256_loadu_ps(a + i), &s0, &s1);
+		fma8_pd(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(a + i + 8), &s2, &s3);
+	}
+	for (; i + 8 <= n; i += 8)
+		fma8_pd(_mm256_loadu_ps(w + i), _mm256_loadu_ps(a + i), &s0, &s1);
+	double r = hsum_pd(_mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
+	*s = (float)(r + dot_tail(i, n, w, a));
+}
+
+static void vec_dot_f16(int64_t n, float *s, const void *vw, const void *va)
+{
+	const uint16_t *w = vw;
+	const float *a = va;
+	__m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+	int64_t i = 0;
+	for (; i + 16 <= n; i += 16) {
+		__m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i)));
+		__m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 8)));
+		fma8_pd(w0, _mm256_loadu_ps(a + i), &s0, &s1);
+		fma8_pd(w1, _mm256_loadu_ps(a + i + 8), &s2, &s3);
+	}
+	double r = hsum_pd(_mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
+	for (; i < n; i++)
+		r += (double)half(w[i]) * (double)a[i];
+	*s = (float)r;
+}
+
+static void vec_dot_bf16(int64_t n, float *s, const void *vw, const void *va)
+{
+	const uint16_t *w = vw;
+	const float *a = va;
+	__m256d s0 = _mm256_setzero_pd(), s1 = s0;
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + i)));
+		__m256 wf = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+		fma8_pd(wf, _mm256_loadu_ps(a + i), &s0, &s1);
+	}
+	double r = hsum_pd(_mm256_add_pd(s0, s1));
+	for (; i < n; i++)
+		r += (double)bf16_to_f32(w[i]) * (double)a[i];
+	*s = (float)r;
+}
+
+/* ---- Q8_0 / Q4_0 weights, Q8_0 activations ------------------------------- */
+
+/* int32 lanes of sum(w * a) over 32 signed bytes each. */
+static inline __m256i dot_i8(__m256i w, __m256i a)
+{
+	__m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+	return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* The 32 Q4_0 codes of a block minus 8, in element order. */
+static inline __m256i q4_0_bytes(const uint8_t *qs)
+{
+	__m128i x = _mm_loadu_si128((const __m128i *)qs);
+	__m128i m = _mm_set1_epi8(0x0f);
+	__m256i b = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m));
+	return _mm256_sub_epi8(b, _mm256_set1_epi8(8));
+}
+
+static void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *vw, const void *va)
+{
+	const struct block_q8_0 *w = vw, *a = va;
+	int64_t nb = n / QK8_0, i = 0;
+	__m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+	for (; i + 2 <= nb; i += 2) {
+		__m256i p0 = dot_i8(_mm256_loadu_si256((const __m256i *)w[i].qs),
+				    _mm256_loadu_si256((const __m256i *)a[i].qs));
+		__m256i p1 = dot_i8(_mm256_loadu_si256((const __m256i *)w[i + 1].qs),
+				    _mm256_loadu_si256((const __m256i *)a[i + 1].qs));
+		acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0),
+				       _mm256_set1_ps(half(w[i].d) * half(a[i].d)), acc0);
+		acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1),
+				       _mm256_set1_ps(half(w[i + 1].d) * half(a[i + 1].d)), acc1);
+	}
+	for (; i < nb; i++) {
+		__m256i p = dot_i8(_mm256_loadu_si256((const __m256i *)w[i].qs),
+				   _mm256_loadu_si256((const __m256i *)a[i].qs));
+		acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
+				       _mm256_set1_ps(half(w[i].d) * half(a[i].d)), acc0);
+	}
+	*s = hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+static void vec_dot_q4_0_q8_0(int64_t n, float *s, const void *vw, const void *va)
+{
+	const struct block_q4_0 *w = vw;
+	const struct block_q8_0 *a = va;
+	int64_t nb = n / QK4_0, i = 0;
+	__m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+	for (; i + 2 <= nb; i += 2) {
+		__m256i p0 = dot_i8(q4_0_bytes(w[i].qs), _mm256_loadu_si256((const __m256i *)a[i].qs));
+		__m256i p1 = dot_i8(q4_0_bytes(w[i + 1].qs),
+				    _mm256_loadu_si256((const __m256i *)a[i + 1].qs));
+		acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0),
+				       _mm256_set1_ps(half(w[i].d) * half(a[i].d)), acc0);
+		acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1),
+				       _mm256_set1_ps(half(w[i + 1].d) * half(a[i + 1].d)), acc1);
+	}
+	for (; i < nb; i++) {
+		__m256i p = dot_i8(q4_0_bytes(w[i].qs), _mm256_loadu_si256((const __m256i *)a[i].qs));
+		acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
+				       _mm256_set1_ps(half(w[i].d) * half(a[i].d)), acc0);
+	}
+	*s = hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+/* ---- activation quantizer ------------------------------------------------ */
+
+/* roundf(v): truncate, then step away from zero when the dropped part is at
+ * least one half (v - trunc(v) is exact). */
+static inline __m256i round_away(__m256 v)
+{
+	__m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+	__m256 f = _mm256_sub_ps(v, t);
+	__m256 sgn = _mm256_set1_ps(-0.0f);
+	__m256 big = _mm256_cmp_ps(_mm256_andnot_ps(sgn, f), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+	__m256 one = _mm256_or_ps(_mm256_and_ps(v, sgn), _mm256_set1_ps(1.0f));
+	return _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(big, one)));
+}
+
+static void quant_q8_0(const float *x, void *vy, int64_t n)
+{
+	struct block_q8_0 *y = vy;
+	const __m256 sgn = _mm256_set1_ps(-0.0f);
+	for (int64_t i = 0; i < n / QK8_0; i++) {
+		const float *xb = x + i * QK8_0;
+		__m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+		__m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+		__m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sgn, v0),
+						       _mm256_andnot_ps(sgn, v1)),
+					 _mm256_max_ps(_mm256_andnot_ps(sgn, v2),
+						       _mm256_andnot_ps(sgn, v3)));
+		__m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+		h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+		h = _mm_max_ss(h, _mm_movehdup_ps(h));
+		float amax = _mm_cvtss_f32(h);
+		float d = amax / 127.0f;
+		float id = d != 0.0f ? 1.0f / d : 0.0f;
+		y[i].d = fp32_to_fp16(d);
+		__m256 vid = _mm256_set1_ps(id);
+		__m256i i0 = round_away(_mm256_mul_ps(v0, vid));
+		__m256i i1 = round_away(_mm256_mul_ps(v1, vid));
+		__m256i i2 = round_away(_mm256_mul_ps(v2, vid));
+		__m256i i3 = round_away(_mm256_mul_ps(v3, vid));
+		/* packs work per 128-bit lane: fix the order with one permute */
+		__m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+		p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+		_mm256_storeu_si256((__m256i *)y[i].qs, p);
+	}
+}
+
+/* ---- f32 helpers --------------------------------------------------------- */
+
+static float dot_f32(int64_t n, const float *a, const float *b)
+{
+	float s;
+	vec_dot_f32(n, &s, a, b);
+	return s;
+}
+
+static void axpy_f32(int64_t n, float a, const float *x, float *y)
+{
+	__m256 va = _mm256_set1_ps(a);
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i),
+						      _mm256_mul_ps(va, _mm256_loadu_ps(x + i))));
+	for (; i < n; i++)
+		y[i] += a * x[i];
+}
+
+static uint64_t read_stream(const void *p, size_t n)
+{
+	const __m256i *v = p;
+	__m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+	__m256i s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+	for (size_t i = 0; i + 8 <= n / 32; i += 8) {
+		s0 = _mm256_xor_si256(s0, _mm256_load_si256(v + i));
+		s1 = _mm256_xor_si256(s1, _mm256_load_si256(v + i + 1));
+		s2 = _mm256_xor_si256(s2, _mm256_load_si256(v + i + 2));
+		s3 = _mm256_xor_si256(s3, _mm256_load_si256(v + i + 3));
+		s4 = _mm256_xor_si256(s4, _mm256_load_si256(v + i + 4));
+		s5 = _mm256_xor_si256(s5, _mm256_load_si256(v + i + 5));
+		s6 = _mm256_xor_si256(s6, _mm256_load_si256(v + i + 6));
+		s7 = _mm256_xor_si256(s7, _mm256_load_si256(v + i + 7));
+	}
+	__m256i s = _mm256_xor_si256(_mm256_xor_si256(_mm256_xor_si256(s0, s1),
+						      _mm256_xor_si256(s2, s3)),
+				     _mm256_xor_si256(_mm256_xor_si256(s4, s5),
+						      _mm256_xor_si256(s6, s7)));
+	return (uint64_t)_mm256_extract_epi64(s, 0) ^ (uint64_t)_mm256_extract_epi64(s, 1) ^
+	       (uint64_t)_mm256_extract_epi64(s, 2) ^ (uint64_t)_mm256_extract_epi64(s, 3);
+}
+
+const struct kern_ops kern_avx2_ops = {
+	.name = "avx2",
+	.t = {
+		[ENGINE_DTYPE_F32] = { .act_type = ENGINE_DTYPE_F32, .vec_dot = vec_dot_f32 },
+		[ENGINE_DTYPE_F16] = { .act_type = ENGINE_DTYPE_F32, .vec_dot = vec_dot_f16 },
+		[ENGINE_DTYPE_BF16] = { .act_type = ENGINE_DTYPE_F32, .vec_dot = vec_dot_bf16 },
+		[ENGINE_DTYPE_Q8_0] = { .act_type = ENGINE_DTYPE_Q8_0,
+					.vec_dot = vec_dot_q8_0_q8_0 },
+		[ENGINE_DTYPE_Q4_0] = { .act_type = ENGINE_DTYPE_Q8_0,
+					.vec_dot = vec_dot_q4_0_q8_0 },
+	},
+	.quant_act = {
+		[ENGINE_DTYPE_Q8_0] = quant_q8_0,
+	},
+	.dot_f32 = dot_f32,
+	.axpy_f32 = axpy_f32,
+	.read_stream = read_stream,
+};

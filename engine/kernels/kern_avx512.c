@@ -1,0 +1,399 @@
+/* engine/kernels/kern_avx512.c: AVX-512 kernels, two tables.
+ *
+ * - kern_avx512_ops (F, BW, VL, DQ: Skylake-X and later): 512-bit float
+ *   dots and the streaming read; everything else from kern_avx2_ops.
+ * - kern_avx512vnni_ops (+ VNNI: Ice Lake, Zen 4 and later): vpdpbusd
+ *   kernels for Q8_0 and Q4_0, one token (decode) and many (prefill).
+ *
+ * The file is built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma
+ * -mf16c but not -mavx512vnni: the VNNI functions carry
+ * __attribute__((target("avx512vnni"))), so the compiler cannot put a VNNI
+ * instruction anywhere the plain table can reach.
+ *
+ * VNNI multiplies unsigned by signed bytes. The weights are fed as unsigned
+ * codes, u = q + off (Q4_0: the raw nibble, off = 8; Q8_0: q ^ 0x80, off =
+ * 128), against the signed activations, and off * sum(a) is taken off per
+ * block, exactly, in the integer domain. In the decode kernels sum(a) comes
+ * from a second vpdpbusd against a vector of `off`; the tile kernel reads it
+ * from kern_act_aux().
+ *
+ * The tile kernel (gemm) follows the "unpack a weight panel once, stream
+ * the tokens past it" rule (cpu-kernels.md §3-4): 16 rows x a K slice of
+ * 4096 are unpacked to unsigned codes in the interleaved order vpdpbusd
+ * wants (one zmm = 4 consecutive k of 16 rows) with their scales, in a
+ * stack buffer that stays in L1/L2; then up to 8 tokens at a time run over
+ * it, each lane of an accumulator being one output. Per (row, token) the
+ * float operations are the same sequence whatever the tiling, so the
+ * result does not depend on how the caller splits rows or tokens. */
+#include "engine/kernels/kern.h"
+
+#include "engine/quant.h"
+
+#include <immintrin.h>
+
+#define VNNI __attribute__((target("avx512vnni")))
+
+static inline float half(uint16_t h)
+{
+	return _cvtsh_ss(h);
+}
+
+static inline int32_t ld32(const void *p)
+{
+	int32_t v;
+	memcpy(&v, p, 4);
+	return v;
+}
+
+/* ---- plain AVX-512 ------------------------------------------------------- */
+
+static void vec_dot_f32(int64_t n, float *s, const void *vw, const void *va)
+{
+	const float *w = vw, *a = va;
+	__m512d s0 = _mm512_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+	int64_t i = 0;
+	for (; i + 16 <= n; i += 16) {
+		__m512 x = _mm512_loadu_ps(w + i), y = _mm512_loadu_ps(a + i);
+		s0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)),
+				     _mm512_cvtps_pd(_mm512_castps512_ps256(y)), s0);
+		s1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)),
+				     _mm512_cvtps_pd(_mm512_extractf32x8_ps(y, 1)), s1);
+	}
+	if (i < n) {
+		__mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+		__m512 x = _mm512_maskz_loadu_ps(m, w + i), y = _mm512_maskz_loadu_ps(m, a + i);
+		s2 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)),
+				     _mm512_cvtps_pd(_mm512_castps512_ps256(y)), s2);
+		s3 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)),
+				     _mm512_cvtps_pd(_mm512_extractf32x8_ps(y, 1)), s3);
+	}
+	*s = (float)_mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(s0, s1),
+						       _mm512_add_pd(s2, s3)));
+}
+
+static void vec_dot_f16(int64_t n, float *s, const void *vw, const void *va)
+{
+	const uint16_t *w = vw;
+	const float *a = va;
+	__m512d s0 = _mm512_setzero_pd(), s1 = s0;
+	int64_t i = 0;
+	for (; i + 16 <= n; i += 16) {
+		__m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + i)));
+		__m512 y = _mm512_loadu_ps(a + i);
+		s0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)),
+				     _mm512_cvtps_pd(_mm512_castps512_ps256(y)), s0);
+		s1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)),
+				     _mm512_cvtps_pd(_mm512_extractf32x8_ps(y, 1)), s1);
+	}
+	double r = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+	for (; i < n; i++)
+		r += (double)half(w[i]) * (double)a[i];
+	*s = (float)r;
+}
+
+static float dot_f32(int64_t n, const float *a, const float *b)
+{
+	float s;
+	vec_dot_f32(n, &s, a, b);
+	return s;
+}
+
+static uint64_t read_stream(const void *p, size_t n)
+{
+	const __m512i *v = p;
+	__m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+	for (size_t i = 0; i + 4 <= n / 64; i += 4) {
+		s0 = _mm512_xor_si512(s0, _mm512_load_si512(v + i));
+		s1 = _mm512_xor_si512(s1, _mm512_load_si512(v + i + 1));
+		s2 = _mm512_xor_si512(s2, _mm512_load_si512(v + i + 2));
+		s3 = _mm512_xor_si512(s3, _mm512_load_si512(v + i + 3));
+	}
+	__m512i s = _mm512_xor_si512(_mm512_xor_si512(s0, s1), _mm512_xor_si512(s2, s3));
+	return (uint64_t)_mm512_reduce_or_epi64(s);
+}
+
+/* ---- VNNI: one token ----------------------------------------------------- */
+
+static inline __m256i q4_0_codes(const uint8_t *qs)
+{
+	__m128i x = _mm_loadu_si128((const __m128i *)qs);
+	__m128i m = _mm_set1_epi8(0x0f);
+	return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(x, m)),
+				       _mm_and_si128(_mm_srli_epi16(x, 4), m), 1);
+}
+
+/* sum((u - 8) * a) for one Q4_0 block, as 8 int32 lanes */
+static inline VNNI __m256i q4_0_block(const struct block_q4_0 *w, const struct block_q8_0 *a)
+{
+	__m256i av = _mm256_loadu_si256((const __m256i *)a->qs);
+	__m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q4_0_codes(w->qs), av);
+	__m256i c = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), av);
+	return _mm256_sub_epi32(p, c);
+}
+
+static VNNI void vec_dot_q4_0_q8_0(int64_t n, float *s, const void *vw, const void *va)
+{
+	const struct block_q4_0 *w = vw;
+	const struct block_q8_0 *a = va;
+	int64_t nb = n / QK4_0, i = 0;
+	__m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+	for (; i + 4 <= nb; i += 4) {
+		acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_0_block(w + i, a + i)),
+				       _mm256_set1_ps(half(w[i].d) * half(a[i].d)), acc0);
+		acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_0_block(w + i + 1, a + i + 1)),
+				       _mm256_set1_ps(half(w[i + 1].d) * half(a[i + 1].d)), acc1);
+		acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_0_block(w + i + 2, a + i + 2)),
+				       _mm256_set1_ps(half(w[i + 2].d) * half(a[i + 2].d)), acc2);
+		acc3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_0_block(w + i + 3, a + i + 3)),
+				       _mm256_set1_ps(half(w[i + 3].d) * half(a[i + 3].d)), acc3);
+	}
+	for (; i < nb; i++)
+		acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_0_block(w + i, a + i)),
+				       _mm256_set1_ps(half(w[i].d) * half(a[i].d)), acc0);
+	__m256 acc = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
+	__m128 x = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+	x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+	x = _mm_add_ss(x, _mm_movehdup_ps(x));
+	*s = _mm_cvtss_f32(x);
+}
+
+/* sum(w * a) for one Q8_0 block: |w| (unsigned, <= 128) against sign(w) * a */
+static inline VNNI __m256i q8_0_block(const struct block_q8_0 *w, const struct block_q8_0 *a)
+{
+	__m256i wv = _mm256_loadu_si256((const __m256i *)w->qs);
+	__m256i av = _mm256_loadu_si256((const __m256i *)a->qs);
+	return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv),
+				   _mm256_sign_epi8(av, wv));
+}
+
+static VNNI void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *vw, const void *va)
+{
+	const struct block_q8_0 *w = vw, *a = va;
+	int64_t nb = n / QK8_0, i = 0;
+	__m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+	for (; i + 4 <= nb; i += 4) {
+		acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_0_block(w + i, a + i)),
+				       _mm256_set1_ps(half(w[i].d) * half(a[i].d)), acc0);
+		acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_0_block(w + i + 1, a + i + 1)),
+				       _mm256_set1_ps(half(w[i + 1].d) * half(a[i + 1].d)), acc1);
+		acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_0_block(w + i + 2, a + i + 2)),
+				       _mm256_set1_ps(half(w[i + 2].d) * half(a[i + 2].d)), acc2);
+		acc3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_0_block(w + i + 3, a + i + 3)),
+				       _mm256_set1_ps(half(w[i + 3].d) * half(a[i + 3].d)), acc3);
+	}
+	for (; i < nb; i++)
+		acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_0_block(w + i, a + i)),
+				       _mm256_set1_ps(half(w[i].d) * half(a[i].d)), acc0);
+	__m256 acc = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
+	__m128 x = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+	x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+	x = _mm_add_ss(x, _mm_movehdup_ps(x));
+	*s = _mm_cvtss_f32(x);
+}
+
+/* ---- VNNI: many tokens --------------------------------------------------- */
+
+#define PANEL_ROWS 16
+#define PANEL_BLOCKS 128 /* K slice of 4096 elements: 64 KiB of codes */
+#define TILE_TOKENS 8
+
+struct panel {
+	__m512i q[PANEL_BLOCKS][8]; /* [block][k group] = 4 k x 16 rows */
+	__m512 dw[PANEL_BLOCKS];    /* row scales */
+	float off;                  /* code offset: u = q + off */
+};
+
+/* Transpose 16 rows x 8 dwords (r[i] = row i | row i + 8) into 8 k groups x
+ * 16 rows (out[g] = dword g of rows 0-7 | of rows 8-15). */
+static inline void transpose_16x8(const __m512i r[8], __m512i out[8])
+{
+	__m512i t[8], u[8];
+	for (int i = 0; i < 8; i += 2) {
+		t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+		t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+	}
+	for (int i = 0; i < 8; i += 4) {
+		u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+		u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+		u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+		u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+	}
+	const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+	const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+	for (int g = 0; g < 4; g++) {
+		out[g] = _mm512_permutex2var_epi64(u[g], lo, u[g + 4]);
+		out[g + 4] = _mm512_permutex2var_epi64(u[g], hi, u[g + 4]);
+	}
+}
+
+static inline __m512i pair_rows(__m256i a, __m256i b)
+{
+	return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+
+/* Unpack blocks [b0, b0 + nbs) of nr <= 16 rows; missing rows are zero. */
+static void panel_q4_0(struct panel *P, const uint8_t *w, size_t w_stride, int nr, int64_t b0,
+		       int nbs)
+{
+	const struct block_q4_0 *rows[PANEL_ROWS];
+	for (int r = 0; r < PANEL_ROWS; r++)
+		rows[r] = r < nr ? (const struct block_q4_0 *)(w + (size_t)r * w_stride) + b0 : NULL;
+	for (int b = 0; b < nbs; b++) {
+		__m256i c[PANEL_ROWS];
+		uint16_t d[PANEL_ROWS];
+		for (int r = 0; r < PANEL_ROWS; r++) {
+			if (rows[r]) {
+				c[r] = q4_0_codes(rows[r][b].qs);
+				d[r] = rows[r][b].d;
+			} else {
+				c[r] = _mm256_setzero_si256();
+				d[r] = 0;
+			}
+		}
+		__m512i rr[8];
+		for (int i = 0; i < 8; i++)
+			rr[i] = pair_rows(c[i], c[i + 8]);
+		transpose_16x8(rr, P->q[b]);
+		P->dw[b] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)d));
+	}
+	P->off = 8.0f;
+}
+
+static void panel_q8_0(struct panel *P, const uint8_t *w, size_t w_stride, int nr, int64_t b0,
+		       int nbs)
+{
+	const struct block_q8_0 *rows[PANEL_ROWS];
+	const __m256i flip = _mm256_set1_epi8((char)0x80);
+	for (int r = 0; r < PANEL_ROWS; r++)
+		rows[r] = r < nr ? (const struct block_q8_0 *)(w + (size_t)r * w_stride) + b0 : NULL;
+	for (int b = 0; b < nbs; b++) {
+		__m256i c[PANEL_ROWS];
+		uint16_t d[PANEL_ROWS];
+		for (int r = 0; r < PANEL_ROWS; r++) {
+			if (rows[r]) {
+				c[r] = _mm256_xor_si256(
+					_mm256_loadu_si256((const __m256i *)rows[r][b].qs), flip);
+				d[r] = rows[r][b].d;
+			} else {
+				c[r] = _mm256_setzero_si256();
+				d[r] = 0;
+			}
+		}
+		__m512i rr[8];
+		for (int i = 0; i < 8; i++)
+			rr[i] = pair_rows(c[i], c[i + 8]);
+		transpose_16x8(rr, P->q[b]);
+		P->dw[b] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)d));
+	}
+	P->off = 128.0f;
+}
+
+/* NT tokens against the panel; acc starts from s unless `first`. */
+static inline __attribute__((always_inline)) VNNI void
+panel_tokens(const struct panel *P, int nbs, int NT, const uint8_t *a, size_t a_stride,
+	     const float *aux, size_t aux_stride, float *s, size_t s_stride, __mmask16 m,
+	     bool first)
+{
+	__m512 acc[TILE_TOKENS];
+	const __m512 off = _mm512_set1_ps(P->off);
+	for (int t = 0; t < NT; t++)
+		acc[t] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, s + t * s_stride);
+	for (int b = 0; b < nbs; b++) {
+		for (int t = 0; t < NT; t++) {
+			const struct block_q8_0 *ab =
+				(const struct block_q8_0 *)(a + (size_t)t * a_stride) + b;
+			const float *x = aux + (size_t)t * aux_stride + 2 * b;
+			__m512i s0 = _mm512_setzero_si512(), s1 = s0;
+			for (int g = 0; g < 8; g += 2) {
+				s0 = _mm512_dpbusd_epi32(s0, P->q[b][g],
+							 _mm512_set1_epi32(ld32(ab->qs + 4 * g)));
+				s1 = _mm512_dpbusd_epi32(s1, P->q[b][g + 1],
+							 _mm512_set1_epi32(ld32(ab->qs + 4 * g + 4)));
+			}
+			/* sum(u a) - off sum(a): integers below 2^24, exact in
+			 * float, so the offset leaves no rounding behind */
+			__m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+			f = _mm512_fnmadd_ps(off, _mm512_set1_ps(x[1]), f);
+			acc[t] = _mm512_fmadd_ps(f, _mm512_mul_ps(P->dw[b], _mm512_set1_ps(x[0])),
+						 acc[t]);
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		_mm512_mask_storeu_ps(s + t * s_stride, m, acc[t]);
+}
+
+typedef void (*panel_fn)(struct panel *P, const uint8_t *w, size_t w_stride, int nr, int64_t b0,
+			 int nbs);
+
+static inline __attribute__((always_inline)) VNNI void
+gemm_panel(panel_fn unpack, int64_t n, int nr, int nt, const void *vw, size_t w_stride,
+	   const void *va, size_t a_stride, const float *aux, size_t aux_stride, float *s,
+	   size_t s_stride)
+{
+	struct panel P;
+	const uint8_t *w = vw, *a = va;
+	int64_t nb = n / 32;
+	for (int r0 = 0; r0 < nr; r0 += PANEL_ROWS) {
+		int rows = nr - r0 < PANEL_ROWS ? nr - r0 : PANEL_ROWS;
+		__mmask16 m = (__mmask16)((1u << rows) - 1);
+		for (int64_t b0 = 0; b0 < nb; b0 += PANEL_BLOCKS) {
+			int nbs = nb - b0 < PANEL_BLOCKS ? (int)(nb - b0) : PANEL_BLOCKS;
+			unpack(&P, w + (size_t)r0 * w_stride, w_stride, rows, b0, nbs);
+			const uint8_t *ab = a + (size_t)b0 * sizeof(struct block_q8_0);
+			const float *xb = aux + 2 * b0;
+			int t = 0;
+			for (; t + TILE_TOKENS <= nt; t += TILE_TOKENS)
+				panel_tokens(&P, nbs, TILE_TOKENS, ab + (size_t)t * a_stride,
+					     a_stride, xb + (size_t)t * aux_stride, aux_stride,
+					     s + (size_t)t * s_stride + r0, s_stride, m, b0 == 0);
+			switch (nt - t) {
+#define TAIL(k)                                                                            \
+	case k:                                                                            \
+		panel_tokens(&P, nbs, k, ab + (size_t)t * a_stride, a_stride,              \
+			     xb + (size_t)t * aux_stride, aux_stride,                      \
+			     s + (size_t)t * s_stride + r0, s_stride, m, b0 == 0);         \
+		break;
+				TAIL(1) TAIL(2) TAIL(3) TAIL(4) TAIL(5) TAIL(6) TAIL(7)
+#undef TAIL
+			default:
+				break;
+			}
+		}
+	}
+}
+
+static VNNI void gemm_q4_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
+			   const void *a, size_t a_stride, const float *aux, size_t aux_stride,
+			   float *s, size_t s_stride)
+{
+	gemm_panel(panel_q4_0, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+}
+
+static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
+			   const void *a, size_t a_stride, const float *aux, size_t aux_stride,
+			   float *s, size_t s_stride)
+{
+	gemm_panel(panel_q8_0, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+}
+
+/* ---- tables -------------------------------------------------------------- */
+
+const struct kern_ops kern_avx512_ops = {
+	.name = "avx512",
+	.t = {
+		[ENGINE_DTYPE_F32] = { .act_type = ENGINE_DTYPE_F32, .vec_dot = vec_dot_f32 },
+		[ENGINE_DTYPE_F16] = { .act_type = ENGINE_DTYPE_F32, .vec_dot = vec_dot_f16 },
+	},
+	.dot_f32 = dot_f32,
+	.read_stream = read_stream,
+};
+
+const struct kern_ops kern_avx512vnni_ops = {
+	.name = "avx512vnni",
+	.t = {
+		[ENGINE_DTYPE_Q8_0] = { .act_type = ENGINE_DTYPE_Q8_0,
+					.vec_dot = vec_dot_q8_0_q8_0, .gemm = gemm_q8_0 },
+		[ENGINE_DTYPE_Q4_0] = { .act_type = ENGINE_DTYPE_Q8_0,
+					.vec_dot = vec_dot_q4_0_q8_0, .gemm = gemm_q4_0 },
+	},
+};
