@@ -1,91 +1,220 @@
-/* engine/matmul.c: weight x activations for a batch of tokens.
+/* engine/matmul.c: weights x activations for a batch of tokens.
  *
  * out[t][r] (+)= dot(W row r, x row t) (+ bias[r]) for t < n_tok, r < n_out.
- * The activations are converted once to the weight type's activation layout
- * (kern_ops.t[type].act_type), then the rows of W are split between the
- * workers in chunks taken from an atomic counter; each worker reads a chunk
- * of rows once and applies it to every token. Which worker computes a row
- * never changes its value, so results do not depend on the thread count. */
-#include "engine/engine_impl.h"
+ *
+ * engine_matmul_multi() runs several matmuls that read the same input (Q, K
+ * and V; gate and up) as one job: the input is converted once per distinct
+ * activation layout (kern_ops.t[type].act_type), and all the rows of all
+ * the weights are split into chunks that the workers claim from one atomic
+ * counter, in one pool_run, so one barrier covers the group (cpu-kernels.md
+ * §1). One token (decode) uses vec_dot row by row; more tokens use the
+ * variant's tile kernel (gemm) when it has one, which reads a weight panel
+ * once for a tile of tokens.
+ *
+ * Results do not depend on the thread count: every output element is
+ * computed by one worker, by a kernel whose operation order depends only on
+ * the shapes and the batch size, never on which worker runs which chunk. */
+#include "engine/matmul.h"
 
-/* One matmul: out[t][r] (+)= dot(W row r, act row t) (+ bias[r]). */
-struct mm_task {
-	engine_ctx *c;
-	const struct weight *w;
-	const void *act;
-	size_t act_stride; /* bytes between activation rows */
-	float *out;
-	size_t out_stride; /* floats between output rows */
-	int n_tok;
-	const float *bias;
-	bool accumulate;
-	int chunk_rows;
+#define MM_MAX 8          /* matmuls per group */
+#define DECODE_ROWS 32    /* rows per chunk, one token */
+#define TILE_ROWS 64      /* rows per chunk, tile kernel (a multiple of 16) */
+#define TILE_TOKENS 128   /* tokens per gemm call */
+
+/* One activation layout made from the input. */
+struct act {
+	uint32_t type;
+	const uint8_t *rows; /* n_tok rows, `stride` bytes apart */
+	size_t stride;
+	const float *aux; /* kern_act_aux(), aux_stride floats apart, or NULL */
+	size_t aux_stride;
 };
 
-static void mm_worker(void *arg, int ith, int nth)
+struct mm_job {
+	const struct kern_ops *k;
+	const struct engine_mm *mm;
+	const struct act *act[MM_MAX];
+	int64_t first_chunk[MM_MAX + 1]; /* chunk ids of matmul i: [first[i], first[i+1]) */
+	int chunk_rows[MM_MAX];
+	bool tile[MM_MAX];
+	int n, n_tok;
+	atomic_int next;
+};
+
+static void store(const struct engine_mm *m, int t, int64_t r, float s)
 {
-	struct mm_task *t = arg;
-	const struct weight *w = t->w;
-	kern_vec_dot_fn dot = t->c->m->kern->t[w->type].vec_dot;
-	const uint8_t *wd = w->data;
-	const uint8_t *act = t->act;
-	(void)ith;
-	(void)nth;
-	for (;;) {
-		int64_t r0 = (int64_t)atomic_fetch_add(&t->c->chunk, 1) * t->chunk_rows;
-		if (r0 >= w->n_out)
-			break;
-		int64_t r1 = CM_MIN(r0 + t->chunk_rows, w->n_out);
-		for (int64_t r = r0; r < r1; r++) {
-			const void *row = wd + (size_t)r * w->row_bytes;
-			float b = t->bias ? t->bias[r] : 0.0f;
-			for (int k = 0; k < t->n_tok; k++) {
+	float b = m->bias ? m->bias[r] : 0.0f;
+	float *o = &m->out[(size_t)t * m->out_stride + (size_t)r];
+	*o = m->accumulate ? *o + s + b : s + b;
+}
+
+static void run_rows(const struct mm_job *j, int i, int64_t r0, int64_t r1)
+{
+	const struct engine_mm *m = &j->mm[i];
+	const struct weight *w = m->w;
+	const struct kern_type_ops *ko = &j->k->t[w->type];
+	const struct act *a = j->act[i];
+	const uint8_t *wd = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+
+	if (!j->tile[i]) {
+		for (int64_t r = r0; r < r1; r++, wd += w->row_bytes)
+			for (int t = 0; t < j->n_tok; t++) {
 				float s;
-				dot(w->n_in, &s, row, act + (size_t)k * t->act_stride);
-				float *o = &t->out[(size_t)k * t->out_stride + (size_t)r];
-				*o = t->accumulate ? *o + s + b : s + b;
+				ko->vec_dot(w->n_in, &s, wd, a->rows + (size_t)t * a->stride);
+				store(m, t, r, s);
 			}
-		}
+		return;
+	}
+	float tmp[TILE_TOKENS * TILE_ROWS];
+	int nr = (int)(r1 - r0);
+	for (int t0 = 0; t0 < j->n_tok; t0 += TILE_TOKENS) {
+		int nt = CM_MIN(TILE_TOKENS, j->n_tok - t0);
+		ko->gemm(w->n_in, nr, nt, wd, w->row_bytes, a->rows + (size_t)t0 * a->stride,
+			 a->stride, a->aux ? a->aux + (size_t)t0 * a->aux_stride : NULL,
+			 a->aux_stride, tmp, TILE_ROWS);
+		for (int t = 0; t < nt; t++)
+			for (int r = 0; r < nr; r++)
+				store(m, t0 + t, r0 + r, tmp[t * TILE_ROWS + r]);
 	}
 }
 
-struct quant_task {
+static void mm_worker(void *arg, int ith, int nth)
+{
+	struct mm_job *j = arg;
+	int64_t total = j->first_chunk[j->n];
+	(void)ith;
+	(void)nth;
+	for (;;) {
+		int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+		if (c >= total)
+			break;
+		int i = 0;
+		while (c >= j->first_chunk[i + 1])
+			i++;
+		int64_t r0 = (c - j->first_chunk[i]) * j->chunk_rows[i];
+		int64_t r1 = CM_MIN(r0 + j->chunk_rows[i], j->mm[i].w->n_out);
+		run_rows(j, i, r0, r1);
+	}
+}
+
+/* ---- activation conversion ------------------------------------------------ */
+
+struct quant_job {
 	kern_quant_fn fn;
 	const float *x;
 	size_t x_stride;
-	uint8_t *y;
-	size_t y_stride;
+	struct act *a;
 	int64_t n;
 	int n_tok;
+	atomic_int next;
 };
+
+static void quant_one(const struct quant_job *q, int t)
+{
+	uint8_t *row = (uint8_t *)q->a->rows + (size_t)t * q->a->stride;
+	q->fn(q->x + (size_t)t * q->x_stride, row, q->n);
+	if (q->a->aux)
+		kern_act_aux(q->a->type, row, q->n, (float *)q->a->aux + (size_t)t * q->a->aux_stride);
+}
 
 static void quant_worker(void *arg, int ith, int nth)
 {
-	struct quant_task *q = arg;
-	for (int t = ith; t < q->n_tok; t += nth)
-		q->fn(q->x + (size_t)t * q->x_stride, q->y + (size_t)t * q->y_stride, q->n);
+	struct quant_job *q = arg;
+	(void)ith;
+	(void)nth;
+	for (;;) {
+		int t = atomic_fetch_add_explicit(&q->next, 1, memory_order_relaxed);
+		if (t >= q->n_tok)
+			break;
+		quant_one(q, t);
+	}
+}
+
+static size_t align64(size_t n)
+{
+	return (n + 63) & ~(size_t)63;
+}
+
+/* Make layout `type` of the input in c->act at *used (bytes). */
+static void make_act(engine_ctx *c, uint32_t type, bool want_aux, const float *x,
+		     size_t x_stride, int64_t n, int n_tok, struct act *a, size_t *used)
+{
+	const struct kern_ops *k = c->m->kern;
+	a->type = type;
+	a->aux = NULL;
+	a->aux_stride = 0;
+	if (type == ENGINE_DTYPE_F32) {
+		/* the f32 layout is the input itself */
+		a->rows = (const uint8_t *)x;
+		a->stride = x_stride * sizeof(float);
+		return;
+	}
+	uint8_t *base = (uint8_t *)c->act + *used;
+	a->stride = kern_act_row_size(type, n);
+	a->rows = base;
+	size_t bytes = align64(a->stride * (size_t)n_tok);
+	size_t aux_len = want_aux ? kern_act_aux_len(type, n) : 0;
+	if (aux_len) {
+		a->aux = (const float *)(base + bytes);
+		a->aux_stride = aux_len;
+		bytes += align64(aux_len * sizeof(float) * (size_t)n_tok);
+	}
+	*used += bytes;
+	struct quant_job q = {k->quant_act[type], x, x_stride, a, n, n_tok, 0};
+	if (n_tok > 1)
+		pool_run(c->m->pool, quant_worker, &q);
+	else
+		quant_one(&q, 0);
+}
+
+void engine_matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_tok,
+			 const struct engine_mm *mm, int n)
+{
+	const struct kern_ops *k = c->m->kern;
+	struct act acts[MM_MAX];
+	int n_acts = 0;
+	size_t used = 0;
+	struct mm_job j = {.k = k, .mm = mm, .n = n, .n_tok = n_tok};
+
+	if (n_tok <= 0 || n <= 0)
+		return;
+	if (n > MM_MAX) { /* not used by the model; keeps the API total */
+		engine_matmul_multi(c, x, x_stride, n_tok, mm, MM_MAX);
+		engine_matmul_multi(c, x, x_stride, n_tok, mm + MM_MAX, n - MM_MAX);
+		return;
+	}
+	for (int i = 0; i < n; i++) {
+		const struct weight *w = mm[i].w;
+		const struct kern_type_ops *ko = &k->t[w->type];
+		uint32_t at = ko->act_type;
+		j.tile[i] = n_tok > 1 && ko->gemm != NULL;
+		int a;
+		for (a = 0; a < n_acts; a++)
+			if (acts[a].type == at)
+				break;
+		if (a == n_acts) {
+			/* aux only matters to tile kernels; all weights of a group
+			 * with one layout see the same batch, so ask for it once */
+			bool aux = false;
+			for (int i2 = i; i2 < n; i2++)
+				aux |= k->t[mm[i2].w->type].act_type == at && n_tok > 1 &&
+				       k->t[mm[i2].w->type].gemm != NULL;
+			make_act(c, at, aux, x, x_stride, w->n_in, n_tok, &acts[a], &used);
+			n_acts++;
+		}
+		j.act[i] = &acts[a];
+		j.chunk_rows[i] = j.tile[i] ? TILE_ROWS : DECODE_ROWS;
+		j.first_chunk[i + 1] =
+			j.first_chunk[i] + (w->n_out + j.chunk_rows[i] - 1) / j.chunk_rows[i];
+	}
+	atomic_store_explicit(&j.next, 0, memory_order_relaxed);
+	pool_run(c->m->pool, mm_worker, &j);
 }
 
 /* out[n_tok][w->n_out] (+)= x[n_tok][w->n_in] . W^T */
 void engine_matmul(engine_ctx *c, const struct weight *w, const float *x, size_t x_stride,
 		   int n_tok, float *out, size_t out_stride, const float *bias, bool accumulate)
 {
-	const struct kern_ops *k = c->m->kern;
-	uint32_t at = k->t[w->type].act_type;
-	size_t arow = kern_act_row_size(at, w->n_in);
-	struct quant_task qt = {k->quant_act[at], x, x_stride, c->act, arow, w->n_in, n_tok};
-	if (n_tok > 1)
-		pool_run(c->m->pool, quant_worker, &qt);
-	else
-		quant_worker(&qt, 0, 1);
-	int nth = pool_size(c->m->pool);
-	/* Chunks small enough to balance (4 per thread), large enough to
-	 * amortise the atomic. The split never changes any result. */
-	int64_t rows = (w->n_out + nth * 4 - 1) / (nth * 4);
-	if (rows < 4)
-		rows = 4;
-	struct mm_task t = {c, w, c->act, arow, out, out_stride, n_tok, bias, accumulate, (int)rows};
-	atomic_store(&c->chunk, 0);
-	pool_run(c->m->pool, mm_worker, &t);
+	struct engine_mm m = {w, out, out_stride, bias, accumulate};
+	engine_matmul_multi(c, x, x_stride, n_tok, &m, 1);
 }
-

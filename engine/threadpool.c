@@ -1,12 +1,23 @@
-/* engine/threadpool.c: persistent worker pool with a spin-then-sleep
- * barrier.
+/* engine/threadpool.c: persistent worker pool, spin-then-sleep, and runs
+ * that a descheduled worker cannot stall.
  *
- * pool_run() publishes (fn, arg) and bumps a generation counter. Workers
- * spin on the counter for a short while (a decode step issues a few hundred
- * runs per token, each well under a millisecond, so sleeping between them
- * would cost more than the work), then fall back to a condition variable.
- * Completion is an atomic countdown that the caller spins on the same way.
- * Nothing here allocates after pool_new(). */
+ * pool_run(fn, arg) opens a run: it publishes (fn, arg), stamps a ticket
+ * with the run's generation, and bumps the generation the idle workers
+ * watch. The caller then calls fn itself as worker 0. A worker joins the
+ * run by raising the ticket's count of active workers, which it may do only
+ * while the ticket still carries this generation and is open. When the
+ * caller's fn returns, all the work has been claimed (fn must claim work
+ * from a shared counter: matmul chunks, attention heads), so the caller
+ * closes the ticket and waits only for the workers that are inside fn. A
+ * worker that was descheduled and wakes up late finds the ticket closed or
+ * carrying a newer generation: it never runs a stale task, and nobody
+ * waited for it. The price: fn may be called by fewer than nth workers;
+ * each call has a distinct ith < nth, and the caller's is always 0.
+ *
+ * Waiting spins for a bounded time (a decode step issues a few hundred runs
+ * per token, a few microseconds apart, so sleeping between them would cost
+ * more than the work), then sleeps on a condition variable. Nothing here
+ * allocates after pool_new(). */
 #include "engine/engine_impl.h"
 
 #include <pthread.h>
@@ -22,7 +33,14 @@
 #define cpu_relax() ((void)0)
 #endif
 
-#define SPIN_ITERS 20000
+/* How long a waiter spins before it sleeps. 50 us covers the gap between
+ * the runs of one token (norms, rope: microseconds) with room to spare,
+ * and wastes little of a shared core when the next run is far away. */
+#define SPIN_NS 50000ull
+
+/* ticket: generation << 32 | CLOSED | number of workers inside fn */
+#define T_CLOSED 0x80000000ull
+#define T_ACTIVE 0x7fffffffull
 
 struct worker {
 	struct pool *p;
@@ -36,19 +54,65 @@ struct pool {
 	struct worker *w;
 	pool_fn fn;
 	void *arg;
-	atomic_uint gen;
-	atomic_int pending;
-	atomic_int sleepers;
+	_Alignas(64) atomic_uint gen;
+	_Alignas(64) _Atomic uint64_t ticket;
+	_Alignas(64) atomic_int sleepers;
 	atomic_bool stop;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;      /* workers wait for a new generation */
-	pthread_cond_t done_cv; /* caller waits for pending == 0 */
+	pthread_cond_t done_cv; /* caller waits for the active count to drop */
 	bool caller_sleeping;
 };
 
-static void pool_finish_one(struct pool *p)
+/* Spin until pred(p, v) is false or the spin budget is spent; returns
+ * whether it is still true. */
+static bool spin_while(bool (*pred)(struct pool *, unsigned), struct pool *p, unsigned v)
 {
-	if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
+	uint64_t t0 = 0;
+	for (unsigned i = 0;; i++) {
+		if (!pred(p, v))
+			return false;
+		if ((i & 63) == 63) {
+			uint64_t now = cm_now_ns();
+			if (!t0)
+				t0 = now;
+			else if (now - t0 > SPIN_NS)
+				return true;
+		}
+		cpu_relax();
+	}
+}
+
+static bool gen_is(struct pool *p, unsigned seen)
+{
+	return atomic_load_explicit(&p->gen, memory_order_acquire) == seen &&
+	       !atomic_load_explicit(&p->stop, memory_order_relaxed);
+}
+
+static bool workers_inside(struct pool *p, unsigned unused)
+{
+	(void)unused;
+	return (atomic_load_explicit(&p->ticket, memory_order_acquire) & T_ACTIVE) != 0;
+}
+
+/* Join run g if it is still open; false if it closed or moved on. */
+static bool try_enter(struct pool *p, unsigned g)
+{
+	uint64_t t = atomic_load_explicit(&p->ticket, memory_order_acquire);
+	for (;;) {
+		if ((unsigned)(t >> 32) != g || (t & T_CLOSED))
+			return false;
+		if (atomic_compare_exchange_weak_explicit(&p->ticket, &t, t + 1,
+							  memory_order_acq_rel,
+							  memory_order_acquire))
+			return true;
+	}
+}
+
+static void leave(struct pool *p)
+{
+	uint64_t t = atomic_fetch_sub_explicit(&p->ticket, 1, memory_order_acq_rel) - 1;
+	if ((t & T_CLOSED) && (t & T_ACTIVE) == 0) {
 		pthread_mutex_lock(&p->mu);
 		if (p->caller_sleeping)
 			pthread_cond_signal(&p->done_cv);
@@ -72,14 +136,7 @@ static void *worker_main(void *argp)
 	}
 	unsigned seen = atomic_load(&p->gen);
 	for (;;) {
-		unsigned g;
-		int spins = 0;
-		while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
-		       !atomic_load_explicit(&p->stop, memory_order_relaxed)) {
-			if (++spins < SPIN_ITERS) {
-				cpu_relax();
-				continue;
-			}
+		if (spin_while(gen_is, p, seen)) {
 			pthread_mutex_lock(&p->mu);
 			atomic_fetch_add(&p->sleepers, 1);
 			while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop))
@@ -89,9 +146,11 @@ static void *worker_main(void *argp)
 		}
 		if (atomic_load(&p->stop))
 			break;
-		seen = g;
+		seen = atomic_load_explicit(&p->gen, memory_order_acquire);
+		if (!try_enter(p, seen))
+			continue; /* late: the run is over or a newer one is open */
 		p->fn(p->arg, w->ith, p->n);
-		pool_finish_one(p);
+		leave(p);
 	}
 	return NULL;
 }
@@ -167,25 +226,24 @@ void pool_run(struct pool *p, pool_fn fn, void *arg)
 		fn(arg, 0, 1);
 		return;
 	}
+	/* No worker is inside fn here (the last run waited for them), and none
+	 * can enter before the ticket names the new generation. */
 	p->fn = fn;
 	p->arg = arg;
-	atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
-	atomic_fetch_add(&p->gen, 1); /* seq_cst: pairs with the sleepers check */
+	unsigned g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
+	atomic_store_explicit(&p->ticket, (uint64_t)g << 32, memory_order_release);
+	atomic_store(&p->gen, g); /* seq_cst: pairs with the sleepers check */
 	if (atomic_load(&p->sleepers) > 0) {
 		pthread_mutex_lock(&p->mu);
 		pthread_cond_broadcast(&p->cv);
 		pthread_mutex_unlock(&p->mu);
 	}
 	fn(arg, 0, p->n);
-	int spins = 0;
-	while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
-		if (++spins < SPIN_ITERS) {
-			cpu_relax();
-			continue;
-		}
+	atomic_fetch_or_explicit(&p->ticket, T_CLOSED, memory_order_acq_rel);
+	if (spin_while(workers_inside, p, 0)) {
 		pthread_mutex_lock(&p->mu);
 		p->caller_sleeping = true;
-		while (atomic_load(&p->pending) > 0)
+		while (workers_inside(p, 0))
 			pthread_cond_wait(&p->done_cv, &p->mu);
 		p->caller_sleeping = false;
 		pthread_mutex_unlock(&p->mu);
