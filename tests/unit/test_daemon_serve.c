@@ -353,6 +353,56 @@ static void test_tokenize_info(void)
 	edgelm_close(c);
 }
 
+/* A chat that goes on: each turn resends the whole conversation, and the
+ * prefix cache computes only the new part. */
+static void test_chat_prefix_cache(void)
+{
+	edgelm_client *c = client();
+	struct edgelm_message msgs[16];
+	char *replies[8] = {0};
+	const char *users[5] = {"Once upon a time", "Tell me about Lily", "What did she see?",
+				"Where was the ball?", "The end"};
+	size_t n = 0;
+	double hits0 = metric("edgelm_prefix_cache_hits_total");
+	int64_t last_prompt = 0;
+	for (int t = 0; t < 5; t++) {
+		msgs[n++] = (struct edgelm_message){"user", users[t]};
+		struct edgelm_params p;
+		edgelm_params_init(&p);
+		p.temperature = 0;
+		p.max_tokens = 12;
+		struct edgelm_result r = {0};
+		CHECK_OK(edgelm_chat(c, msgs, n, &p, NULL, NULL, &r, NULL));
+		if (t > 0)
+			CHECK_MSG(r.cached_tokens >= last_prompt - 1,
+				  "turn %d: %lld of %lld prompt tokens cached, previous prompt %lld", t,
+				  (long long)r.cached_tokens, (long long)r.prompt_tokens,
+				  (long long)last_prompt);
+		last_prompt = r.prompt_tokens;
+		replies[t] = strdup(r.text ? r.text : "");
+		msgs[n++] = (struct edgelm_message){"assistant", replies[t]};
+		edgelm_result_free(&r);
+	}
+	CHECK(metric("edgelm_prefix_cache_hits_total") - hits0 >= 4);
+	for (int t = 0; t < 5; t++)
+		free(replies[t]);
+	edgelm_close(c);
+}
+
+/* The same through `edgelmctl chat`, fed from a pipe. */
+static void test_edgelmctl_chat(void)
+{
+	double hits0 = metric("edgelm_prefix_cache_hits_total");
+	char cmd[9000];
+	snprintf(cmd, sizeof(cmd),
+		 "printf 'Once upon a time\\nTell me more\\nAnd then?\\nWho was there?\\nThe end\\n' | "
+		 "%s --socket '%s' chat -n 8 --temp 0 >/dev/null 2>&1",
+		 bin("edgelmctl"), url);
+	int st = system(cmd);
+	CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "edgelmctl chat: status %d", st);
+	CHECK(metric("edgelm_prefix_cache_hits_total") - hits0 >= 4);
+}
+
 static void test_sigterm(void)
 {
 	CHECK(kill(daemon_pid, SIGTERM) == 0);
@@ -391,6 +441,8 @@ int main(void)
 	TEST_RUN(test_abandoned_stream);
 	TEST_RUN(test_errors_and_health);
 	TEST_RUN(test_tokenize_info);
+	TEST_RUN(test_chat_prefix_cache);
+	TEST_RUN(test_edgelmctl_chat);
 	TEST_RUN(test_sigterm);
 	if (daemon_pid > 0) {
 		kill(daemon_pid, SIGKILL);
