@@ -14,6 +14,7 @@
  * output element is computed by one thread with the same sequence of
  * operations (rows are split between threads; reductions never are). */
 #include "engine/engine_impl.h"
+#include "engine/matmul.h"
 
 #include <math.h>
 #include <sched.h>
@@ -791,9 +792,10 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 		const struct layer *L = &m->layers[l];
 		for (int t = 0; t < T; t++)
 			rmsnorm(c->xb + t * E, c->x + t * E, L->attn_norm, (int64_t)E, hp->eps);
-		engine_matmul(c, &L->wq, c->xb, E, T, c->q, QD, L->bq, false);
-		engine_matmul(c, &L->wk, c->xb, E, T, c->k, KD, L->bk, false);
-		engine_matmul(c, &L->wv, c->xb, E, T, c->v, KD, L->bv, false);
+		struct engine_mm qkv[3] = {{&L->wq, c->q, QD, L->bq, false},
+					   {&L->wk, c->k, KD, L->bk, false},
+					   {&L->wv, c->v, KD, L->bv, false}};
+		engine_matmul_multi(c, c->xb, E, T, qkv, 3);
 		for (int t = 0; t < T; t++) {
 			float *q = c->q + t * QD, *k = c->k + t * KD;
 			if (L->q_norm) {
@@ -818,8 +820,9 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 
 		for (int t = 0; t < T; t++)
 			rmsnorm(c->xb + t * E, c->x + t * E, L->ffn_norm, (int64_t)E, hp->eps);
-		engine_matmul(c, &L->w_gate, c->xb, E, T, c->hb, FF, NULL, false);
-		engine_matmul(c, &L->w_up, c->xb, E, T, c->hb2, FF, NULL, false);
+		struct engine_mm gate_up[2] = {{&L->w_gate, c->hb, FF, NULL, false},
+					       {&L->w_up, c->hb2, FF, NULL, false}};
+		engine_matmul_multi(c, c->xb, E, T, gate_up, 2);
 		for (size_t i = 0; i < (size_t)T * FF; i++)
 			c->hb[i] = silu(c->hb[i]) * c->hb2[i];
 		engine_matmul(c, &L->w_down, c->hb, FF, T, c->x, E, NULL, true);
