@@ -23,7 +23,7 @@ struct fixture {
 	const char *drop_tensor;   /* tensor to leave out */
 	const char *arch;          /* architecture string */
 	const char *bad_shape;     /* tensor written with a wrong shape */
-	const char *bad_type;      /* tensor written as Q4_1 (not computable) */
+	const char *bad_type;      /* tensor written as I32 (valid GGUF, not a weight type) */
 	const char *extra_tensor;  /* an unexpected tensor */
 	int bad_u32_key;           /* embedding_length written as 0 */
 	int head_count_kv;         /* overrides head_count_kv when not 0 */
@@ -101,7 +101,6 @@ static int build(const char *path, const struct fixture *fx)
 	if (fx->extra_tensor)
 		ADD(fx->extra_tensor, E, 1, 1);
 #undef ADD
-	static uint8_t qbuf[NV * E * 2];
 	int r = 0;
 	for (int i = 0; i < n && r == 0; i++) {
 		if (fx->drop_tensor && strcmp(t[i].name, fx->drop_tensor) == 0)
@@ -111,11 +110,8 @@ static int build(const char *path, const struct fixture *fx)
 		const void *data = wbuf;
 		if (fx->bad_shape && strcmp(t[i].name, fx->bad_shape) == 0)
 			ne[1] += 1;
-		if (fx->bad_type && strcmp(t[i].name, fx->bad_type) == 0) {
-			type = ENGINE_DTYPE_Q4_1; /* valid GGUF, not computable here */
-			memset(qbuf, 0, sizeof(qbuf));
-			data = qbuf;
-		}
+		if (fx->bad_type && strcmp(t[i].name, fx->bad_type) == 0)
+			type = ENGINE_DTYPE_I32; /* valid GGUF, never a weight type */
 		r = gguf_writer_add_tensor(w, t[i].name, type, (uint32_t)t[i].dims, ne, data, &err);
 	}
 	if (r == 0)
@@ -225,7 +221,7 @@ static void test_bad_shape(void)
 static void test_unsupported_type(void)
 {
 	struct fixture fx = {.bad_type = "blk.0.ffn_gate.weight"};
-	expect_load_error("bad-type", &fx, "type Q4_1 is not supported");
+	expect_load_error("bad-type", &fx, "type I32 is not supported");
 }
 
 static void test_extra_tensor(void)
