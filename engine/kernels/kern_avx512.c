@@ -109,7 +109,10 @@ static uint64_t read_stream(const void *p, size_t n)
 		s3 = _mm512_xor_si512(s3, _mm512_load_si512(v + i + 3));
 	}
 	__m512i s = _mm512_xor_si512(_mm512_xor_si512(s0, s1), _mm512_xor_si512(s2, s3));
-	return (uint64_t)_mm512_reduce_or_epi64(s);
+	/* the xor of all 64-bit words, like the generic loop */
+	__m256i h = _mm256_xor_si256(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+	__m128i q = _mm_xor_si128(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+	return (uint64_t)_mm_cvtsi128_si64(q) ^ (uint64_t)_mm_extract_epi64(q, 1);
 }
 
 /* ---- VNNI: one token ----------------------------------------------------- */

@@ -1,0 +1,407 @@
+/* tests/kernels/test_kern_simd.c: every SIMD variant this CPU runs against
+ * the scalar reference (kern_generic_ops), for every weight type the
+ * reference computes, plus the tile kernels against row-by-row dots and
+ * whole-model agreement.
+ *
+ * Inputs are random and adversarial: odd row counts, sizes that leave
+ * every tail of the unrolled loops, zero blocks, a single spike per block,
+ * scales from 1e-4 to 1e3 (Q8_1 activations store d * sum(q) as f16, so
+ * larger activations overflow in the reference too). Error budgets:
+ * - the Q8_0 activation quantizer must match the reference byte for byte
+ *   (the variants rebuild roundf(), see kern_avx2.c);
+ * - axpy_f32 must match bit for bit;
+ * - integer formats: every block sum is exact in both, only the float
+ *   accumulation order differs, so |diff| <= (nb + 4) * 2^-22 * sum_b |d_w
+ *   d_a isum_b| (bounded here by the same sum over |w_i a_i| of the
+ *   dequantized values);
+ * - float formats accumulate in double in both: |diff| <= 2^-22 * sum |w a|
+ *   (one float rounding each, plus double noise). */
+#include "engine/engine.h"
+#include "engine/kernels/kern.h"
+#include "engine/quant.h"
+
+#include "tests/test.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd(void)
+{
+	uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static float unif(void)
+{
+	return (float)((double)(rnd() >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+static void *xmalloc(size_t n)
+{
+	void *p = calloc(1, n ? n : 1);
+	if (!p) {
+		fprintf(stderr, "test_kern_simd: out of memory\n");
+		exit(2);
+	}
+	return p;
+}
+
+/* Fill x[n] in one of several shapes. */
+static void fill(float *x, int64_t n, int mode, int64_t blck)
+{
+	float scale = 1.0f;
+	switch (mode % 6) {
+	case 0: /* plain random */
+		for (int64_t i = 0; i < n; i++)
+			x[i] = unif();
+		break;
+	case 1: /* tiny */
+		scale = 1e-4f;
+		/* fallthrough */
+	case 2: /* large */
+		if (mode % 6 == 2)
+			scale = 1e3f; /* Q8_1 keeps d * sum(q) in f16: < 65504 */
+		for (int64_t i = 0; i < n; i++)
+			x[i] = unif() * scale;
+		break;
+	case 3: /* every other block zero */
+		for (int64_t i = 0; i < n; i++)
+			x[i] = (i / blck) % 2 ? unif() : 0.0f;
+		break;
+	case 4: /* one spike per block */
+		for (int64_t i = 0; i < n; i++)
+			x[i] = (i % blck) == (int64_t)(rnd() % (uint64_t)blck) ? 100.0f : unif() * 0.01f;
+		break;
+	default: /* per-block scales spread over 8 decades */
+		for (int64_t i = 0; i < n; i++) {
+			if (i % blck == 0)
+				scale = powf(10.0f, (float)(rnd() % 8) - 4.0f);
+			x[i] = unif() * scale;
+		}
+		break;
+	}
+}
+
+/* Variants this CPU runs, other than the scalar one. */
+static int variants(const struct kern_ops **out, int max)
+{
+	struct kern_caps caps;
+	kern_detect_caps(&caps);
+	int n = 0;
+	for (const char *const *v = kern_variant_names(); *v && n < max; v++) {
+		if (strcmp(*v, "scalar") == 0)
+			continue;
+		const struct kern_ops *k = kern_select(&caps, *v);
+		if (!k) {
+			fprintf(stderr, "  (variant %s: not supported by this CPU, skipped)\n", *v);
+			continue;
+		}
+		out[n++] = k;
+	}
+	return n;
+}
+
+static double sum_abs_prod(const float *w, const float *a, int64_t n)
+{
+	double s = 0;
+	for (int64_t i = 0; i < n; i++)
+		s += fabs((double)w[i] * (double)a[i]);
+	return s;
+}
+
+static const struct kern_ops *G = &kern_generic_ops;
+
+/* The row sizes tried: multiples of the block leaving every tail. */
+static const int blocks_list[] = {1, 2, 3, 5, 7, 8, 9, 16, 17, 33, 64, 131};
+
+static void test_quant_act_exact(void)
+{
+	const struct kern_ops *v[8];
+	int nv = variants(v, 8);
+	for (int vi = 0; vi < nv; vi++) {
+		for (uint32_t at = 0; at < ENGINE_DTYPE_COUNT; at++) {
+			if (!G->quant_act[at] || at == ENGINE_DTYPE_F32)
+				continue;
+			const struct dtype_info *di = dtype_get(at);
+			for (int mode = 0; mode < 6; mode++)
+				for (size_t bi = 0; bi < CM_ARRAY_LEN(blocks_list); bi++) {
+					int64_t n = (int64_t)blocks_list[bi] * di->blck;
+					float *x = xmalloc((size_t)n * sizeof(float));
+					size_t rs = kern_act_row_size(at, n);
+					uint8_t *r = xmalloc(rs), *q = xmalloc(rs);
+					fill(x, n, mode, 32);
+					G->quant_act[at](x, r, n);
+					v[vi]->quant_act[at](x, q, n);
+					CHECK_MSG(memcmp(r, q, rs) == 0, "%s: %s activations, n %lld, mode %d",
+						  v[vi]->name, dtype_name(at), (long long)n, mode);
+					free(x);
+					free(r);
+					free(q);
+				}
+		}
+	}
+}
+
+/* One weight type, one variant: vec_dot over rows against the reference,
+ * and the tile kernel (if any) against the variant's vec_dot. */
+static void check_type(const struct kern_ops *k, uint32_t type, int64_t nblocks, int mode)
+{
+	const struct dtype_info *di = dtype_get(type);
+	uint32_t at = G->t[type].act_type;
+	int64_t n = nblocks * di->blck;
+	const int nr = 19, nt = 11; /* odd, past one tile of rows, tokens */
+	size_t wrs = dtype_row_size(type, n), ars = kern_act_row_size(at, n);
+	float *wf = xmalloc((size_t)n * sizeof(float)), *af = xmalloc((size_t)n * sizeof(float));
+	float *wd = xmalloc((size_t)n * sizeof(float)), *ad = xmalloc((size_t)n * sizeof(float));
+	uint8_t *w = xmalloc(wrs * nr), *a = xmalloc(ars * nt);
+	size_t aux_len = kern_act_aux_len(at, n);
+	float *aux = xmalloc((aux_len ? aux_len : 1) * nt * sizeof(float));
+	float *s = xmalloc(sizeof(float) * nr * nt), *dots = xmalloc(sizeof(float) * nr * nt);
+	double *bound = xmalloc(sizeof(double) * nr * nt);
+
+	for (int r = 0; r < nr; r++) {
+		fill(wf, n, mode + r, di->blck);
+		if (quantize_row(type, wf, w + r * wrs, n) != 0)
+			goto out; /* no quantizer for this type: nothing to feed it */
+	}
+	for (int t = 0; t < nt; t++) {
+		fill(af, n, mode + 3 * t, 32);
+		G->quant_act[at](af, a + t * ars, n);
+		if (aux_len)
+			kern_act_aux(at, a + t * ars, n, aux + t * aux_len);
+	}
+	for (int r = 0; r < nr; r++) {
+		G->t[type].dequant(w + r * wrs, wd, n);
+		for (int t = 0; t < nt; t++) {
+			float ref, got;
+			/* the activation as the kernels see it */
+			if (at == ENGINE_DTYPE_F32)
+				memcpy(ad, a + t * ars, (size_t)n * sizeof(float));
+			else
+				(void)dequantize_row(at, a + t * ars, ad, n);
+			double sap = sum_abs_prod(wd, ad, n);
+			double tol = at == ENGINE_DTYPE_F32 ? 0x1p-22 * sap
+							    : (double)(nblocks + 4) * 0x1p-22 * sap;
+			tol = tol * 1.01 + 1e-30;
+			G->t[type].vec_dot(n, &ref, w + r * wrs, a + t * ars);
+			k->t[type].vec_dot(n, &got, w + r * wrs, a + t * ars);
+			if (!isfinite(ref)) {
+				CHECK_MSG(isnan(ref) ? isnan(got) : got == ref,
+					  "%s %s: non-finite %g vs %g", k->name, di->name, got, ref);
+			} else {
+				CHECK_MSG(fabs((double)ref - (double)got) <= tol,
+					  "%s %s vec_dot n %lld mode %d row %d tok %d: %.9g vs ref "
+					  "%.9g (tol %.3g)",
+					  k->name, di->name, (long long)n, mode, r, t, got, ref, tol);
+			}
+			dots[t * nr + r] = got;
+			bound[t * nr + r] = tol;
+		}
+	}
+	if (k->t[type].gemm) {
+		/* whole tile, then row and token sub-tiles: same values */
+		k->t[type].gemm(n, nr, nt, w, wrs, a, ars, aux_len ? aux : NULL, aux_len, s,
+				(size_t)nr);
+		for (int i = 0; i < nr * nt; i++)
+			CHECK_MSG(fabs((double)s[i] - (double)dots[i]) <= 2 * bound[i],
+				  "%s %s gemm n %lld mode %d [%d]: %.9g vs vec_dot %.9g", k->name,
+				  di->name, (long long)n, mode, i, s[i], dots[i]);
+		float *s2 = xmalloc(sizeof(float) * nr * nt);
+		for (int r0 = 0; r0 < nr; r0 += 5)
+			for (int t0 = 0; t0 < nt; t0 += 3) {
+				int rr = CM_MIN(5, nr - r0), tt = CM_MIN(3, nt - t0);
+				k->t[type].gemm(n, rr, tt, w + r0 * wrs, wrs, a + t0 * ars, ars,
+						aux_len ? aux + t0 * aux_len : NULL, aux_len,
+						s2 + t0 * nr + r0, (size_t)nr);
+			}
+		CHECK_MSG(memcmp(s, s2, sizeof(float) * nr * nt) == 0,
+			  "%s %s gemm depends on the tiling (n %lld)", k->name, di->name,
+			  (long long)n);
+		free(s2);
+	}
+out:
+	free(wf);
+	free(af);
+	free(wd);
+	free(ad);
+	free(w);
+	free(a);
+	free(aux);
+	free(s);
+	free(dots);
+	free(bound);
+}
+
+static void test_vec_dot_all_types(void)
+{
+	const struct kern_ops *v[8];
+	int nv = variants(v, 8);
+	int tried = 0;
+	for (int vi = 0; vi < nv; vi++)
+		for (uint32_t t = 0; t < ENGINE_DTYPE_COUNT; t++) {
+			if (!G->t[t].vec_dot || !v[vi]->t[t].vec_dot)
+				continue;
+			for (size_t bi = 0; bi < CM_ARRAY_LEN(blocks_list); bi++) {
+				int64_t nb = blocks_list[bi];
+				if (dtype_get(t)->blck == 1)
+					nb *= 3; /* float types: n = 3, 6, ... odd tails */
+				if (dtype_get(t)->blck == QK_K && nb > 17)
+					continue; /* keep the K-quants fast */
+				check_type(v[vi], t, nb, (int)bi);
+				tried++;
+			}
+		}
+	if (nv == 0)
+		TEST_SKIP("no SIMD variant runs on this CPU");
+	CHECK(nv == 0 || tried > 0);
+}
+
+static void test_f32_helpers(void)
+{
+	const struct kern_ops *v[8];
+	int nv = variants(v, 8);
+	for (int vi = 0; vi < nv; vi++)
+		for (int n = 1; n < 300; n += 7) {
+			float *x = xmalloc(sizeof(float) * n), *y = xmalloc(sizeof(float) * n);
+			float *y1 = xmalloc(sizeof(float) * n), *y2 = xmalloc(sizeof(float) * n);
+			fill(x, n, n, 32);
+			fill(y, n, n + 1, 32);
+			float ref = G->dot_f32(n, x, y), got = v[vi]->dot_f32(n, x, y);
+			CHECK_MSG(fabs((double)ref - got) <= 0x1p-22 * sum_abs_prod(x, y, n) + 1e-30,
+				  "%s dot_f32 n %d: %.9g vs %.9g", v[vi]->name, n, got, ref);
+			memcpy(y1, y, sizeof(float) * n);
+			memcpy(y2, y, sizeof(float) * n);
+			G->axpy_f32(n, 0.37f, x, y1);
+			v[vi]->axpy_f32(n, 0.37f, x, y2);
+			CHECK_MSG(memcmp(y1, y2, sizeof(float) * n) == 0, "%s axpy_f32 n %d",
+				  v[vi]->name, n);
+			free(x);
+			free(y);
+			free(y1);
+			free(y2);
+		}
+}
+
+static void test_read_stream(void)
+{
+	const struct kern_ops *v[8];
+	int nv = variants(v, 8);
+	size_t n = 1 << 16;
+	uint64_t *buf = cm_aligned_alloc(n);
+	CHECK(buf != NULL);
+	if (!buf)
+		return;
+	for (size_t i = 0; i < n / 8; i++)
+		buf[i] = rnd();
+	uint64_t ref = kern_read_stream_generic(buf, n);
+	for (int vi = 0; vi < nv; vi++) {
+		CHECK(v[vi]->read_stream != NULL);
+		if (v[vi]->read_stream)
+			CHECK_MSG(v[vi]->read_stream(buf, n) == ref, "%s read_stream", v[vi]->name);
+	}
+	cm_free(buf);
+}
+
+/* ---- whole models ------------------------------------------------------------ */
+
+static int greedy(const char *path, const char *isa, int n_threads, int n_gen, int32_t *out,
+		  float *logits_copy, int n_copy)
+{
+	struct engine_params ep = {.n_threads = n_threads, .isa = isa};
+	struct cm_err err = {0};
+	engine_model *m = NULL;
+	engine_ctx *c = NULL;
+	if (engine_model_load(path, &ep, &m, &err) != 0) {
+		fprintf(stderr, "%s: %s\n", path, err.msg);
+		return -1;
+	}
+	struct engine_model_info info;
+	engine_model_get_info(m, &info);
+	struct engine_ctx_params cp = {.n_ctx = 128, .n_seq = 1, .n_batch = 32};
+	if (engine_ctx_new(m, &cp, &c, &err) != 0) {
+		engine_model_free(m);
+		return -1;
+	}
+	/* a fixed prompt of 9 tokens (prefill: tile kernels), then decode */
+	int32_t prompt[9] = {1, 400, 81, 27, 1000 % (int)info.n_vocab, 5, 77, 300, 12};
+	for (int i = 0; i < 9; i++)
+		prompt[i] %= (int32_t)info.n_vocab;
+	int r = engine_eval(c, prompt, 9, 0, &err);
+	for (int i = 0; i < n_gen && r == 0; i++) {
+		const float *l = engine_get_logits_last(c);
+		if (i == 0 && logits_copy)
+			memcpy(logits_copy, l, sizeof(float) * (size_t)CM_MIN(n_copy, (int)info.n_vocab));
+		int best = 0;
+		for (uint32_t j = 1; j < info.n_vocab; j++)
+			if (l[j] > l[best])
+				best = (int)j;
+		out[i] = best;
+		r = engine_eval(c, &out[i], 1, 9 + i, &err);
+	}
+	engine_ctx_free(c);
+	engine_model_free(m);
+	return r;
+}
+
+static void test_greedy_scalar_vs_best(void)
+{
+	static const char *const models[] = {"models/stories260K-f32.gguf",
+					     "models/stories260K-f16.gguf",
+					     "models/stories3M-q4_0.gguf"};
+	int found = 0;
+	for (size_t i = 0; i < CM_ARRAY_LEN(models); i++) {
+		const char *p = test_data_path(models[i]);
+		FILE *f = fopen(p, "rb");
+		if (!f)
+			continue;
+		fclose(f);
+		found++;
+		int32_t a[24], b[24];
+		CHECK_OK(greedy(p, "scalar", 2, 24, a, NULL, 0));
+		CHECK_OK(greedy(p, NULL, 2, 24, b, NULL, 0));
+		CHECK_MSG(memcmp(a, b, sizeof(a)) == 0, "%s: greedy tokens differ (scalar vs best)",
+			  models[i]);
+	}
+	if (!found)
+		TEST_SKIP_DATA("no stories260K/stories3M models under $EDGELM_TESTDATA/models");
+}
+
+/* Logits do not depend on the thread count, prefill (tile kernels) or not. */
+static void test_threads_bitwise(void)
+{
+	const char *p = test_data_path("models/stories3M-q4_0.gguf");
+	FILE *f = fopen(p, "rb");
+	if (!f) {
+		TEST_SKIP_DATA("%s missing", p);
+		return;
+	}
+	fclose(f);
+	enum { NL = 512 };
+	static float l1[NL], l2[NL], l3[NL];
+	int32_t t1[4], t2[4], t3[4];
+	CHECK_OK(greedy(p, NULL, 1, 4, t1, l1, NL));
+	CHECK_OK(greedy(p, NULL, 2, 4, t2, l2, NL));
+	CHECK_OK(greedy(p, NULL, 3, 4, t3, l3, NL));
+	CHECK(memcmp(l1, l2, sizeof(l1)) == 0);
+	CHECK(memcmp(l1, l3, sizeof(l1)) == 0);
+	CHECK(memcmp(t1, t2, sizeof(t1)) == 0 && memcmp(t1, t3, sizeof(t1)) == 0);
+}
+
+int main(void)
+{
+	quant_init();
+	TEST_RUN(test_quant_act_exact);
+	TEST_RUN(test_vec_dot_all_types);
+	TEST_RUN(test_f32_helpers);
+	TEST_RUN(test_read_stream);
+	TEST_RUN(test_greedy_scalar_vs_best);
+	TEST_RUN(test_threads_bitwise);
+	return test_finish();
+}
