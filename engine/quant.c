@@ -677,9 +677,10 @@ void quantize_row_q2_K_ref(const float *x, void *vy, int64_t k)
 			if (dl == 0.0f)
 				continue;
 			float ml = dmin * (float)(y[i].scales[j] >> 4);
-			for (int l = 0; l < 16; l++)
-				L[16 * j + l] =
-					(uint8_t)clampi(round_even((x[16 * j + l] + ml) / dl), 0, 3);
+			for (int l = 0; l < 16; l++) {
+				int q = round_even((x[16 * j + l] + ml) / dl);
+				L[16 * j + l] = (uint8_t)clampi(q, 0, 3);
+			}
 		}
 		pack_2bit(L, y[i].qs);
 	}
@@ -820,7 +821,8 @@ void quantize_row_q5_K_ref(const float *x, void *vy, int64_t k)
 		for (int c = 0; c < QK_K; c += 64) {
 			for (int l = 0; l < 32; l++) {
 				int a = L[c + l], b = L[c + l + 32];
-				y[i].qh[l] |= (uint8_t)((a >> 4) << (c / 32) | (b >> 4) << (c / 32 + 1));
+				int sh = c / 32; /* sub-block of a; b is the next one */
+				y[i].qh[l] |= (uint8_t)((a >> 4) << sh | (b >> 4) << (sh + 1));
 				y[i].qs[c / 2 + l] = (uint8_t)((a & 0xf) | (b & 0xf) << 4);
 			}
 		}
@@ -856,9 +858,10 @@ void quantize_row_q6_K_ref(const float *x, void *vy, int64_t k)
 			float dl = d * (float)y[i].scales[j];
 			if (dl == 0.0f)
 				continue;
-			for (int l = 0; l < 16; l++)
-				L[16 * j + l] =
-					(int8_t)(clampi(round_even(x[16 * j + l] / dl), -32, 31) + 32);
+			for (int l = 0; l < 16; l++) {
+				int q = round_even(x[16 * j + l] / dl);
+				L[16 * j + l] = (int8_t)(clampi(q, -32, 31) + 32);
+			}
 		}
 		for (int h = 0; h < QK_K; h += 128) {
 			uint8_t *ql = y[i].ql + h / 2, *qh = y[i].qh + h / 4;
@@ -866,8 +869,8 @@ void quantize_row_q6_K_ref(const float *x, void *vy, int64_t k)
 				const int8_t *q = L + h + l;
 				ql[l] = (uint8_t)((q[0] & 0xf) | (q[64] & 0xf) << 4);
 				ql[l + 32] = (uint8_t)((q[32] & 0xf) | (q[96] & 0xf) << 4);
-				qh[l] = (uint8_t)((q[0] >> 4) | (q[32] >> 4) << 2 | (q[64] >> 4) << 4 |
-						  (q[96] >> 4) << 6);
+				qh[l] = (uint8_t)((q[0] >> 4) | (q[32] >> 4) << 2 |
+						  (q[64] >> 4) << 4 | (q[96] >> 4) << 6);
 			}
 		}
 	}

@@ -310,7 +310,8 @@ static void vec_dot_q6_K_q8_K(int64_t n, float *s, const void *vw, const void *v
 			int32_t sub = 0;
 			for (int t = 0; t < 16; t++) {
 				int e = 16 * j + t, h = e / 128, g = (e % 128) / 32, l = e % 32;
-				int lo = (w[i].ql[64 * h + 32 * (g & 1) + l] >> (4 * (g >> 1))) & 0xf;
+				const uint8_t *ql = w[i].ql + 64 * h + 32 * (g & 1);
+				int lo = (ql[l] >> (4 * (g >> 1))) & 0xf;
 				int hi = (w[i].qh[32 * h + l] >> (2 * g)) & 3;
 				sub += ((lo | hi << 4) - 32) * a[i].qs[e];
 			}

@@ -178,7 +178,8 @@ static void ref_decode2(uint32_t type, const void *src, int64_t n, double *out, 
 		int q51 = type == ENGINE_DTYPE_Q5_1, bs = q51 ? 24 : 22, o = q51 ? 4 : 2;
 		for (int64_t b = 0; b < n / 32; b++, p += bs) {
 			double d = ref_f16(rd16(p)), m = q51 ? ref_f16(rd16(p + 2)) : 0;
-			uint32_t H = p[o] | p[o + 1] << 8 | p[o + 2] << 16 | (uint32_t)p[o + 3] << 24;
+			uint32_t H = p[o] | p[o + 1] << 8 | p[o + 2] << 16 |
+				     (uint32_t)p[o + 3] << 24;
 			for (int j = 0; j < 32; j++) {
 				int lo = j < 16 ? p[o + 4 + j] & 15 : p[o + 4 + j - 16] >> 4;
 				int q = lo | (int)((H >> j) & 1) << 4;
@@ -251,7 +252,8 @@ static void ref_decode2(uint32_t type, const void *src, int64_t n, double *out, 
 				int h = e / 128, k = (e % 128) / 32, l = e % 32;
 				int lo = (p[64 * h + 32 * (k & 1) + l] >> (k < 2 ? 0 : 4)) & 15;
 				int hi = (p[128 + 32 * h + l] >> (2 * k)) & 3;
-				out[256 * b + e] = d * (int8_t)p[192 + e / 16] * ((lo | hi << 4) - 32);
+				int sc = (int8_t)p[192 + e / 16];
+				out[256 * b + e] = d * sc * ((lo | hi << 4) - 32);
 			}
 		}
 		break;
@@ -268,11 +270,13 @@ static void ref_decode2(uint32_t type, const void *src, int64_t n, double *out, 
 			double d = ref_f16(rd16(p));
 			int sh = rd16(p + 2);
 			for (int ib = 0; ib < 8; ib++) {
-				int ls = ((p[4 + ib / 2] >> (4 * (ib % 2))) & 15) | ((sh >> (2 * ib)) & 3) << 4;
+				int ls = ((p[4 + ib / 2] >> (4 * (ib % 2))) & 15) |
+					 ((sh >> (2 * ib)) & 3) << 4;
+				double *o = out + 256 * b + 32 * ib;
 				for (int j = 0; j < 16; j++) {
 					uint8_t q = p[8 + 16 * ib + j];
-					out[256 * b + 32 * ib + j] = d * (ls - 32) * iq4k[q & 15];
-					out[256 * b + 32 * ib + j + 16] = d * (ls - 32) * iq4k[q >> 4];
+					o[j] = d * (ls - 32) * iq4k[q & 15];
+					o[j + 16] = d * (ls - 32) * iq4k[q >> 4];
 				}
 			}
 		}
@@ -961,7 +965,8 @@ static void test_roundtrip_budget(void)
 		}
 		double rms = sqrt(sum_rel / spans);
 		if (getenv("TEST_VERBOSE"))
-			fprintf(stderr, "%-7s rel rms %.5f, max %.5f\n", dtype_name(type), rms, worst);
+			fprintf(stderr, "%-7s rel rms %.5f, max %.5f\n", dtype_name(type), rms,
+				worst);
 		CHECK_MSG(rms <= rt_budget[ti].rel_rms, "%s: relative rms error %.5f > %.5f",
 			  dtype_name(type), rms, rt_budget[ti].rel_rms);
 		CHECK_MSG(worst <= rt_budget[ti].max_rel, "%s: max error %.5f of amax > %.5f",
@@ -1018,7 +1023,9 @@ static void test_act_quantizers(void)
 			}
 			for (int j = 0; j < 256; j++) {
 				double e = fabs(r[256 * b + j] - x[256 * b + j]);
-				bad += !(e <= fabs(d) * 0.5 * (1 + 1e-5) + 1e-6 * fabs(x[256 * b + k]));
+				double lim = fabs(d) * 0.5 * (1 + 1e-5);
+				lim += 1e-6 * fabs(x[256 * b + k]);
+				bad += !(e <= lim);
 				bad += (int8_t)blk[4 + j] == -128;
 			}
 		}
@@ -1404,7 +1411,8 @@ static void check_dot(uint32_t type, int64_t n, const uint8_t *w, const uint8_t 
 			double d = ref_f16(rd16(ab)), sh = ref_f16(rd16(ab + 2)), sq = 0;
 			for (int j = 0; j < 32; j++)
 				sq += (int8_t)ab[4 + j];
-			double mwt = ref_f16(rd16(w + (type == ENGINE_DTYPE_Q4_1 ? 20 : 24) * b + 2));
+			int wbs = type == ENGINE_DTYPE_Q4_1 ? 20 : 24;
+			double mwt = ref_f16(rd16(w + wbs * b + 2));
 			tol += fabs(mwt) * fabs(sh - d * sq) * (1 + 4 * u);
 		}
 	}

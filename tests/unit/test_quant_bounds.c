@@ -306,8 +306,9 @@ static void check_type(const struct bound *bd)
 				flips_outside++;
 		}
 		fprintf(stderr,
-			"%-7s max |logit diff| %.5f (bound %.4g), logit rms %.3f, top-1 %d/%d\n", tn,
-			maxd, bd->max_diff, sqrt(ss / (SEQ_LEN * N_VOCAB)), agree, SEQ_LEN);
+			"%-7s max |logit diff| %.5f (bound %.4g), logit rms %.3f, "
+			"top-1 %d/%d\n",
+			tn, maxd, bd->max_diff, sqrt(ss / (SEQ_LEN * N_VOCAB)), agree, SEQ_LEN);
 		CHECK_MSG(maxd <= bd->max_diff, "%s: max |logit diff| %.5f above %.4g", tn, maxd,
 			  bd->max_diff);
 		/* A top-1 flip needs a gap below twice the bound. */
