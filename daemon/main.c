@@ -63,7 +63,9 @@ static void to_tuning_config(const struct daemon_config *c, struct tuning_config
 	t->sched_batch = c->tuning && c->sched_batch;
 	if (!c->tuning || tuning_ioprio_parse(c->load_ioprio, &t->load_ioprio, &t->load_ioprio_level))
 		tuning_ioprio_parse("keep", &t->load_ioprio, &t->load_ioprio_level);
-	if (!c->tuning || tuning_mlock_parse(c->mlock, &t->mlock))
+	/* "try" and "on" both lock; they differ in what a failure means (lock_memory) */
+	const char *ml = strcmp(c->mlock, "try") == 0 ? "on" : c->mlock;
+	if (!c->tuning || tuning_mlock_parse(ml, &t->mlock))
 		tuning_mlock_parse("off", &t->mlock);
 	t->hugepages = c->tuning && c->hugepages;
 	t->prefault = c->tuning && c->prefault;
@@ -159,7 +161,9 @@ static void set_model_name(struct daemon *d)
 	daemon_log_set_model(d->model_name);
 }
 
-static void lock_memory(struct daemon *d)
+/* Lock and prefault weights and KV cache. Returns -1 only when mlock is
+ * "on" (strict) and locking failed; "try" warns once and serves unlocked. */
+static int lock_memory(struct daemon *d)
 {
 	struct tuning_region regs[4];
 	struct engine_region er[3];
@@ -168,11 +172,17 @@ static void lock_memory(struct daemon *d)
 	for (int i = 0; i < n; i++)
 		regs[i] = (struct tuning_region){er[i].addr, er[i].len, er[i].what};
 	struct cm_err err = {0};
-	if (tuning_memory_lock(&d->tplan, &d->treport, regs, n, &d->tstate, &err) != 0)
+	if (tuning_memory_lock(&d->tplan, &d->treport, regs, n, &d->tstate, &err) != 0) {
+		if (d->cfg.tuning && strcmp(d->cfg.mlock, "on") == 0) {
+			log_err("%s (mlock is `on`: refusing to serve unlocked)", err.msg);
+			return -1;
+		}
 		log_warning("%s", err.msg);
+	}
 	if (d->cfg.tuning && d->cfg.prefault)
 		for (int i = 0; i < n; i++)
 			(void)tuning_prefault(regs[i].addr, regs[i].len, i > 0, NULL);
+	return 0;
 }
 
 static void update_tuning_json(struct daemon *d)
@@ -474,7 +484,10 @@ int main(int argc, char **argv)
 			 d->cfg.parallel, (double)kv / (1 << 20), d->minfo.isa,
 			 d->minfo.n_threads);
 	}
-	lock_memory(d);
+	if (lock_memory(d) != 0) {
+		rc = EXIT_MEMORY;
+		goto out_stop;
+	}
 	update_tuning_json(d);
 	if (d->mi) {
 		monitor_gauge_set(d->mi->loading, 0);
