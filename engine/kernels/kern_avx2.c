@@ -11,6 +11,9 @@
  *   are in [-127, 127] (our quantizer never makes -128). Exact int32 per
  *   block, one FMA per block in float, lanes summed at the end: the float
  *   rounding differs from the scalar's sequential order.
+ * - Q4_K and Q6_K (Q8_K activations) keep each super-block's sums exact in
+ *   int32 and finish it with the reference's float expression: bit-identical
+ *   to kern_generic.
  * - The Q8_0 activation quantizer matches quantize_row_q8_0_ref bit for bit:
  *   same d, same 1/d, same product, and roundf() (half away from zero)
  *   rebuilt from truncation instead of the vector round-to-nearest-even.
@@ -178,6 +181,107 @@ static void vec_dot_q4_0_q8_0(int64_t n, float *s, const void *vw, const void *v
 	*s = hsum_ps(_mm256_add_ps(acc0, acc1));
 }
 
+/* ---- K-quants, Q8_K activations -------------------------------------------
+ * Per super-block the integer sums (isum, and the min term of Q4_K) are
+ * exact, then the reference's own float expression finishes the block, in
+ * the same order: these two kernels give the reference's result bit for
+ * bit. maddubs pairs stay in int16: 2 * 63 * 127 < 2^15. */
+
+static inline int32_t hsum_i32(__m256i v)
+{
+	__m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+	x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
+	x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xb1));
+	return _mm_cvtsi128_si32(x);
+}
+
+static inline float f32_at(const void *p)
+{
+	float f;
+	memcpy(&f, p, 4);
+	return f;
+}
+
+static void vec_dot_q4_K_q8_K(int64_t n, float *s, const void *vw, const void *va)
+{
+	const struct block_q4_K *w = vw;
+	const struct block_q8_K *a = va;
+	const __m256i m4 = _mm256_set1_epi8(0x0f);
+	float sum = 0.0f;
+	for (int64_t i = 0; i < n / QK_K; i++) {
+		uint8_t sc[8], mn[8];
+		for (int j = 0; j < 8; j++)
+			quant_scale_min_k4(j, w[i].scales, &sc[j], &mn[j]);
+		__m256i acc = _mm256_setzero_si256();
+		for (int k = 0; k < 4; k++) {
+			__m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * k));
+			__m256i lo = _mm256_and_si256(q, m4);
+			__m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+			__m256i alo = _mm256_loadu_si256((const __m256i *)(a[i].qs + 64 * k));
+			__m256i ahi = _mm256_loadu_si256((const __m256i *)(a[i].qs + 64 * k + 32));
+			__m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, alo),
+							_mm256_set1_epi16(sc[2 * k]));
+			__m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ahi),
+							_mm256_set1_epi16(sc[2 * k + 1]));
+			acc = _mm256_add_epi32(acc, _mm256_add_epi32(plo, phi));
+		}
+		/* min term: sum_j m_j * (bsums[2j] + bsums[2j+1]) */
+		__m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[i].bsums),
+					       _mm256_set1_epi16(1));
+		__m256i mv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn));
+		int32_t isum = hsum_i32(acc);
+		int32_t msum = hsum_i32(_mm256_mullo_epi32(bs, mv));
+		float da = f32_at(&a[i].d);
+		sum += da * half(w[i].d) * (float)isum - da * half(w[i].dmin) * (float)msum;
+	}
+	*s = sum;
+}
+
+static void vec_dot_q6_K_q8_K(int64_t n, float *s, const void *vw, const void *va)
+{
+	const struct block_q6_K *w = vw;
+	const struct block_q8_K *a = va;
+	const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+	float sum = 0.0f;
+	for (int64_t i = 0; i < n / QK_K; i++) {
+		const int8_t *sc = w[i].scales;
+		__m256i acc = _mm256_setzero_si256();
+		for (int h = 0; h < 2; h++) {
+			__m256i ql0 = _mm256_loadu_si256((const __m256i *)(w[i].ql + 64 * h));
+			__m256i ql1 = _mm256_loadu_si256((const __m256i *)(w[i].ql + 64 * h + 32));
+			__m256i qh = _mm256_loadu_si256((const __m256i *)(w[i].qh + 32 * h));
+			__m256i q[4];
+			q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
+					       _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+			q[1] = _mm256_or_si256(
+				_mm256_and_si256(ql1, m4),
+				_mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+			q[2] = _mm256_or_si256(
+				_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+				_mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+			q[3] = _mm256_or_si256(
+				_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+				_mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+			for (int g = 0; g < 4; g++) {
+				int j = 8 * h + 2 * g;
+				__m256i av = _mm256_loadu_si256(
+					(const __m256i *)(a[i].qs + 128 * h + 32 * g));
+				__m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[j + 1]),
+							       _mm_set1_epi16(sc[j]));
+				acc = _mm256_add_epi32(
+					acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q[g], av), scv));
+			}
+		}
+		/* the codes are q + 32: take 32 * sum_j sc_j * bsums_j off */
+		__m256i scs = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+		__m256i corr = _mm256_madd_epi16(
+			scs, _mm256_loadu_si256((const __m256i *)a[i].bsums));
+		int32_t isum = hsum_i32(acc) - 32 * hsum_i32(corr);
+		sum += (f32_at(&a[i].d) * half(w[i].d)) * (float)isum;
+	}
+	*s = sum;
+}
+
 /* ---- activation quantizer ------------------------------------------------ */
 
 /* roundf(v): truncate, then step away from zero when the dropped part is at
@@ -276,6 +380,10 @@ const struct kern_ops kern_avx2_ops = {
 					.vec_dot = vec_dot_q8_0_q8_0 },
 		[ENGINE_DTYPE_Q4_0] = { .act_type = ENGINE_DTYPE_Q8_0,
 					.vec_dot = vec_dot_q4_0_q8_0 },
+		[ENGINE_DTYPE_Q4_K] = { .act_type = ENGINE_DTYPE_Q8_K,
+					.vec_dot = vec_dot_q4_K_q8_K },
+		[ENGINE_DTYPE_Q6_K] = { .act_type = ENGINE_DTYPE_Q8_K,
+					.vec_dot = vec_dot_q6_K_q8_K },
 	},
 	.quant_act = {
 		[ENGINE_DTYPE_Q8_0] = quant_q8_0,
