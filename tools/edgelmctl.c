@@ -6,6 +6,7 @@
  * or no reply in time, 4 the daemon is not ready (health), 130 interrupted. */
 #include "ipc/edgelm.h"
 #include "ipc/ipc.h"
+#include "monitor/monitor.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -85,6 +86,11 @@ static const struct command_help {
     {"detokenize", "detokenize ID...", "The text of token ids.\n"},
     {"metrics", "metrics", "The daemon's metrics (the figures the monitor exports).\n"},
     {"cancel", "cancel ID", "Cancel the generation named ID.\n"},
+    {"top", "top [--interval MS]",
+     "A live view of the daemon and the box: per-core CPU, memory, swap,\n"
+     "pressure, tokens/s, queue and bottleneck flags, redrawn every second.\n"
+     "q or Ctrl-C quits.\n"
+     "      --interval MS      redraw period (default 1000)\n"},
 };
 
 static void usage_main(FILE *f)
@@ -1023,6 +1029,59 @@ static int cmd_cancel(int argc, char **argv)
 	return EXIT_OK;
 }
 
+/* `top`: the monitor's frame renderer fed by the metrics op. */
+static int top_fetch(void *ud, char **ret_json, struct cm_err *err)
+{
+	edgelm_client *c = ud;
+	struct edgelm_error e;
+	char *reply = NULL;
+	int rc = edgelm_metrics(c, &reply, &e);
+	if (rc != 0)
+		return cm_err_set(err, -EIO, "%s", e.message);
+	json_t *root = json_loads(reply, 0, NULL);
+	edgelm_free(reply);
+	json_t *doc = root ? json_object_get(root, "metrics") : NULL;
+	char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+	json_decref(root);
+	if (!text)
+		return cm_err_set(err, -EPROTO, "the daemon's metrics are not a monitor document");
+	*ret_json = cm_strdup(text);
+	free(text);
+	return *ret_json ? 0 : cm_err_set(err, -ENOMEM, "out of memory");
+}
+
+static int cmd_top(int argc, char **argv)
+{
+	long interval = 1000;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			usage_command("top", stdout);
+			return EXIT_OK;
+		}
+		if (strcmp(argv[i], "--interval") == 0 && i + 1 < argc) {
+			char *end;
+			interval = strtol(argv[++i], &end, 10);
+			if (*end || interval < 100 || interval > 60000)
+				return usage_error("top", "--interval wants 100..60000 ms");
+			continue;
+		}
+		return usage_error("top", "unknown argument '%s'", argv[i]);
+	}
+	edgelm_client *c = NULL;
+	int code = connect_or_fail(&c);
+	if (code)
+		return code;
+	struct cm_err err = {0};
+	int rc = monitor_top_run(top_fetch, c, (unsigned)interval, STDIN_FILENO, STDOUT_FILENO,
+				 &err);
+	edgelm_close(c);
+	if (rc) {
+		fprintf(stderr, "edgelmctl: top: %s\n", err.msg);
+		return EXIT_SERVER;
+	}
+	return EXIT_OK;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option lo[] = {
@@ -1087,5 +1146,7 @@ int main(int argc, char **argv)
 		return cmd_detokenize(sub_argc, sub_argv);
 	if (strcmp(cmd, "cancel") == 0)
 		return cmd_cancel(sub_argc, sub_argv);
+	if (strcmp(cmd, "top") == 0)
+		return cmd_top(sub_argc, sub_argv);
 	return usage_error(NULL, "no command '%s'", cmd);
 }
