@@ -543,6 +543,31 @@ static void test_packaged_config(void)
 	free(text);
 }
 
+/* edgelm.conf(5) documents every key. */
+static void test_man_page(void)
+{
+	const char *path = "packaging/man/edgelm.conf.5";
+	char *text = NULL, needle[128];
+	size_t len = 0;
+	FILE *f = fopen(path, "r");
+
+	if (!f) {
+		TEST_SKIP("%s not found (run from the source tree's top)", path);
+		return;
+	}
+	if (getdelim(&text, &len, '\0', f) < 0)
+		CHECK(0);
+	fclose(f);
+	for (size_t i = 0; text && i < CM_ARRAY_LEN(options); i++) {
+		snprintf(needle, sizeof(needle), ".BI \"%s \"", options[i].name);
+		if (options[i].flags & CONFIG_HIDDEN)
+			CHECK_MSG(!strstr(text, needle), "hidden %s in %s", options[i].name, path);
+		else
+			CHECK_MSG(strstr(text, needle), "%s not in %s", options[i].name, path);
+	}
+	free(text);
+}
+
 int main(void)
 {
 	TEST_RUN(test_table_covers_struct);
@@ -557,5 +582,6 @@ int main(void)
 	TEST_RUN(test_doc);
 	TEST_RUN(test_reload);
 	TEST_RUN(test_packaged_config);
+	TEST_RUN(test_man_page);
 	return test_finish();
 }
