@@ -46,4 +46,9 @@ uint32_t tools_recipe_type(const struct tools_recipe *r, const struct tools_tens
 int tools_mkmodel_main(int argc, char **argv);
 void tools_mkmodel_usage(FILE *o);
 
+/* `edgelm-bench --daemon URL ...`: load a running daemon with concurrent
+ * clients (tools/lib/bench_daemon.c). Returns the process exit code. */
+int tools_bench_daemon_main(int argc, char **argv);
+void tools_bench_daemon_usage(FILE *o);
+
 #endif

@@ -1,0 +1,232 @@
+/* tools/lib/bench_daemon.c: `edgelm-bench --daemon URL`, the daemon under
+ * concurrent load, measured from the client side through libedgelm.
+ *
+ * (a) aggregate decode tokens/s with 1, 4 and 8 concurrent streams (each
+ *     generates --n tokens from a short prompt; aggregate = all tokens / wall
+ *     time from the common start to the last finish), and the speed-up over
+ *     one stream: continuous batching reads the weights once per step for
+ *     every running sequence, so it should grow with the number of streams;
+ * (b) time to first token of a short request, idle and while a long prompt
+ *     (--long tokens, default 2000) is being prefilled: the scheduler's
+ *     chunked prefill should keep the second within 2x the first. */
+#include "tools/lib/tools.h"
+
+#include "common/common.h"
+#include "ipc/edgelm.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct bd_job {
+	const char *url;
+	const char *prompt;
+	int max_tokens;
+	double t_start, t_end, ttft_ms;
+	int64_t tokens;
+	int rc;
+	pthread_barrier_t *bar;
+};
+
+static void *bd_run(void *arg)
+{
+	struct bd_job *j = arg;
+	edgelm_client *c = NULL;
+	struct edgelm_error e;
+	j->rc = edgelm_connect(j->url, &c, &e);
+	if (j->bar)
+		pthread_barrier_wait(j->bar);
+	if (j->rc)
+		return NULL;
+	edgelm_set_timeout(c, 0);
+	struct edgelm_params p;
+	edgelm_params_init(&p);
+	p.max_tokens = j->max_tokens;
+	p.temperature = 0;
+	struct edgelm_result r = {0};
+	j->t_start = cm_now();
+	j->rc = edgelm_generate(c, j->prompt, &p, &r, &e);
+	j->t_end = cm_now();
+	if (j->rc == 0) {
+		j->tokens = r.completion_tokens;
+		j->ttft_ms = r.ttft_ms;
+	} else {
+		fprintf(stderr, "edgelm-bench: generate: %s\n", e.message);
+	}
+	edgelm_result_free(&r);
+	edgelm_close(c);
+	return NULL;
+}
+
+/* n concurrent generations; returns aggregate tokens/s, < 0 on failure. */
+static double bd_concurrent(const char *url, int n, int max_tokens)
+{
+	static const char *prompts[] = {"Once upon a time", "The little dog", "One day, a girl",
+					"In the park", "Tom and Lily", "The sun was", "A big red ball",
+					"Mom said"};
+	pthread_t th[64];
+	struct bd_job jobs[64];
+	pthread_barrier_t bar;
+	n = CM_MIN(n, 64);
+	pthread_barrier_init(&bar, NULL, (unsigned)n);
+	for (int i = 0; i < n; i++) {
+		jobs[i] = (struct bd_job){.url = url,
+					  .prompt = prompts[i % CM_ARRAY_LEN(prompts)],
+					  .max_tokens = max_tokens,
+					  .bar = &bar};
+		pthread_create(&th[i], NULL, bd_run, &jobs[i]);
+	}
+	double t0 = INFINITY, t1 = 0;
+	int64_t tokens = 0;
+	bool ok = true;
+	for (int i = 0; i < n; i++) {
+		pthread_join(th[i], NULL);
+		ok = ok && jobs[i].rc == 0;
+		t0 = CM_MIN(t0, jobs[i].t_start);
+		t1 = CM_MAX(t1, jobs[i].t_end);
+		tokens += jobs[i].tokens;
+	}
+	pthread_barrier_destroy(&bar);
+	return ok && t1 > t0 ? (double)tokens / (t1 - t0) : -1;
+}
+
+/* A prompt of about `n` tokens (the daemon's tokenizer counts). */
+static char *long_prompt(const char *url, int n)
+{
+	static const char *words[] = {"the", "little", "dog", "ran", "to", "park", "and",
+				      "saw", "a", "big", "red", "ball", "under", "tree"};
+	size_t cap = (size_t)n * 12 + 64, len = 0;
+	char *s = malloc(cap);
+	if (!s)
+		return NULL;
+	s[0] = '\0';
+	edgelm_client *c = NULL;
+	if (edgelm_connect(url, &c, NULL) != 0) {
+		free(s);
+		return NULL;
+	}
+	/* grow by words, checking the count now and then */
+	for (int i = 0;; i++) {
+		const char *w = words[(i * 7 + i / 3) % CM_ARRAY_LEN(words)];
+		size_t wl = strlen(w);
+		if (len + wl + 2 >= cap)
+			break;
+		if (len)
+			s[len++] = ' ';
+		memcpy(s + len, w, wl + 1);
+		len += wl;
+		if (i % 64 == 63) {
+			int32_t *ids = NULL;
+			size_t nt = 0;
+			if (edgelm_tokenize(c, s, true, false, &ids, &nt, NULL) != 0)
+				break;
+			edgelm_free(ids);
+			if ((int)nt >= n)
+				break;
+		}
+	}
+	edgelm_close(c);
+	return s;
+}
+
+static double bd_ttft(const char *url)
+{
+	struct bd_job j = {.url = url, .prompt = "Once upon a time", .max_tokens = 4};
+	bd_run(&j);
+	return j.rc == 0 ? j.ttft_ms : -1;
+}
+
+void tools_bench_daemon_usage(FILE *o)
+{
+	fprintf(o, "usage: edgelm-bench --daemon URL [--streams LIST] [-n N] [--long N] [--json]\n"
+		   "  --streams LIST  concurrent streams to compare (default 1,4,8)\n"
+		   "  -n N            tokens per stream (default 64)\n"
+		   "  --long N        tokens of the long prompt for the TTFT test (default 2000;\n"
+		   "                  0 skips it; the daemon's ctx_size must hold it)\n");
+}
+
+int tools_bench_daemon_main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"daemon", required_argument, NULL, 'd'}, {"streams", required_argument, NULL, 's'},
+		{"n-gen", required_argument, NULL, 'n'},  {"long", required_argument, NULL, 'l'},
+		{"json", no_argument, NULL, 'j'},         {"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	const char *url = NULL;
+	int streams[8] = {1, 4, 8}, n_streams = 3, n_gen = 64, n_long = 2000;
+	bool json = false;
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "d:s:n:l:jh", opts, NULL)) != -1) {
+		switch (c) {
+		case 'd': url = optarg; break;
+		case 's': {
+			n_streams = 0;
+			for (char *p = optarg; *p && n_streams < 8;) {
+				streams[n_streams++] = atoi(p);
+				p = strchr(p, ',');
+				if (!p)
+					break;
+				p++;
+			}
+			break;
+		}
+		case 'n': n_gen = atoi(optarg); break;
+		case 'l': n_long = atoi(optarg); break;
+		case 'j': json = true; break;
+		case 'h': tools_bench_daemon_usage(stdout); return 0;
+		default: tools_bench_daemon_usage(stderr); return 1;
+		}
+	}
+	if (!url || n_gen < 1 || n_long < 0) {
+		tools_bench_daemon_usage(stderr);
+		return 1;
+	}
+	/* warm-up: one short request */
+	if (bd_concurrent(url, 1, 4) < 0) {
+		fprintf(stderr, "edgelm-bench: cannot generate through %s\n", url);
+		return 3;
+	}
+	double tps[8];
+	for (int i = 0; i < n_streams; i++) {
+		tps[i] = bd_concurrent(url, streams[i], n_gen);
+		if (tps[i] < 0)
+			return 3;
+	}
+	double idle = -1, busy = -1;
+	if (n_long > 0) {
+		idle = bd_ttft(url);
+		char *lp = long_prompt(url, n_long);
+		if (lp) {
+			struct bd_job lj = {.url = url, .prompt = lp, .max_tokens = 2};
+			pthread_t th;
+			pthread_create(&th, NULL, bd_run, &lj);
+			usleep(300000); /* let its prefill start */
+			busy = bd_ttft(url);
+			pthread_join(th, NULL);
+			free(lp);
+		}
+	}
+	if (json) {
+		printf("{\"daemon\":\"%s\",\"tokens_per_stream\":%d,\"streams\":[", url, n_gen);
+		for (int i = 0; i < n_streams; i++)
+			printf("%s{\"n\":%d,\"tok_s\":%.2f,\"speedup\":%.2f}", i ? "," : "", streams[i],
+			       tps[i], tps[i] / tps[0]);
+		printf("],\"ttft_idle_ms\":%.1f,\"ttft_during_long_prefill_ms\":%.1f,"
+		       "\"long_prompt_tokens\":%d}\n",
+		       idle, busy, n_long);
+	} else {
+		for (int i = 0; i < n_streams; i++)
+			printf("%2d streams   %8.2f tok/s aggregate  (%.2fx one stream)\n", streams[i],
+			       tps[i], tps[i] / tps[0]);
+		if (n_long > 0)
+			printf("TTFT         %.1f ms idle, %.1f ms while a %d-token prompt prefills "
+			       "(%.2fx)\n",
+			       idle, busy, n_long, busy / idle);
+	}
+	return 0;
+}
