@@ -18,6 +18,7 @@
  *
  * Token ids are random (fixed seed): speed depends on shapes, not values. */
 #include "engine/engine.h"
+#include "tools/lib/tools.h"
 #include "engine/kernels/kern.h"
 
 #include <getopt.h>
@@ -171,6 +172,11 @@ static int parse_list(const char *s, int *out, int max)
 
 int main(int argc, char **argv)
 {
+	/* --daemon URL: load a running edgelmd instead (tools/lib/bench_daemon.c) */
+	for (int i = 1; i < argc; i++)
+		if (strcmp(argv[i], "--daemon") == 0 || strncmp(argv[i], "--daemon=", 9) == 0)
+			return tools_bench_daemon_main(argc, argv);
+
 	static const struct option opts[] = {
 		{"model", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
 		{"isa", required_argument, NULL, 'I'},   {"prompts", required_argument, NULL, 'P'},
