@@ -44,7 +44,8 @@ fuzz: $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
 FUZZ_SRCS = $(COMMON_SRCS) $(filter-out engine/kernels/kern_avx% engine/kernels/kern_amx% engine/kernels/kern_neon%,$(ENGINE_SRCS)) $(IPC_SRCS) $(MONITOR_SRCS) $(TUNING_SRCS)
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_SRCS)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -I. -g -O1 -pthread -fsanitize=fuzzer,address,undefined \
+	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -DEDGELM_NO_ISA_VARIANTS -I. -g -O1 -pthread \
+		-fsanitize=fuzzer,address,undefined \
 		-o $@ $^ $(EXT_LIBS)
 
 tests: $(TESTS) $(BINS)
@@ -60,3 +61,42 @@ check-san: tests
 
 test: check
 .PHONY: tests check-san
+
+# aarch64: cross-build the engine and the kernel tests (static), run them
+# under qemu-user. Needs the Debian packages gcc-aarch64-linux-gnu and
+# qemu-user-static; `make check` runs this when both are installed and says
+# so when they are not.
+AARCH64_CC    ?= aarch64-linux-gnu-gcc
+QEMU_AARCH64  ?= qemu-aarch64-static
+AARCH64_BUILD := build-aarch64
+AARCH64_TESTS := test_kern test_kern_simd
+# Debian's gcc-aarch64-linux-gnu 12.2 hits an internal error vectorizing a
+# reduction in tests/kernels/test_kern.c; the kernels use intrinsics anyway.
+AARCH64_CFLAGS ?= -O2 -g -fno-tree-vectorize
+
+$(BUILD)/tests/kernels/%.static: $(BUILD)/tests/kernels/%.o $(ENGINE_LIB) $(COMMON_LIB)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -static -o $@ $^ -lm -pthread
+
+aarch64-kernel-tests: $(AARCH64_TESTS:%=$(BUILD)/tests/kernels/%.static)
+.SECONDARY: $(AARCH64_TESTS:%=$(BUILD)/tests/kernels/%.o)
+
+check-aarch64:
+	@if ! command -v $(AARCH64_CC) >/dev/null 2>&1 || \
+	    ! command -v $(QEMU_AARCH64) >/dev/null 2>&1; then \
+	  echo "check-aarch64: SKIPPED: $(AARCH64_CC) or $(QEMU_AARCH64) not found" \
+	       "(apt-get install gcc-aarch64-linux-gnu qemu-user-static)"; \
+	else \
+	  $(MAKE) --no-print-directory ARCH=aarch64 CC=$(AARCH64_CC) SAN= \
+	    BUILD=$(AARCH64_BUILD) CFLAGS="$(AARCH64_CFLAGS)" aarch64-kernel-tests || exit 1; \
+	  for t in $(AARCH64_TESTS); do \
+	    printf 'aarch64 (qemu) %s: ' $$t; \
+	    log=$(AARCH64_BUILD)/tests/kernels/$$t.log; \
+	    $(QEMU_AARCH64) $(AARCH64_BUILD)/tests/kernels/$$t.static >$$log 2>&1; st=$$?; \
+	    tail -n 1 $$log; \
+	    if [ $$st != 0 ]; then cat $$log; exit 1; fi; \
+	  done; \
+	fi
+
+check: check-aarch64
+.PHONY: check-aarch64 aarch64-kernel-tests

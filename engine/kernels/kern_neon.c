@@ -1,0 +1,250 @@
+/* engine/kernels/kern_neon.c: aarch64 kernels, two tables.
+ *
+ * - kern_neon_ops (Advanced SIMD, every armv8-a core): f32 helpers, float
+ *   weights, the Q8_0 activation quantizer, and Q8_0/Q4_0 dots with
+ *   widening multiplies (smull + sadalp).
+ * - kern_neon_dotprod_ops (armv8.2-a dotprod, Cortex-A55/A76 and later,
+ *   Apple M, Graviton 2+): Q8_0/Q4_0 dots with sdot, in functions that carry
+ *   their own target attribute, so the file's flags stay plain armv8-a.
+ *
+ * Same contracts as the x86 variants: float weights accumulate in double;
+ * the quantizer uses vrndaq_f32 (round half away from zero, which is
+ * roundf) and matches the reference bit for bit; axpy multiplies then adds;
+ * integer blocks are exact in int32 with per-lane float accumulation. Q4_0
+ * nibbles are made signed (minus 8) before the signed dot. Tested under
+ * qemu-aarch64 by `make check-aarch64`. */
+#include "engine/kernels/kern.h"
+
+#include "engine/quant.h"
+
+#include <arm_neon.h>
+
+#define DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
+
+static inline float half(uint16_t h)
+{
+	return fp16_to_f32(h);
+}
+
+/* ---- float --------------------------------------------------------------- */
+
+static inline void fma4_f64(float32x4_t w, float32x4_t a, float64x2_t *s0, float64x2_t *s1)
+{
+	*s0 = vfmaq_f64(*s0, vcvt_f64_f32(vget_low_f32(w)), vcvt_f64_f32(vget_low_f32(a)));
+	*s1 = vfmaq_f64(*s1, vcvt_high_f64_f32(w), vcvt_high_f64_f32(a));
+}
+
+static void vec_dot_f32(int64_t n, float *s, const void *vw, const void *va)
+{
+	const float *w = vw, *a = va;
+	float64x2_t s0 = vdupq_n_f64(0), s1 = s0, s2 = s0, s3 = s0;
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		fma4_f64(vld1q_f32(w + i), vld1q_f32(a + i), &s0, &s1);
+		fma4_f64(vld1q_f32(w + i + 4), vld1q_f32(a + i + 4), &s2, &s3);
+	}
+	double r = vaddvq_f64(vaddq_f64(vaddq_f64(s0, s1), vaddq_f64(s2, s3)));
+	for (; i < n; i++)
+		r += (double)w[i] * (double)a[i];
+	*s = (float)r;
+}
+
+static void vec_dot_f16(int64_t n, float *s, const void *vw, const void *va)
+{
+	const uint16_t *w = vw;
+	const float *a = va;
+	float64x2_t s0 = vdupq_n_f64(0), s1 = s0;
+	int64_t i = 0;
+	for (; i + 4 <= n; i += 4) {
+		float32x4_t x = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(w + i)));
+		fma4_f64(x, vld1q_f32(a + i), &s0, &s1);
+	}
+	double r = vaddvq_f64(vaddq_f64(s0, s1));
+	for (; i < n; i++)
+		r += (double)half(w[i]) * (double)a[i];
+	*s = (float)r;
+}
+
+static float dot_f32(int64_t n, const float *a, const float *b)
+{
+	float s;
+	vec_dot_f32(n, &s, a, b);
+	return s;
+}
+
+static void axpy_f32(int64_t n, float a, const float *x, float *y)
+{
+	float32x4_t va = vdupq_n_f32(a);
+	int64_t i = 0;
+	for (; i + 4 <= n; i += 4)
+		vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vmulq_f32(va, vld1q_f32(x + i))));
+	for (; i < n; i++)
+		y[i] += a * x[i];
+}
+
+static uint64_t read_stream(const void *p, size_t n)
+{
+	const uint64_t *v = p;
+	uint64x2_t s0 = vdupq_n_u64(0), s1 = s0, s2 = s0, s3 = s0;
+	for (size_t i = 0; i + 8 <= n / 8; i += 8) {
+		s0 = veorq_u64(s0, vld1q_u64(v + i));
+		s1 = veorq_u64(s1, vld1q_u64(v + i + 2));
+		s2 = veorq_u64(s2, vld1q_u64(v + i + 4));
+		s3 = veorq_u64(s3, vld1q_u64(v + i + 6));
+	}
+	uint64x2_t s = veorq_u64(veorq_u64(s0, s1), veorq_u64(s2, s3));
+	return vgetq_lane_u64(s, 0) ^ vgetq_lane_u64(s, 1);
+}
+
+/* ---- Q8_0 activations ---------------------------------------------------- */
+
+static void quant_q8_0(const float *x, void *vy, int64_t n)
+{
+	struct block_q8_0 *y = vy;
+	for (int64_t i = 0; i < n / QK8_0; i++) {
+		const float *xb = x + i * QK8_0;
+		float32x4_t v[8];
+		float32x4_t m = vdupq_n_f32(0);
+		for (int k = 0; k < 8; k++) {
+			v[k] = vld1q_f32(xb + 4 * k);
+			m = vmaxq_f32(m, vabsq_f32(v[k]));
+		}
+		float amax = vmaxvq_f32(m);
+		float d = amax / 127.0f;
+		float id = d != 0.0f ? 1.0f / d : 0.0f;
+		y[i].d = fp32_to_fp16(d);
+		int16x8_t h[4];
+		for (int k = 0; k < 4; k++) {
+			int32x4_t a = vcvtq_s32_f32(vrndaq_f32(vmulq_n_f32(v[2 * k], id)));
+			int32x4_t b = vcvtq_s32_f32(vrndaq_f32(vmulq_n_f32(v[2 * k + 1], id)));
+			h[k] = vcombine_s16(vqmovn_s32(a), vqmovn_s32(b));
+		}
+		vst1q_s8(y[i].qs, vcombine_s8(vqmovn_s16(h[0]), vqmovn_s16(h[1])));
+		vst1q_s8(y[i].qs + 16, vcombine_s8(vqmovn_s16(h[2]), vqmovn_s16(h[3])));
+	}
+}
+
+/* ---- Q8_0 / Q4_0 weights: plain NEON ------------------------------------- */
+
+static inline int32x4_t dot16(int32x4_t acc, int8x16_t w, int8x16_t a)
+{
+	int16x8_t p = vmull_s8(vget_low_s8(w), vget_low_s8(a));
+	p = vmlal_s8(p, vget_high_s8(w), vget_high_s8(a)); /* |p| <= 2 * 128 * 127 */
+	return vpadalq_s16(acc, p);
+}
+
+static inline void q4_0_signed(const uint8_t *qs, int8x16_t *lo, int8x16_t *hi)
+{
+	uint8x16_t q = vld1q_u8(qs);
+	int8x16_t eight = vdupq_n_s8(8);
+	*lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0f))), eight);
+	*hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), eight);
+}
+
+static void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *vw, const void *va)
+{
+	const struct block_q8_0 *w = vw, *a = va;
+	float32x4_t acc = vdupq_n_f32(0);
+	for (int64_t i = 0; i < n / QK8_0; i++) {
+		int32x4_t p = dot16(vdupq_n_s32(0), vld1q_s8(w[i].qs), vld1q_s8(a[i].qs));
+		p = dot16(p, vld1q_s8(w[i].qs + 16), vld1q_s8(a[i].qs + 16));
+		acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), half(w[i].d) * half(a[i].d));
+	}
+	*s = vaddvq_f32(acc);
+}
+
+static void vec_dot_q4_0_q8_0(int64_t n, float *s, const void *vw, const void *va)
+{
+	const struct block_q4_0 *w = vw;
+	const struct block_q8_0 *a = va;
+	float32x4_t acc = vdupq_n_f32(0);
+	for (int64_t i = 0; i < n / QK4_0; i++) {
+		int8x16_t lo, hi;
+		q4_0_signed(w[i].qs, &lo, &hi);
+		int32x4_t p = dot16(vdupq_n_s32(0), lo, vld1q_s8(a[i].qs));
+		p = dot16(p, hi, vld1q_s8(a[i].qs + 16));
+		acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), half(w[i].d) * half(a[i].d));
+	}
+	*s = vaddvq_f32(acc);
+}
+
+/* ---- Q8_0 / Q4_0 weights: dotprod ---------------------------------------- */
+
+static DOTPROD void vec_dot_q8_0_q8_0_dp(int64_t n, float *s, const void *vw, const void *va)
+{
+	const struct block_q8_0 *w = vw, *a = va;
+	float32x4_t acc0 = vdupq_n_f32(0), acc1 = acc0;
+	int64_t nb = n / QK8_0, i = 0;
+	for (; i + 2 <= nb; i += 2) {
+		int32x4_t p0 = vdotq_s32(vdupq_n_s32(0), vld1q_s8(w[i].qs), vld1q_s8(a[i].qs));
+		p0 = vdotq_s32(p0, vld1q_s8(w[i].qs + 16), vld1q_s8(a[i].qs + 16));
+		int32x4_t p1 =
+			vdotq_s32(vdupq_n_s32(0), vld1q_s8(w[i + 1].qs), vld1q_s8(a[i + 1].qs));
+		p1 = vdotq_s32(p1, vld1q_s8(w[i + 1].qs + 16), vld1q_s8(a[i + 1].qs + 16));
+		acc0 = vfmaq_n_f32(acc0, vcvtq_f32_s32(p0), half(w[i].d) * half(a[i].d));
+		acc1 = vfmaq_n_f32(acc1, vcvtq_f32_s32(p1), half(w[i + 1].d) * half(a[i + 1].d));
+	}
+	for (; i < nb; i++) {
+		int32x4_t p = vdotq_s32(vdupq_n_s32(0), vld1q_s8(w[i].qs), vld1q_s8(a[i].qs));
+		p = vdotq_s32(p, vld1q_s8(w[i].qs + 16), vld1q_s8(a[i].qs + 16));
+		acc0 = vfmaq_n_f32(acc0, vcvtq_f32_s32(p), half(w[i].d) * half(a[i].d));
+	}
+	*s = vaddvq_f32(vaddq_f32(acc0, acc1));
+}
+
+static DOTPROD void vec_dot_q4_0_q8_0_dp(int64_t n, float *s, const void *vw, const void *va)
+{
+	const struct block_q4_0 *w = vw;
+	const struct block_q8_0 *a = va;
+	float32x4_t acc0 = vdupq_n_f32(0), acc1 = acc0;
+	int64_t nb = n / QK4_0, i = 0;
+	for (; i + 2 <= nb; i += 2) {
+		int8x16_t l0, h0, l1, h1;
+		q4_0_signed(w[i].qs, &l0, &h0);
+		q4_0_signed(w[i + 1].qs, &l1, &h1);
+		int32x4_t p0 = vdotq_s32(vdupq_n_s32(0), l0, vld1q_s8(a[i].qs));
+		p0 = vdotq_s32(p0, h0, vld1q_s8(a[i].qs + 16));
+		int32x4_t p1 = vdotq_s32(vdupq_n_s32(0), l1, vld1q_s8(a[i + 1].qs));
+		p1 = vdotq_s32(p1, h1, vld1q_s8(a[i + 1].qs + 16));
+		acc0 = vfmaq_n_f32(acc0, vcvtq_f32_s32(p0), half(w[i].d) * half(a[i].d));
+		acc1 = vfmaq_n_f32(acc1, vcvtq_f32_s32(p1), half(w[i + 1].d) * half(a[i + 1].d));
+	}
+	for (; i < nb; i++) {
+		int8x16_t l, h;
+		q4_0_signed(w[i].qs, &l, &h);
+		int32x4_t p = vdotq_s32(vdupq_n_s32(0), l, vld1q_s8(a[i].qs));
+		p = vdotq_s32(p, h, vld1q_s8(a[i].qs + 16));
+		acc0 = vfmaq_n_f32(acc0, vcvtq_f32_s32(p), half(w[i].d) * half(a[i].d));
+	}
+	*s = vaddvq_f32(vaddq_f32(acc0, acc1));
+}
+
+/* ---- tables -------------------------------------------------------------- */
+
+const struct kern_ops kern_neon_ops = {
+	.name = "neon",
+	.t = {
+		[ENGINE_DTYPE_F32] = { .act_type = ENGINE_DTYPE_F32, .vec_dot = vec_dot_f32 },
+		[ENGINE_DTYPE_F16] = { .act_type = ENGINE_DTYPE_F32, .vec_dot = vec_dot_f16 },
+		[ENGINE_DTYPE_Q8_0] = { .act_type = ENGINE_DTYPE_Q8_0,
+					.vec_dot = vec_dot_q8_0_q8_0 },
+		[ENGINE_DTYPE_Q4_0] = { .act_type = ENGINE_DTYPE_Q8_0,
+					.vec_dot = vec_dot_q4_0_q8_0 },
+	},
+	.quant_act = {
+		[ENGINE_DTYPE_Q8_0] = quant_q8_0,
+	},
+	.dot_f32 = dot_f32,
+	.axpy_f32 = axpy_f32,
+	.read_stream = read_stream,
+};
+
+const struct kern_ops kern_neon_dotprod_ops = {
+	.name = "neon-dotprod",
+	.t = {
+		[ENGINE_DTYPE_Q8_0] = { .act_type = ENGINE_DTYPE_Q8_0,
+					.vec_dot = vec_dot_q8_0_q8_0_dp },
+		[ENGINE_DTYPE_Q4_0] = { .act_type = ENGINE_DTYPE_Q8_0,
+					.vec_dot = vec_dot_q4_0_q8_0_dp },
+	},
+};
