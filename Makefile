@@ -79,6 +79,7 @@ include ipc/module.mk
 MODULE_LIBS = $(IPC_LIB) $(MONITOR_LIB) $(TUNING_LIB) $(ENGINE_LIB) $(COMMON_LIB)
 include daemon/module.mk
 include tools/module.mk
+include packaging/module.mk
 include tests/module.mk
 
 all: $(BINS)
@@ -117,11 +118,12 @@ check-deps:
 	if grep -rln 'immintrin.h' engine | grep -vE 'engine/kernels/kern_[a-z0-9]+\.c$$' | grep -v kern_generic; then bad=1; fi; \
 	if [ $$bad = 0 ]; then echo "check-deps: module boundaries respected"; else echo "check-deps: violations above"; exit 1; fi
 
-install: all
+install: all install-ipc install-packaging
 	install -d $(DESTDIR)$(BINDIR)
 	for b in $(INSTALL_BINS); do install -m 0755 $(BUILD)/bin/$$b $(DESTDIR)$(BINDIR)/$$b; done
 	install -d $(DESTDIR)$(SBINDIR)
 	for b in $(INSTALL_SBINS); do install -m 0755 $(BUILD)/bin/$$b $(DESTDIR)$(SBINDIR)/$$b; done
 
-uninstall:
+uninstall: uninstall-ipc uninstall-packaging
 	for b in $(INSTALL_BINS); do rm -f $(DESTDIR)$(BINDIR)/$$b; done
+	for b in $(INSTALL_SBINS); do rm -f $(DESTDIR)$(SBINDIR)/$$b; done

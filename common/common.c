@@ -30,7 +30,17 @@ int cm_err_prefix(struct cm_err *err, const char *fmt, ...)
 	vsnprintf(pre, sizeof(pre), fmt, ap);
 	va_end(ap);
 	memcpy(old, err->msg, sizeof(old));
-	snprintf(err->msg, sizeof(err->msg), "%s: %s", pre, old);
+	/* "pre: old", cut to fit (built by hand: snprintf would warn about
+	 * the truncation that is intended here) */
+	size_t lp = strnlen(pre, sizeof(pre));
+	if (lp > sizeof(err->msg) - 3)
+		lp = sizeof(err->msg) - 3;
+	memcpy(err->msg, pre, lp);
+	err->msg[lp] = ':';
+	err->msg[lp + 1] = ' ';
+	size_t lo = strnlen(old, sizeof(err->msg) - lp - 3);
+	memcpy(err->msg + lp + 2, old, lo);
+	err->msg[lp + 2 + lo] = '\0';
 	return err->code;
 }
 

@@ -46,6 +46,8 @@ static void usage(FILE *o)
 		"  --print-config         print the effective configuration and exit\n"
 		"  --print-config-doc     print the configuration reference (Markdown) and exit\n"
 		"  --restore-tuning       undo tuning left by a crashed daemon (state file), then exit\n"
+		"  --tune-cpufreq         set the governor and EPP only (privileged unit helper), exit\n"
+		"  --no-cpufreq           leave governor and EPP to --tune-cpufreq (the unit's split)\n"
 		"  --version, --help\n"
 		"\n"
 		"Exit codes: 0 ok, 1 usage or configuration, 2 bad model, 3 runtime failure,\n"
@@ -196,6 +198,43 @@ static void update_tuning_json(struct daemon *d)
 	pthread_mutex_unlock(&d->mu);
 }
 
+/* `--tune-cpufreq`: the unit's privileged ExecStartPre. Only governor and
+ * EPP (sysfs, root only under ProtectSystem=strict); their original values go
+ * to the state file for ExecStopPost's --restore-tuning. Never fails the
+ * start: problems are printed and the exit code is 0. */
+static int tune_cpufreq_only(struct daemon *d)
+{
+	struct cm_err err = {0};
+	struct tuning_config tc;
+	tuning_config_default(&tc);
+	snprintf(tc.governor, sizeof(tc.governor), "%s", d->cfg.tuning ? d->cfg.governor : "keep");
+	snprintf(tc.epp, sizeof(tc.epp), "%s", d->cfg.tuning ? d->cfg.epp : "keep");
+	tc.nice = TUNING_KEEP;
+	tc.oom_score_adj = TUNING_KEEP;
+	tc.pin = false;
+	tc.sched_batch = false;
+	tc.hugepages = false;
+	tc.prefault = false;
+	tc.amx = false;
+	tuning_ioprio_parse("keep", &tc.load_ioprio, &tc.load_ioprio_level);
+	tuning_mlock_parse("off", &tc.mlock);
+	tuning_numa_parse("off", &tc.numa);
+	tuning_report_init(&d->treport);
+	tuning_plan_init(&d->tplan);
+	tuning_state_init(&d->tstate);
+	if (tuning_detect(&d->tpaths, &d->treport, &err) == 0 &&
+	    tuning_plan_make(&d->treport, &tc, &d->tplan, &err) == 0) {
+		tuning_apply(&d->tplan, &d->tpaths, &d->tstate, &err);
+		tuning_state_print(stdout, &d->tstate);
+	} else {
+		fprintf(stderr, "edgelmd: --tune-cpufreq: %s\n", err.msg);
+	}
+	tuning_state_fini(&d->tstate);
+	tuning_plan_fini(&d->tplan);
+	tuning_report_fini(&d->treport);
+	return 0;
+}
+
 static void reload(struct daemon *d)
 {
 	daemon_notify_reloading();
@@ -259,6 +298,8 @@ int main(int argc, char **argv)
 		OPT_PRINT,
 		OPT_PRINTDOC,
 		OPT_RESTORE,
+		OPT_TUNE_CPUFREQ,
+		OPT_NO_CPUFREQ,
 		OPT_VERSION,
 	};
 	static const struct option opts[] = {
@@ -276,6 +317,8 @@ int main(int argc, char **argv)
 		{"print-config", no_argument, NULL, OPT_PRINT},
 		{"print-config-doc", no_argument, NULL, OPT_PRINTDOC},
 		{"restore-tuning", no_argument, NULL, OPT_RESTORE},
+		{"tune-cpufreq", no_argument, NULL, OPT_TUNE_CPUFREQ},
+		{"no-cpufreq", no_argument, NULL, OPT_NO_CPUFREQ},
 		{"version", no_argument, NULL, OPT_VERSION},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
@@ -284,7 +327,7 @@ int main(int argc, char **argv)
 	struct daemon *d = &dd;
 	const char *config_path = DAEMON_CONFIG_PATH;
 	bool config_given = false, check = false, print = false, print_doc = false,
-	     restore = false;
+	     restore = false, tune_cpufreq = false, no_cpufreq = false;
 	/* Overrides are applied after the file: collect them first. */
 	const char *ov_key[64], *ov_val[64];
 	char *ov_buf[64];
@@ -317,6 +360,8 @@ int main(int argc, char **argv)
 		case OPT_PRINT: print = true; break;
 		case OPT_PRINTDOC: print_doc = true; break;
 		case OPT_RESTORE: restore = true; break;
+		case OPT_TUNE_CPUFREQ: tune_cpufreq = true; break;
+		case OPT_NO_CPUFREQ: no_cpufreq = true; break;
 		case OPT_VERSION: printf("edgelmd %s\n", EDGELM_VERSION); return 0;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return EXIT_USAGE;
@@ -384,6 +429,18 @@ int main(int argc, char **argv)
 			return EXIT_RUNTIME;
 		}
 		return 0;
+	}
+	if (tune_cpufreq)
+		return tune_cpufreq_only(d);
+	if (no_cpufreq) {
+		/* The unit's privileged helper owns governor and EPP and their state
+		 * file; the daemon keeps its own, so it never mistakes the helper's
+		 * file for a crash to undo. */
+		snprintf(d->cfg.governor, sizeof(d->cfg.governor), "keep");
+		snprintf(d->cfg.epp, sizeof(d->cfg.epp), "keep");
+		size_t l = strlen(d->tpaths.state_file);
+		if (l + 8 < sizeof(d->tpaths.state_file))
+			memcpy(d->tpaths.state_file + l, ".daemon", 8);
 	}
 	if (!check && daemon_config_validate(&d->cfg, &err) != 0) {
 		fprintf(stderr, "edgelmd: %s\n", err.msg);

@@ -33,7 +33,7 @@
 #include <time.h>
 
 #define MAX_STOP 16
-#define PREFILL_CHUNK_BUSY 32 /* prompt tokens per step while others decode */
+#define PREFILL_CHUNK_MIN 16 /* prompt tokens per step at least, so prefill progresses */
 
 struct held_poll {
 	ipc_call *call;
@@ -119,6 +119,9 @@ struct sched {
 	_Atomic int n_running;
 	_Atomic double tok_s;
 	uint64_t last_watchdog_ns;
+	/* step cost model: seconds of a step without prompt tokens (the weights
+	 * read once), and seconds per prompt token on top of it */
+	double cost_base, cost_tok;
 };
 
 static uint64_t now_ns(void)
@@ -421,8 +424,7 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
 	return i;
 }
 
-/* Tokenize (scheduler thread, without mu: the request is not visible to the
- * handler's mutations while queued... its text fields are immutable). */
+/* Tokenize a request's prompt (scheduler thread, without mu). */
 static int tokenize_request(struct sched *s, struct daemon_request *r, struct cm_err *err)
 {
 	const engine_tokenizer *tok = engine_model_tokenizer(s->d->model);
@@ -457,9 +459,7 @@ static void admit(struct sched *s)
 		struct daemon_request *r = queue_pop(s);
 		uint64_t now = now_ns();
 		if (r->cancel) {
-			fail_locked(s, r, IPC_ERR_NONE == IPC_ERR_NONE ? IPC_ERR_NOT_FOUND
-								       : IPC_ERR_INTERNAL,
-				    "cancelled before it started");
+			finish_locked(s, r, IPC_FINISH_CANCELLED);
 			continue;
 		}
 		if (r->deadline_ns && now >= r->deadline_ns) {
@@ -467,6 +467,11 @@ static void admit(struct sched *s)
 				    "the deadline passed while the request was queued");
 			continue;
 		}
+		/* Tokenizing a long prompt takes a while: do it without the lock,
+		 * so polls and new requests are not held up. r is out of the queue
+		 * and only this thread admits, so nothing else touches its prompt;
+		 * a cancel meanwhile only sets r->cancel. */
+		pthread_mutex_unlock(&d->mu);
 		struct cm_err err = {0};
 		int rc = tokenize_request(s, r, &err);
 		if (rc == 0 && (r->n_prompt == 0))
@@ -480,6 +485,7 @@ static void admit(struct sched *s)
 			engine_model_get_info(d->model, &mi);
 			rc = engine_sampler_new(&r->sp, (int)mi.n_vocab, &r->smp, &err);
 		}
+		pthread_mutex_lock(&d->mu);
 		if (rc) {
 			fail_locked(s, r, ipc_errcode_from_errno(rc), err.msg);
 			continue;
@@ -586,7 +592,7 @@ static void housekeeping(struct sched *s)
 				    "the deadline passed while the request was queued");
 		} else if (r->cancel) {
 			queue_remove(s, r);
-			fail_locked(s, r, IPC_ERR_NOT_FOUND, "cancelled before it started");
+			finish_locked(s, r, IPC_FINISH_CANCELLED);
 		} else {
 			i++;
 		}
@@ -821,8 +827,17 @@ static void *sched_main(void *arg)
 		}
 		n_decode = n;
 		int budget = (int)d->cfg.batch_size - n;
-		int chunk = decoding_others ? CM_MIN((int)d->cfg.prefill_chunk, PREFILL_CHUNK_BUSY)
-					    : (int)d->cfg.prefill_chunk;
+		/* Prompt tokens per step: as many as keep a step within twice the
+		 * cost of a plain decode step, so that a request arriving during a
+		 * long prefill waits at most about one decode step for its turn, and
+		 * running streams slow down by at most 2x. The cost model is learnt
+		 * from the steps themselves; until it is, prefill_chunk applies. */
+		int chunk = (int)d->cfg.prefill_chunk;
+		if (s->cost_base > 0 && s->cost_tok > 0) {
+			double cap = s->cost_base / s->cost_tok;
+			chunk = (int)CM_MIN((double)chunk, CM_MAX(cap, (double)PREFILL_CHUNK_MIN));
+		}
+		(void)decoding_others;
 		int n_prefill = add_prefill(s, n, CM_MIN(budget, chunk));
 		n += n_prefill;
 		if (n == 0)
@@ -853,6 +868,16 @@ static void *sched_main(void *arg)
 				release_slot(s, r);
 		}
 		pthread_mutex_unlock(&d->mu);
+		if (rc == 0) {
+			if (n_prefill == 0)
+				s->cost_base = s->cost_base > 0 ? 0.8 * s->cost_base + 0.2 * dt : dt;
+			else if (s->cost_base > 0 && n_prefill >= 8) {
+				double per = (dt - s->cost_base) / n_prefill;
+				if (per > 0)
+					s->cost_tok = s->cost_tok > 0 ? 0.8 * s->cost_tok + 0.2 * per
+								      : per;
+			}
+		}
 		update_status(s, dt, n_decode, n_prefill);
 		watchdog_tick(s);
 	}
