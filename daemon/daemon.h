@@ -41,6 +41,7 @@ struct daemon {
 	engine_model *model;
 	engine_ctx *ctx;
 	struct engine_model_info minfo;
+	struct tuning_hugepage_buf hpbuf; /* the weights' copy when hugepages is on */
 	char model_name[256];
 	char quant_list[512];
 

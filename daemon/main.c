@@ -163,6 +163,33 @@ static void set_model_name(struct daemon *d)
 	daemon_log_set_model(d->model_name);
 }
 
+/* The kernel gives huge pages to anonymous memory, not to a file mapping:
+ * copy the weights into 2 MiB-aligned anonymous memory with MADV_HUGEPAGE,
+ * and say what it costs. A failure leaves the model on its mapping. */
+static void copy_to_hugepages(struct daemon *d)
+{
+	struct engine_region wr;
+	struct cm_err err = {0};
+	engine_model_region(d->model, &wr);
+	if (tuning_hugepage_alloc(&d->tpaths, wr.len, &d->hpbuf, &err) != 0 ||
+	    engine_model_relocate(d->model, d->hpbuf.addr, d->hpbuf.len, &err) != 0) {
+		log_warning("hugepages: %s; serving from the file mapping", err.msg);
+		tuning_hugepage_free(&d->hpbuf);
+		memset(&d->hpbuf, 0, sizeof(d->hpbuf));
+		return;
+	}
+	uint64_t rss = 0, huge = 0;
+	(void)tuning_memory_rss(&d->tpaths, d->hpbuf.addr, d->hpbuf.len, &rss, &huge, NULL);
+	log_info("hugepages: weights copied to anonymous memory (THP %s): %.1f MiB resident, "
+		 "%.1f MiB in huge pages",
+		 d->hpbuf.thp_enabled[0] ? d->hpbuf.thp_enabled : "unknown",
+		 (double)rss / (1 << 20), (double)huge / (1 << 20));
+	if (!d->hpbuf.thp_effective)
+		log_warning("hugepages: transparent huge pages are off (%s): the copy costs memory "
+			    "and brings nothing; set /sys/kernel/mm/transparent_hugepage/enabled to "
+			    "madvise", d->hpbuf.thp_enabled);
+}
+
 /* Lock and prefault weights and KV cache. Returns -1 only when mlock is
  * "on" (strict) and locking failed; "try" warns once and serves unlocked. */
 static int lock_memory(struct daemon *d)
@@ -541,6 +568,8 @@ int main(int argc, char **argv)
 			 d->cfg.parallel, (double)kv / (1 << 20), d->minfo.isa,
 			 d->minfo.n_threads);
 	}
+	if (d->cfg.tuning && d->cfg.hugepages)
+		copy_to_hugepages(d);
 	if (lock_memory(d) != 0) {
 		rc = EXIT_MEMORY;
 		goto out_stop;
@@ -649,6 +678,8 @@ out_stop:
 	}
 	engine_ctx_free(d->ctx);
 	engine_model_free(d->model);
+	if (d->hpbuf.addr)
+		tuning_hugepage_free(&d->hpbuf);
 	if (d->tuning_applied && tuning_restore(&d->tstate, &d->tpaths, &err) != 0)
 		log_warning("tuning restore: %s", err.msg);
 	if (sfd >= 0)

@@ -65,6 +65,12 @@ struct engine_region {
 void engine_model_region(const engine_model *m, struct engine_region *ret);
 /* Fills up to max regions, returns how many. */
 int engine_ctx_regions(const engine_ctx *c, struct engine_region *ret, int max);
+/* Copy the weights into `buf` (at least the file's size; e.g. 2 MiB-aligned
+ * anonymous memory, which the kernel backs with huge pages where a file
+ * mapping would not be) and compute from the copy from now on. The caller
+ * keeps `buf` alive until engine_model_free. Call from the owning thread,
+ * between steps (no decode running). */
+int engine_model_relocate(engine_model *m, void *buf, size_t len, struct cm_err *err);
 /* Bytes of KV cache per token and sequence (all layers, K and V). */
 uint64_t engine_model_kv_bytes_per_token(const engine_model *m);
 

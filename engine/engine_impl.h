@@ -64,6 +64,7 @@ struct engine_model {
 	void **owned; /* converted vectors to free */
 	int n_owned, cap_owned;
 	bool vocab_only;
+	void *relocated; /* engine_model_relocate's buffer (not owned), or NULL */
 	engine_tokenizer *tok;
 	const struct kern_ops *kern;
 	struct pool *pool;

@@ -20,6 +20,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define MAX_LAYERS 512
@@ -488,9 +489,59 @@ const engine_tokenizer *engine_model_tokenizer(const engine_model *m)
 
 void engine_model_region(const engine_model *m, struct engine_region *ret)
 {
-	ret->addr = (void *)m->file->base;
+	ret->addr = m->relocated ? m->relocated : (void *)m->file->base;
 	ret->len = m->file->size;
 	ret->what = "weights";
+}
+
+static void rebase(const void **p, const uint8_t *old, size_t size, uint8_t *buf)
+{
+	const uint8_t *q = *p;
+	if (q && q >= old && q < old + size)
+		*p = buf + (q - old);
+}
+
+int engine_model_relocate(engine_model *m, void *buf, size_t len, struct cm_err *err)
+{
+	const uint8_t *old = m->file->base;
+	size_t size = m->file->size;
+	if (m->vocab_only || m->relocated)
+		return cm_err_set(err, -EINVAL, "model: nothing to relocate");
+	if (len < size)
+		return cm_err_set(err, -EINVAL, "model: relocation buffer of %zu bytes < %zu", len,
+				  size);
+	memcpy(buf, old, size);
+	uint8_t *nb = buf;
+#define RB(x) rebase((const void **)&(x), old, size, nb)
+	RB(m->tok_embd.data);
+	RB(m->output.data);
+	RB(m->output_norm);
+	RB(m->rope_freqs);
+	for (uint32_t i = 0; i < m->hp.n_layer; i++) {
+		struct layer *l = &m->layers[i];
+		RB(l->attn_norm);
+		RB(l->ffn_norm);
+		RB(l->bq);
+		RB(l->bk);
+		RB(l->bv);
+		RB(l->bo);
+		RB(l->q_norm);
+		RB(l->k_norm);
+		RB(l->wq.data);
+		RB(l->wk.data);
+		RB(l->wv.data);
+		RB(l->wo.data);
+		RB(l->w_gate.data);
+		RB(l->w_up.data);
+		RB(l->w_down.data);
+	}
+#undef RB
+	m->relocated = buf;
+	/* The file mapping stays (metadata is still read from it), but its
+	 * pages need not stay resident: compute reads only the copy now. */
+	if (m->file->mapped)
+		(void)madvise((void *)old, size, MADV_DONTNEED);
+	return 0;
 }
 
 uint64_t engine_model_kv_bytes_per_token(const engine_model *m)

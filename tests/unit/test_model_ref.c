@@ -291,6 +291,40 @@ static void test_batch_invariant(void)
 	engine_model_free(m);
 }
 
+/* Weights copied elsewhere (the huge-page option) compute the same logits. */
+static void test_relocated(void)
+{
+	const char *model = "models/stories260K-f32.gguf";
+	if (!test_file_exists(test_data_path(model))) {
+		TEST_SKIP_DATA("%s not found under $EDGELM_TESTDATA", model);
+		return;
+	}
+	engine_model *a = load_model(model, 2, NULL), *b = load_model(model, 2, NULL);
+	CHECK(a && b);
+	if (!a || !b)
+		goto out;
+	struct engine_region r;
+	engine_model_region(b, &r);
+	void *buf = cm_aligned_alloc(r.len);
+	struct cm_err err = {0};
+	CHECK_OK(engine_model_relocate(b, buf, r.len, &err));
+	struct engine_region r2;
+	engine_model_region(b, &r2);
+	CHECK(r2.addr == buf);
+	CHECK(engine_model_relocate(b, buf, r.len, &err) == -EINVAL); /* only once */
+	float *x = greedy_trace(a, "One day, a big red ball", 12, false);
+	float *y = greedy_trace(b, "One day, a big red ball", 12, false);
+	CHECK(x && y && memcmp(x, y, sizeof(float) * 512 * 12) == 0);
+	free(x);
+	free(y);
+	engine_model_free(b);
+	b = NULL;
+	cm_free(buf);
+out:
+	engine_model_free(a);
+	engine_model_free(b);
+}
+
 static void test_bad_batches(void)
 {
 	const char *model = "models/stories260K-f32.gguf";
@@ -332,6 +366,7 @@ int main(void)
 	TEST_RUN(test_stories3m_f32);
 	TEST_RUN(test_threads_invariant);
 	TEST_RUN(test_batch_invariant);
+	TEST_RUN(test_relocated);
 	TEST_RUN(test_bad_batches);
 	return test_finish();
 }
