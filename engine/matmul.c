@@ -7,9 +7,9 @@
  * activation layout (kern_ops.t[type].act_type), and all the rows of all
  * the weights are split into chunks that the workers claim from one atomic
  * counter, in one pool_run, so one barrier covers the group (cpu-kernels.md
- * §1). One token (decode) uses vec_dot row by row; more tokens use the
- * variant's tile kernel (gemm) when it has one, which reads a weight panel
- * once for a tile of tokens.
+ * §1). One token (decode) uses the variant's gemv over a chunk of rows, or
+ * vec_dot row by row; more tokens use the variant's tile kernel (gemm) when
+ * it has one, which reads a weight panel once for a tile of tokens.
  *
  * Results do not depend on the thread count: every output element is
  * computed by one worker, by a kernel whose operation order depends only on
@@ -56,6 +56,14 @@ static void run_rows(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 	const struct act *a = j->act[i];
 	const uint8_t *wd = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
 
+	if (j->n_tok == 1 && ko->gemv) {
+		float tmp[DECODE_ROWS];
+		ko->gemv(w->n_in, (int)(r1 - r0), 1, wd, w->row_bytes, a->rows, a->stride, a->aux,
+			 a->aux_stride, tmp, 1);
+		for (int64_t r = r0; r < r1; r++)
+			store(m, 0, r, tmp[r - r0]);
+		return;
+	}
 	if (!j->tile[i]) {
 		for (int64_t r = r0; r < r1; r++, wd += w->row_bytes)
 			for (int t = 0; t < j->n_tok; t++) {
@@ -196,9 +204,11 @@ void engine_matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_t
 			/* aux only matters to tile kernels; all weights of a group
 			 * with one layout see the same batch, so ask for it once */
 			bool aux = false;
-			for (int i2 = i; i2 < n; i2++)
-				aux |= k->t[mm[i2].w->type].act_type == at && n_tok > 1 &&
-				       k->t[mm[i2].w->type].gemm != NULL;
+			for (int i2 = i; i2 < n; i2++) {
+				const struct kern_type_ops *o = &k->t[mm[i2].w->type];
+				aux |= o->act_type == at &&
+				       (n_tok > 1 ? o->gemm != NULL : o->gemv != NULL);
+			}
 			make_act(c, at, aux, x, x_stride, w->n_in, n_tok, &acts[a], &used);
 			n_acts++;
 		}

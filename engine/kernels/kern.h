@@ -43,6 +43,9 @@ struct kern_type_ops {
 	kern_vec_dot_fn vec_dot;  /* NULL: type not computable by this variant */
 	kern_dequant_fn dequant;
 	kern_gemm_fn gemm;        /* NULL: the caller loops vec_dot */
+	/* The same contract for one token (nt == 1): decode. It may use aux
+	 * to hoist per-block work out of the row loop. NULL: vec_dot. */
+	kern_gemm_fn gemv;
 };
 
 /* CPU features the dispatcher looks at (filled by tuning/ or by

@@ -194,6 +194,100 @@ static VNNI void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *vw, const vo
 	*s = _mm_cvtss_f32(x);
 }
 
+/* ---- VNNI: one token, many rows (decode) ----------------------------------
+ * Decode is bound by how fast one core can consume weights, so the per-block
+ * work is cut to the bone: the 16 nibble bytes are loaded once into both
+ * halves of a ymm and split by a per-lane shift; the signed codes feed
+ * vpdpbusd through the sign trick (|w| against sign(w) * a), so every lane
+ * holds an exact partial dot product and no offset needs taking off; the
+ * scales d_w * d_a of 8 blocks are made at once (a gather for d_w, the
+ * activation's d from kern_act_aux), leaving one cvt and one FMA per block.
+ * Float lanes accumulate per row; one horizontal sum per row. */
+
+static inline __m256 scales8(const void *w0, __m256i idx, const float *aux)
+{
+	__m256i d32 = _mm256_i32gather_epi32((const int *)w0, idx, 1);
+	__m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(d32));
+	const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+	__m256 da = _mm256_permutex2var_ps(_mm256_loadu_ps(aux), even, _mm256_loadu_ps(aux + 8));
+	return _mm256_mul_ps(dw, da);
+}
+
+static inline float hsum8(__m256 v)
+{
+	__m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+	x = _mm_add_ss(x, _mm_movehdup_ps(x));
+	return _mm_cvtss_f32(x);
+}
+
+/* Q4_0 block as signed codes (-8..7) in element order. */
+static inline __m256i q4_0_signed(const uint8_t *qs)
+{
+	const __m256i shift = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+	__m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+	__m256i u = _mm256_and_si256(_mm256_srlv_epi16(x, shift), _mm256_set1_epi8(0x0f));
+	return _mm256_sub_epi8(u, _mm256_set1_epi8(8));
+}
+
+static inline VNNI __m256i sdot32(__m256i w, const int8_t *a)
+{
+	__m256i av = _mm256_loadu_si256((const __m256i *)a);
+	return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w),
+				   _mm256_sign_epi8(av, w));
+}
+
+#define GEMV_BODY(WT, CODES)                                                                \
+	const struct block_q8_0 *a = va;                                                    \
+	int64_t nb = n / 32;                                                                \
+	const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),   \
+					       _mm256_set1_epi32((int)sizeof(WT)));        \
+	(void)nt;                                                                           \
+	(void)a_stride;                                                                     \
+	(void)aux_stride;                                                                   \
+	(void)s_stride;                                                                     \
+	for (int r = 0; r < nr; r++) {                                                      \
+		const WT *w = (const WT *)((const uint8_t *)vw + (size_t)r * w_stride);     \
+		__m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;                             \
+		int64_t b = 0;                                                              \
+		for (; b + 8 <= nb; b += 8) {                                               \
+			__m256 dd = scales8(w + b, idx, aux + 2 * b);                       \
+			for (int k = 0; k < 8; k += 2) {                                    \
+				__m256i p0 = sdot32(CODES(w + b + k), a[b + k].qs);         \
+				__m256i p1 = sdot32(CODES(w + b + k + 1), a[b + k + 1].qs); \
+				acc0 = _mm256_fmadd_ps(                                     \
+					_mm256_cvtepi32_ps(p0),                             \
+					_mm256_permutexvar_ps(_mm256_set1_epi32(k), dd), acc0); \
+				acc1 = _mm256_fmadd_ps(                                     \
+					_mm256_cvtepi32_ps(p1),                             \
+					_mm256_permutexvar_ps(_mm256_set1_epi32(k + 1), dd), acc1); \
+			}                                                                   \
+		}                                                                           \
+		for (; b < nb; b++) {                                                       \
+			__m256i p = sdot32(CODES(w + b), a[b].qs);                          \
+			acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),                       \
+					       _mm256_set1_ps(half(w[b].d) * aux[2 * b]), acc0); \
+		}                                                                           \
+		s[r] = hsum8(_mm256_add_ps(acc0, acc1));                                    \
+	}
+
+#define Q4_0_CODES(blk) q4_0_signed((blk)->qs)
+#define Q8_0_CODES(blk) _mm256_loadu_si256((const __m256i *)(blk)->qs)
+
+static VNNI void gemv_q4_0(int64_t n, int nr, int nt, const void *vw, size_t w_stride,
+			   const void *va, size_t a_stride, const float *aux, size_t aux_stride,
+			   float *s, size_t s_stride)
+{
+	GEMV_BODY(struct block_q4_0, Q4_0_CODES)
+}
+
+static VNNI void gemv_q8_0(int64_t n, int nr, int nt, const void *vw, size_t w_stride,
+			   const void *va, size_t a_stride, const float *aux, size_t aux_stride,
+			   float *s, size_t s_stride)
+{
+	GEMV_BODY(struct block_q8_0, Q8_0_CODES)
+}
+
 /* ---- VNNI: many tokens --------------------------------------------------- */
 
 #define PANEL_ROWS 16
@@ -395,8 +489,10 @@ const struct kern_ops kern_avx512vnni_ops = {
 	.name = "avx512vnni",
 	.t = {
 		[ENGINE_DTYPE_Q8_0] = { .act_type = ENGINE_DTYPE_Q8_0,
-					.vec_dot = vec_dot_q8_0_q8_0, .gemm = gemm_q8_0 },
+					.vec_dot = vec_dot_q8_0_q8_0, .gemm = gemm_q8_0,
+					.gemv = gemv_q8_0 },
 		[ENGINE_DTYPE_Q4_0] = { .act_type = ENGINE_DTYPE_Q8_0,
-					.vec_dot = vec_dot_q4_0_q8_0, .gemm = gemm_q4_0 },
+					.vec_dot = vec_dot_q4_0_q8_0, .gemm = gemm_q4_0,
+					.gemv = gemv_q4_0 },
 	},
 };

@@ -117,10 +117,15 @@ static void merge_one(struct kern_ops *m, const struct kern_ops *under, const st
 			 * same activation layout */
 			if (vt->gemm || vt->act_type != g->t[t].act_type)
 				m->t[t].gemm = vt->gemm;
+			if (vt->gemv || vt->act_type != g->t[t].act_type)
+				m->t[t].gemv = vt->gemv;
 			m->t[t].act_type = vt->act_type;
 			m->t[t].vec_dot = vt->vec_dot;
-		} else if (vt->gemm && vt->act_type == g->t[t].act_type) {
-			m->t[t].gemm = vt->gemm;
+		} else if (vt->act_type == g->t[t].act_type) {
+			if (vt->gemm)
+				m->t[t].gemm = vt->gemm;
+			if (vt->gemv)
+				m->t[t].gemv = vt->gemv;
 		}
 		if (vt->dequant)
 			m->t[t].dequant = vt->dequant;
