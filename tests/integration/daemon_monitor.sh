@@ -1,0 +1,73 @@
+#!/bin/sh
+# The monitor inside the real daemon (issue 7, "Must show" 1 and 3):
+# - a scrape of /metrics taken while the daemon generates passes
+#   `promtool check metrics` (when promtool is available: CI unpacks it from
+#   Debian's prometheus package; skipped with the reason otherwise);
+# - a CPU hog started beside the generating daemon raises cpu_contention
+#   within 5 s, and the flag clears after the hog stops (skipped when the box
+#   is already contended before the hog, as a shared dev box often is).
+set -u
+BUILD=${BUILD:-build}
+T=${TEST_TMPDIR:-$(mktemp -d)}/daemon_monitor
+rm -rf "$T"; mkdir -p "$T"
+pass=0; fail=0; skip=0
+ok() { pass=$((pass + 1)); }
+ko() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+sk() { skip=$((skip + 1)); echo "SKIP $*" >&2; }
+
+"$BUILD/bin/edgelm-gguf" mkmodel --shape small -o "$T/small.gguf" 2>/dev/null || ko mkmodel
+port=$((20000 + $$ % 20000))
+CTL="$BUILD/bin/edgelmctl --socket ipc://$T/d.sock"
+"$BUILD/bin/edgelmd" --config /dev/null --model "$T/small.gguf" --listen "ipc://$T/d.sock" \
+	--metrics-listen "127.0.0.1:$port" --set socket_group= --set tuning=false \
+	--set monitor_interval_ms=250 --set parallel=4 --threads 1 \
+	>"$T/daemon.log" 2>&1 &
+dpid=$!
+i=0; while ! $CTL health >/dev/null 2>&1 && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+
+# keep the daemon generating
+load() {
+	while [ ! -e "$T/stop-load" ]; do
+		$CTL --timeout 0 generate --no-stream -n 400 "Once upon" >/dev/null 2>&1
+	done
+}
+load & l1=$!
+load & l2=$!
+sleep 1.5
+
+if curl -sf "http://127.0.0.1:$port/metrics" >"$T/scrape.txt" && grep -q "^edgelm_requests_total" "$T/scrape.txt"; then ok; else ko "no scrape from 127.0.0.1:$port"; fi
+PROMTOOL=${PROMTOOL:-$(command -v promtool || true)}
+if [ -n "$PROMTOOL" ] && [ -x "$PROMTOOL" ]; then
+	if "$PROMTOOL" check metrics <"$T/scrape.txt" >"$T/promtool.txt" 2>&1; then ok; else ko "promtool: $(head -5 "$T/promtool.txt")"; fi
+else
+	sk "promtool: not installed (Debian's prometheus package; CI unpacks it)"
+fi
+
+flag_on() { $CTL --json metrics 2>/dev/null | grep -q "\"$1\":{\"on\":true"; }
+if flag_on cpu_contention; then
+	sk "cpu_contention already on before the hog (the box is busy)"
+else
+	hog() { while :; do :; done; }
+	hog & h1=$!; hog & h2=$!
+	t=0; raised=no
+	while [ $t -lt 50 ]; do
+		if flag_on cpu_contention; then raised=yes; break; fi
+		sleep 0.1; t=$((t + 1))
+	done
+	kill $h1 $h2 2>/dev/null; wait $h1 $h2 2>/dev/null
+	if [ $raised = yes ]; then ok; else ko "cpu_contention not raised within 5 s of the hog"; fi
+	t=0; cleared=no
+	while [ $t -lt 100 ]; do
+		if ! flag_on cpu_contention; then cleared=yes; break; fi
+		sleep 0.1; t=$((t + 1))
+	done
+	if [ $cleared = yes ]; then ok; else ko "cpu_contention still on 10 s after the hog stopped"; fi
+fi
+grep -q "bottleneck cpu_contention on" "$T/daemon.log" || [ $skip -gt 0 ] || ko "flag change not logged"
+
+touch "$T/stop-load"
+kill -TERM $dpid; wait $dpid; rc=$?
+wait $l1 $l2 2>/dev/null
+if [ $rc -eq 0 ]; then ok; else ko "daemon exit $rc"; fi
+echo "$pass passed, $fail failed, $skip skipped"
+[ $fail -eq 0 ]
