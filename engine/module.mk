@@ -1,6 +1,7 @@
-# The engine: libc, libm and pthreads only. Kernel variants get their ISA
-# flags per file (never globally) and no LTO, so that vector code cannot leak
-# into the baseline path (docs: ../shared/docs/style.md, "ISA dispatch").
+# The engine: libc, libm, pthreads and PCRE2 (the BPE pre-tokenizer's
+# regexes). Kernel variants get their ISA flags per file (never globally)
+# and no LTO, so that vector code cannot leak into the baseline path
+# (docs: ../shared/docs/style.md, "ISA dispatch").
 #
 # ARCH (default: the compiler's) picks the variant files: kern_avx*.c on
 # x86_64, kern_neon.c on aarch64; other architectures build the generic
@@ -14,7 +15,7 @@ ENGINE_SRCS := $(wildcard engine/*.c) \
 	       $(ENGINE_ISA_SRCS)
 ENGINE_LIB  := $(BUILD)/engine/libengine.a
 $(ENGINE_LIB): $(ENGINE_SRCS:%.c=$(BUILD)/%.o)
-ENGINE_LDLIBS := -lm -pthread
+ENGINE_LDLIBS := -lpcre2-8 -lm -pthread
 
 KERN_NOLTO := -fno-lto
 $(BUILD)/engine/kernels/kern_avx2.o: ISA_FLAGS = -mavx2 -mfma -mf16c $(KERN_NOLTO)

@@ -19,8 +19,7 @@
  * candidate token, only positions where its first two bytes occur, so a text
  * made of 100k special-looking tags costs O(tags * candidates sharing a
  * prefix), not a scan of every fragment by every candidate. */
-#include "engine/engine.h"
-#include "engine/gguf.h"
+#include "engine/tokenizer_impl.h"
 
 #include <limits.h>
 #include <math.h>
@@ -31,40 +30,6 @@
 /* Longest text engine_tokenize() accepts, so that the id count (at most
  * three per byte plus BOS/EOS) always fits an int. */
 #define TOK_MAX_TEXT ((size_t)1 << 28)
-
-enum tok_model {
-	TOK_MODEL_SPM,
-};
-
-/* Per-token flags that are not public attributes. */
-enum {
-	TOK_F_LSTRIP = 1 << 0, /* strip whitespace before this special token */
-	TOK_F_RSTRIP = 1 << 1, /* ... and after it */
-	TOK_F_EOG = 1 << 2,    /* ends generation */
-};
-
-struct tok_slot {
-	uint32_t hash;
-	int32_t id; /* -1: empty */
-};
-
-struct engine_tokenizer {
-	enum tok_model model;
-	int32_t n_vocab;
-	char *arena;   /* every text, each NUL-terminated */
-	uint32_t *off; /* text of id i: arena + off[i], len[i] bytes */
-	uint32_t *len;
-	float *score;
-	uint32_t *attr; /* enum engine_token_attr bits */
-	uint8_t *flags; /* TOK_F_* */
-	struct tok_slot *slots;
-	size_t slot_mask;
-	int32_t bos, eos, unk, eot, eom; /* -1 when absent */
-	bool add_bos, add_eos, add_space_prefix;
-	int32_t *special; /* CONTROL, USER_DEFINED and UNKNOWN ids, longest text first */
-	int32_t n_special;
-	int32_t byte_tok[256]; /* SPM byte fallback, -1 if none */
-};
 
 /* ---- helpers ---------------------------------------------------------------- */
 
@@ -94,11 +59,6 @@ static const char *esc_text(char buf[64], const char *s, size_t n)
 	return buf;
 }
 
-static inline const char *tok_text(const engine_tokenizer *t, int32_t id)
-{
-	return t->arena + t->off[id];
-}
-
 static uint32_t hash_text(const char *s, size_t n)
 {
 	uint64_t h = 0xcbf29ce484222325ull;
@@ -112,7 +72,7 @@ static uint32_t hash_text(const char *s, size_t n)
 	return (uint32_t)h;
 }
 
-static int32_t lookup(const engine_tokenizer *t, const char *s, size_t n)
+int32_t tok_lookup(const engine_tokenizer *t, const char *s, size_t n)
 {
 	uint32_t h = hash_text(s, n);
 	for (size_t i = h & t->slot_mask;; i = (i + 1) & t->slot_mask) {
@@ -125,7 +85,7 @@ static int32_t lookup(const engine_tokenizer *t, const char *s, size_t n)
 }
 
 /* Grow an array to hold `need` elements; NULL (and p untouched) on failure. */
-static void *grow(void *p, size_t *cap, size_t need, size_t elem)
+void *tok_grow(void *p, size_t *cap, size_t need, size_t elem)
 {
 	if (need <= *cap)
 		return p;
@@ -379,14 +339,14 @@ static int load_specials(engine_tokenizer *t, const struct gguf_file *f, struct 
 	    "<\357\275\234end\342\226\201of\342\226\201sentence\357\275\234>", /* DeepSeek */
 	};
 	for (size_t i = 0; t->eot < 0 && i < CM_ARRAY_LEN(eot_texts); i++) {
-		int32_t id = lookup(t, eot_texts[i], strlen(eot_texts[i]));
+		int32_t id = tok_lookup(t, eot_texts[i], strlen(eot_texts[i]));
 		if (id >= 0) {
 			t->eot = id;
 			t->attr[id] = ENGINE_TOKEN_CONTROL;
 		}
 	}
 	if (t->eom < 0) {
-		int32_t id = lookup(t, "<|eom_id|>", 10);
+		int32_t id = tok_lookup(t, "<|eom_id|>", 10);
 		if (id >= 0) {
 			t->eom = id;
 			t->attr[id] = ENGINE_TOKEN_CONTROL;
@@ -399,7 +359,7 @@ static int load_specials(engine_tokenizer *t, const struct gguf_file *f, struct 
 	    "<|endoftext|>", "<|eom_id|>", "<EOT>",
 	};
 	for (size_t i = 0; i < CM_ARRAY_LEN(eog_texts); i++) {
-		int32_t id = lookup(t, eog_texts[i], strlen(eog_texts[i]));
+		int32_t id = tok_lookup(t, eog_texts[i], strlen(eog_texts[i]));
 		if (id >= 0) {
 			t->flags[id] |= TOK_F_EOG;
 			t->attr[id] = ENGINE_TOKEN_CONTROL;
@@ -462,12 +422,12 @@ static int build_special_cache(engine_tokenizer *t, const struct gguf_file *f, s
 	    (contains_ci(name.ptr, name.len, "phi-3") || contains_ci(name.ptr, name.len, "phi3"))) {
 		for (int32_t i = 0; i < n; i++)
 			t->flags[t->special[i]] |= TOK_F_RSTRIP;
-		int32_t id = lookup(t, "</s>", 4);
+		int32_t id = tok_lookup(t, "</s>", 4);
 		if (id >= 0)
 			t->flags[id] |= TOK_F_RSTRIP;
 		static const char *const keep[] = {"<unk>", "<s>", "<|endoftext|>"};
 		for (size_t i = 0; i < CM_ARRAY_LEN(keep); i++) {
-			id = lookup(t, keep[i], strlen(keep[i]));
+			id = tok_lookup(t, keep[i], strlen(keep[i]));
 			if (id >= 0)
 				t->flags[id] &= (uint8_t)~TOK_F_RSTRIP;
 		}
@@ -494,9 +454,9 @@ static void spm_build_bytes(engine_tokenizer *t)
 	for (int b = 0; b < 256; b++) {
 		char s[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
 		char c = (char)b;
-		int32_t id = lookup(t, s, 6);
+		int32_t id = tok_lookup(t, s, 6);
 		if (id < 0)
-			id = lookup(t, &c, 1);
+			id = tok_lookup(t, &c, 1);
 		if (id < 0)
 			id = t->unk;
 		t->byte_tok[b] = id;
@@ -517,6 +477,7 @@ void engine_tokenizer_free(engine_tokenizer *t)
 	cm_free(t->flags);
 	cm_free(t->slots);
 	cm_free(t->special);
+	bpe_free(t->bpe);
 	cm_free(t);
 }
 
@@ -529,29 +490,40 @@ int engine_tokenizer_new(const struct gguf_file *f, engine_tokenizer **ret_tok, 
 		return cm_err_set(err, -EPROTO, "tokenizer: missing tokenizer.ggml.model");
 	if (r)
 		return cm_err_prefix(err, "tokenizer");
-	if (!gguf_str_eq(model, "llama")) {
+	enum tok_model kind;
+	if (gguf_str_eq(model, "llama")) {
+		kind = TOK_MODEL_SPM;
+	} else if (gguf_str_eq(model, "gpt2")) {
+		kind = TOK_MODEL_BPE;
+	} else {
 		char b[64];
 		return cm_err_set(err, -ENOTSUP,
-		                  "tokenizer model '%s' is not supported yet (supported: llama)",
+		                  "tokenizer model '%s' is not supported (supported: llama, gpt2)",
 		                  esc_text(b, model.ptr, model.len));
 	}
 
 	engine_tokenizer *t = cm_calloc(1, sizeof(*t));
 	if (!t)
 		return cm_err_set(err, -ENOMEM, "tokenizer: out of memory");
-	t->model = TOK_MODEL_SPM;
+	t->model = kind;
 	t->eot = t->eom = -1;
-	spm_defaults(t);
+	if (kind == TOK_MODEL_SPM)
+		spm_defaults(t);
+	else
+		bpe_defaults(t, f);
 	r = load_vocab(t, f, err);
 	if (!r)
 		r = load_specials(t, f, err);
 	if (!r)
 		r = build_special_cache(t, f, err);
+	if (!r && kind == TOK_MODEL_BPE)
+		r = bpe_build(t, f, err);
 	if (r) {
 		engine_tokenizer_free(t);
 		return r;
 	}
-	spm_build_bytes(t);
+	if (kind == TOK_MODEL_SPM)
+		spm_build_bytes(t);
 	*ret_tok = t;
 	return 0;
 }
@@ -618,7 +590,7 @@ int32_t engine_tokenizer_find(const engine_tokenizer *t, const char *text, size_
 {
 	if (!text && len)
 		return -1;
-	return lookup(t, text ? text : "", len);
+	return tok_lookup(t, text ? text : "", len);
 }
 
 /* ---- tokenize: shared state ----------------------------------------------------- */
@@ -634,33 +606,12 @@ struct spm_pair {
 	int32_t size; /* combined byte length when pushed (stale check) */
 };
 
-struct tok_run {
-	const engine_tokenizer *t;
-	int32_t *out;
-	int64_t max, n;    /* ids are counted past max, stored up to it */
-	bool prev_special; /* the previous fragment was a token, or there was none */
-	struct cm_err *err;
-	/* SPM scratch, grown as needed and reused across fragments */
-	char *esc;
-	size_t esc_cap;
-	struct spm_sym *sym;
-	size_t sym_cap;
-	struct spm_pair *heap;
-	size_t heap_cap, heap_n;
-};
-
-static inline void emit(struct tok_run *r, int32_t id)
-{
-	if (r->n < r->max)
-		r->out[r->n] = id;
-	r->n++;
-}
-
 static void run_fini(struct tok_run *r)
 {
 	cm_free(r->esc);
 	cm_free(r->sym);
 	cm_free(r->heap);
+	bpe_scratch_free(r->bs);
 }
 
 /* ---- SPM model: tokenize ---------------------------------------------------------- */
@@ -681,7 +632,7 @@ static inline bool spm_pair_better(const struct spm_pair *a, const struct spm_pa
 static int spm_push(struct tok_run *r, struct spm_pair p)
 {
 	if (r->heap_n == r->heap_cap) {
-		void *q = grow(r->heap, &r->heap_cap, r->heap_n + 1, sizeof(*r->heap));
+		void *q = tok_grow(r->heap, &r->heap_cap, r->heap_n + 1, sizeof(*r->heap));
 		if (!q)
 			return cm_err_set(r->err, -ENOMEM, "tokenizer: out of memory");
 		r->heap = q;
@@ -734,7 +685,7 @@ static int spm_try_pair(struct tok_run *r, int32_t l, int32_t rr)
 		return 0;
 	const struct spm_sym *a = &r->sym[l], *b = &r->sym[rr];
 	int32_t size = a->n + b->n;
-	int32_t id = lookup(r->t, r->esc + a->off, (size_t)size);
+	int32_t id = tok_lookup(r->t, r->esc + a->off, (size_t)size);
 	if (id < 0)
 		return 0;
 	return spm_push(r, (struct spm_pair){r->t->score[id], l, size});
@@ -749,11 +700,11 @@ static int spm_tokenize_raw(struct tok_run *r, const char *s, size_t n, bool pre
 	for (size_t i = 0; i < n; i++)
 		spaces += s[i] == ' ';
 	size_t elen = n + 2 * spaces + (prefix ? 3 : 0);
-	void *q = grow(r->esc, &r->esc_cap, elen, 1);
+	void *q = tok_grow(r->esc, &r->esc_cap, elen, 1);
 	if (!q)
 		return cm_err_set(r->err, -ENOMEM, "tokenizer: out of memory");
 	r->esc = q;
-	q = grow(r->sym, &r->sym_cap, elen, sizeof(*r->sym));
+	q = tok_grow(r->sym, &r->sym_cap, elen, sizeof(*r->sym));
 	if (!q)
 		return cm_err_set(r->err, -ENOMEM, "tokenizer: out of memory");
 	r->sym = q;
@@ -812,7 +763,7 @@ static int spm_tokenize_raw(struct tok_run *r, const char *s, size_t n, bool pre
 	}
 
 	for (int32_t i = 0; i >= 0; i = sym[i].next) {
-		int32_t id = lookup(t, e + sym[i].off, (size_t)sym[i].n);
+		int32_t id = tok_lookup(t, e + sym[i].off, (size_t)sym[i].n);
 		if (id >= 0) {
 			emit(r, id);
 			continue;
@@ -845,6 +796,8 @@ static int run_fragment(struct tok_run *r, const char *s, size_t n, int32_t id)
 	switch (r->t->model) {
 	case TOK_MODEL_SPM:
 		return spm_tokenize_raw(r, s, n, r->t->add_space_prefix && first_or_after_token);
+	case TOK_MODEL_BPE:
+		return bpe_tokenize_raw(r, s, n);
 	}
 	return -EINVAL;
 }
@@ -1031,14 +984,6 @@ int engine_tokenize(const engine_tokenizer *t, const char *text, size_t len, boo
 
 /* ---- detokenize --------------------------------------------------------------------- */
 
-/* The bytes of one token's piece, produced one at a time. */
-struct piece {
-	const uint8_t *s;
-	size_t n, i;
-	enum { PIECE_EMPTY, PIECE_VERBATIM, PIECE_UNESCAPE, PIECE_BYTE } mode;
-	uint8_t byte;
-};
-
 static int hex_digit(char c)
 {
 	if (c >= '0' && c <= '9')
@@ -1083,6 +1028,9 @@ static void piece_init(const engine_tokenizer *t, int32_t id, bool special, stru
 	switch (t->model) {
 	case TOK_MODEL_SPM:
 		spm_piece(t, id, special, pc);
+		break;
+	case TOK_MODEL_BPE:
+		bpe_piece(t, id, special, pc);
 		break;
 	}
 }
@@ -1315,6 +1263,8 @@ int engine_detokenize(const engine_tokenizer *t, const int32_t *ids, int n, bool
 		return cm_err_set(err, k, "tokenizer: detokenize failed at the end");
 	}
 	used += (size_t)k;
+	if (t->clean_spaces)
+		used = bpe_clean_spaces(buf, used);
 	buf[used] = '\0';
 	*ret_text = buf;
 	return 0;
