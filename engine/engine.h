@@ -178,7 +178,29 @@ int engine_detokenize(const engine_tokenizer *t, const int32_t *ids, int n, bool
 
 /* ---- chat templates ------------------------------------------------------ */
 
-enum engine_chat_format { ENGINE_CHAT_CHATML };
+/* The known prompt formats (../shared/docs/gguf-formats.md §6); the names
+ * (engine_chat_format_name) are llama.cpp's where it has one. */
+enum engine_chat_format {
+	ENGINE_CHAT_CHATML,            /* "chatml": Qwen 2/2.5, SmolLM, Hermes */
+	ENGINE_CHAT_QWEN3,             /* "qwen3": chatml, thinking off */
+	ENGINE_CHAT_LLAMA2,            /* "llama2": [INST], no <<SYS>> */
+	ENGINE_CHAT_LLAMA2_SYS,        /* "llama2-sys" */
+	ENGINE_CHAT_LLAMA2_SYS_BOS,    /* "llama2-sys-bos" */
+	ENGINE_CHAT_LLAMA2_SYS_STRIP,  /* "llama2-sys-strip" */
+	ENGINE_CHAT_MISTRAL_V1,        /* "mistral-v1" */
+	ENGINE_CHAT_MISTRAL_V3,        /* "mistral-v3" */
+	ENGINE_CHAT_MISTRAL_V3_TEKKEN, /* "mistral-v3-tekken" */
+	ENGINE_CHAT_MISTRAL_V7,        /* "mistral-v7" */
+	ENGINE_CHAT_LLAMA3,            /* "llama3": Llama 3, 3.1, 3.2 */
+	ENGINE_CHAT_PHI3,              /* "phi3" */
+	ENGINE_CHAT_PHI4,              /* "phi4" */
+	ENGINE_CHAT_ZEPHYR,            /* "zephyr": <|endoftext|> ends a message */
+	ENGINE_CHAT_ZEPHYR_EOS,        /* "zephyr-eos": TinyLlama, Zephyr-beta: </s> */
+	ENGINE_CHAT_FALCON3,           /* "falcon3" */
+	ENGINE_CHAT_GEMMA,             /* "gemma": Gemma 1/2/3 */
+	ENGINE_CHAT_DEEPSEEK3,         /* "deepseek3": DeepSeek V3, R1 distills */
+	ENGINE_CHAT_N_FORMATS
+};
 enum engine_chat_role { ENGINE_CHAT_SYSTEM, ENGINE_CHAT_USER, ENGINE_CHAT_ASSISTANT };
 
 struct engine_chat_msg {
@@ -192,7 +214,15 @@ struct engine_chat_msg {
  * override option for an unknown template. */
 int engine_chat_detect(const engine_model *m, const char *override, enum engine_chat_format *ret,
 		       struct cm_err *err);
+/* The same for a template text (NULL or empty: chatml); a text equal to a
+ * format name selects that format. */
+int engine_chat_detect_template(const char *tmpl, size_t len, enum engine_chat_format *ret,
+				struct cm_err *err);
 const char *engine_chat_format_name(enum engine_chat_format f);
+/* A format by name (as engine_chat_format_name gives it); -ENOENT if none. */
+int engine_chat_format_from_name(const char *name, enum engine_chat_format *ret);
+/* Every format name, comma-separated, for usage texts and messages. */
+const char *engine_chat_format_list(void);
 /* Render messages into prompt text (cm_malloc'ed, NUL-terminated). BOS is
  * not written: tokenize the result with add_special and parse_special. */
 int engine_chat_render(enum engine_chat_format f, const struct engine_chat_msg *msgs, size_t n,
