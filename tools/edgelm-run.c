@@ -7,10 +7,22 @@
  *   {"id":383,"text":" there","top":[[383,18.6112],[322,15.7008],...]}
  * --tokenize prints the prompt's ids as a JSON array and exits (works on
  * vocab-only GGUFs). Timings go to stderr unless --quiet.
+ *
+ *   edgelm-run -m MODEL --chat FILE|- [--chat-template NAME] [--stop STR]...
+ *
+ * --chat reads a JSON array of {"role": "system"|"user"|"assistant",
+ * "content": "..."} messages, renders them with the model's chat format
+ * (or the one --chat-template names) plus the generation prompt, and
+ * tokenizes the result with special tokens. Generation ends at the model's
+ * end-of-turn tokens and at any --stop string; a stop string may span
+ * several tokens and its text is never printed (text mode: output that
+ * could still be the start of a stop string is held back until it is
+ * not). In --json mode, the lines show every token as generated. 
  * Exit codes: 0 ok, 1 usage, 2 bad model or input, 3 runtime failure. */
 #include "engine/engine.h"
 
 #include <getopt.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +58,11 @@ static void usage(FILE *o)
 		"      --top-logits K     top logits per token in --json mode (default 8)\n"
 		"      --tokenize         print the prompt's token ids as JSON and exit\n"
 		"      --special          render control tokens in the output text\n"
+		"      --chat FILE|-      JSON array of {role, content} messages (instead of -p)\n"
+		"      --chat-template NAME  override the model's chat format (--chat-template\n"
+		"                         list prints the names)\n"
+		"      --stop STR         stop when the output contains STR (repeatable; STR is\n"
+		"                         not printed)\n"
 		"  -q, --quiet            no timings on stderr\n"
 		"  -h, --help\n");
 }
@@ -65,6 +82,9 @@ enum {
 	OPT_TOPL,
 	OPT_TOKENIZE,
 	OPT_SPECIAL,
+	OPT_CHAT,
+	OPT_CHAT_TEMPLATE,
+	OPT_STOP,
 };
 
 static const struct option long_opts[] = {
@@ -88,6 +108,9 @@ static const struct option long_opts[] = {
 	{"top-logits", required_argument, NULL, OPT_TOPL},
 	{"tokenize", no_argument, NULL, OPT_TOKENIZE},
 	{"special", no_argument, NULL, OPT_SPECIAL},
+	{"chat", required_argument, NULL, OPT_CHAT},
+	{"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
+	{"stop", required_argument, NULL, OPT_STOP},
 	{"quiet", no_argument, NULL, 'q'},
 	{"help", no_argument, NULL, 'h'},
 	{NULL, 0, NULL, 0},
@@ -181,9 +204,144 @@ static int top_logits(const float *l, int n, int k, int32_t *ids)
 	return m;
 }
 
+/* --chat: the messages of a JSON array, rendered in format f. Returns
+ * the prompt (malloc'ed by the engine) or NULL after printing why. */
+static char *chat_prompt(const char *path, const engine_model *m, const char *tmpl_name,
+			 size_t *ret_len)
+{
+	json_error_t je;
+	json_t *root = strcmp(path, "-") == 0 ? json_loadf(stdin, 0, &je)
+					      : json_load_file(path, 0, &je);
+	if (!root) {
+		fprintf(stderr, "edgelm-run: --chat %s: line %d: %s\n", path, je.line, je.text);
+		return NULL;
+	}
+	char *text = NULL;
+	size_t n = json_is_array(root) ? json_array_size(root) : 0;
+	struct engine_chat_msg *msgs = calloc(n ? n : 1, sizeof(*msgs));
+	if (!json_is_array(root) || !msgs) {
+		fprintf(stderr, "edgelm-run: --chat %s: expected a JSON array of messages\n", path);
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		json_t *o = json_array_get(root, i);
+		const char *role = json_string_value(json_object_get(o, "role"));
+		json_t *c = json_object_get(o, "content");
+		if (!role || !json_is_string(c)) {
+			fprintf(stderr,
+				"edgelm-run: --chat %s: message %zu needs string role and content\n",
+				path, i);
+			goto out;
+		}
+		if (strcmp(role, "system") == 0)
+			msgs[i].role = ENGINE_CHAT_SYSTEM;
+		else if (strcmp(role, "user") == 0)
+			msgs[i].role = ENGINE_CHAT_USER;
+		else if (strcmp(role, "assistant") == 0)
+			msgs[i].role = ENGINE_CHAT_ASSISTANT;
+		else {
+			fprintf(stderr, "edgelm-run: --chat %s: message %zu: unknown role '%s' "
+					"(system, user, assistant)\n",
+				path, i, role);
+			goto out;
+		}
+		msgs[i].content = json_string_value(c);
+		msgs[i].len = json_string_length(c);
+	}
+	struct cm_err err = {0};
+	enum engine_chat_format f;
+	if (engine_chat_detect(m, tmpl_name, &f, &err) != 0 ||
+	    engine_chat_render(f, msgs, n, true, &text, ret_len, &err) != 0) {
+		fprintf(stderr, "edgelm-run: %s\n", err.msg);
+		text = NULL;
+	}
+out:
+	free(msgs);
+	json_decref(root);
+	return text;
+}
+
+#define MAX_STOP 32
+
+/* Text output with stop strings: `hold` keeps generated text that could
+ * still begin a stop string. */
+struct out_text {
+	char *hold;
+	size_t n, cap;
+	const char *stop[MAX_STOP];
+	size_t stop_len[MAX_STOP];
+	int n_stop;
+	bool silent;  /* --json: only watch for stop strings */
+	bool stopped; /* a stop string was seen: print nothing more */
+};
+
+static void out_write(const struct out_text *o, const char *s, size_t n)
+{
+	if (!o->silent && n)
+		fwrite(s, 1, n, stdout);
+}
+
+/* Append text; print what can no longer be part of a stop string. Returns
+ * true when a stop string was completed (the text before it is printed,
+ * the rest dropped). */
+static bool out_push(struct out_text *o, const char *s, size_t n)
+{
+	if (o->stopped)
+		return true;
+	if (o->n_stop == 0) {
+		out_write(o, s, n);
+		return false;
+	}
+	if (o->n + n > o->cap) {
+		size_t cap = o->cap ? o->cap : 256;
+		while (cap < o->n + n)
+			cap *= 2;
+		char *h = realloc(o->hold, cap);
+		if (!h) {
+			out_write(o, o->hold, o->n);
+			out_write(o, s, n);
+			o->n = 0;
+			return false;
+		}
+		o->hold = h;
+		o->cap = cap;
+	}
+	memcpy(o->hold + o->n, s, n);
+	o->n += n;
+	size_t first = o->n; /* earliest stop match */
+	for (int k = 0; k < o->n_stop; k++) {
+		const char *p = memmem(o->hold, o->n, o->stop[k], o->stop_len[k]);
+		if (p && (size_t)(p - o->hold) < first)
+			first = (size_t)(p - o->hold);
+	}
+	if (first < o->n) {
+		out_write(o, o->hold, first);
+		o->n = 0;
+		o->stopped = true;
+		return true;
+	}
+	/* keep the longest suffix that is a proper prefix of a stop string */
+	size_t keep = 0;
+	for (int k = 0; k < o->n_stop; k++) {
+		size_t L = o->stop_len[k] - 1 < o->n ? o->stop_len[k] - 1 : o->n;
+		for (size_t l = L; l > keep; l--) {
+			if (memcmp(o->hold + o->n - l, o->stop[k], l) == 0) {
+				keep = l;
+				break;
+			}
+		}
+	}
+	out_write(o, o->hold, o->n - keep);
+	memmove(o->hold, o->hold + o->n - keep, keep);
+	o->n = keep;
+	return false;
+}
+
 int main(int argc, char **argv)
 {
 	const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL;
+	const char *chat_file = NULL, *chat_tmpl = NULL;
+	struct out_text ot = {.n_stop = 0};
 	const char *isa = getenv("EDGELM_ISA");
 	long n_predict = 128, n_threads = 0, ctx = 0, top_n = 8, lastn = 64;
 	bool json = false, tokenize_only = false, special = false, quiet = false, seed_set = false;
@@ -226,6 +384,23 @@ int main(int argc, char **argv)
 		case OPT_TOPL: bad = parse_long(optarg, 0, 1 << 20, &top_n); break;
 		case OPT_TOKENIZE: tokenize_only = true; break;
 		case OPT_SPECIAL: special = true; break;
+		case OPT_CHAT: chat_file = optarg; break;
+		case OPT_CHAT_TEMPLATE:
+			if (strcmp(optarg, "list") == 0) {
+				printf("%s\n", engine_chat_format_list());
+				return 0;
+			}
+			chat_tmpl = optarg;
+			break;
+		case OPT_STOP:
+			if (ot.n_stop == MAX_STOP || !*optarg) {
+				fprintf(stderr, "edgelm-run: --stop: at most %d non-empty strings\n",
+					MAX_STOP);
+				return EXIT_USAGE;
+			}
+			ot.stop[ot.n_stop] = optarg;
+			ot.stop_len[ot.n_stop++] = strlen(optarg);
+			break;
 		case 'q': quiet = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return EXIT_USAGE;
@@ -237,7 +412,9 @@ int main(int argc, char **argv)
 		}
 	}
 	sp.penalty_last_n = (int32_t)lastn;
-	if (optind < argc || !model_path || (prompt && prompt_file)) {
+	ot.silent = json;
+	if (optind < argc || !model_path || (prompt && prompt_file) ||
+	    (chat_file && (prompt || prompt_file))) {
 		usage(stderr);
 		return EXIT_USAGE;
 	}
@@ -280,18 +457,30 @@ int main(int argc, char **argv)
 	}
 	double t_load = cm_now() - t0;
 	const engine_tokenizer *tok = engine_model_tokenizer(m);
+	bool parse_special = false;
+	if (chat_file) {
+		free(pbuf);
+		pbuf = chat_prompt(chat_file, m, chat_tmpl, &plen);
+		if (!pbuf) {
+			rc = EXIT_INPUT;
+			goto out;
+		}
+		prompt = pbuf;
+		parse_special = true;
+	}
 	int n_ids = 0, cap = (int)CM_MIN(plen + 16, (size_t)1 << 26);
 	ids = malloc((size_t)cap * sizeof(*ids));
 	if (!ids) {
 		rc = EXIT_RUNTIME;
 		goto out;
 	}
-	int r = engine_tokenize(tok, prompt, plen, true, false, ids, cap, &n_ids, &err);
+	int r = engine_tokenize(tok, prompt, plen, true, parse_special, ids, cap, &n_ids, &err);
 	if (r == -ENOBUFS) {
 		free(ids);
 		cap = n_ids;
 		ids = malloc((size_t)cap * sizeof(*ids));
-		r = ids ? engine_tokenize(tok, prompt, plen, true, false, ids, cap, &n_ids, &err)
+		r = ids ? engine_tokenize(tok, prompt, plen, true, parse_special, ids, cap, &n_ids,
+					  &err)
 			: -ENOMEM;
 	}
 	if (r) {
@@ -376,11 +565,10 @@ int main(int argc, char **argv)
 			for (int i = 0; i < k; i++)
 				printf(i ? ",[%d,%.6g]" : "[%d,%.6g]", top[i], logits[top[i]]);
 			fputs("]}\n", stdout);
-		} else if (n > 0) {
-			fwrite(piece, 1, (size_t)n, stdout);
 		}
+		bool stop = n > 0 && out_push(&ot, piece, (size_t)n);
 		fflush(stdout);
-		if (eog)
+		if (eog || stop)
 			break;
 		if (n_gen >= n_predict)
 			break;
@@ -393,7 +581,9 @@ int main(int argc, char **argv)
 	}
 	int n = engine_detok_flush(&dt, piece, piece_cap);
 	if (!json && n > 0)
-		fwrite(piece, 1, (size_t)n, stdout);
+		(void)out_push(&ot, piece, (size_t)n);
+	if (!ot.stopped)
+		out_write(&ot, ot.hold, ot.n); /* no stop string after all */
 	if (!json)
 		putchar('\n');
 	double t_gen = cm_now() - t2;
@@ -404,6 +594,7 @@ int main(int argc, char **argv)
 			t_load * 1e3, n_ids, t_prompt * 1e3, n_ids / (t_prompt > 0 ? t_prompt : 1e-9),
 			n_gen, t_gen * 1e3, n_gen / (t_gen > 0 ? t_gen : 1e-9));
 out:
+	free(ot.hold);
 	free(piece);
 	free(top);
 	free(ids);
