@@ -1320,6 +1320,7 @@ static void handle_health(struct daemon *d, ipc_call *call)
 	rep.u.health.status = phase == PHASE_READY     ? IPC_HEALTH_READY
 			      : phase == PHASE_LOADING ? IPC_HEALTH_LOADING
 						       : IPC_HEALTH_DRAINING;
+	char buf[MONITOR_FLAG_COUNT][64]; /* the reasons' text, until encoded below */
 	if (phase == PHASE_LOADING)
 		reasons[nr++] = "loading a new model";
 	if (phase == PHASE_DRAINING)
@@ -1327,7 +1328,6 @@ static void handle_health(struct daemon *d, ipc_call *call)
 	if (d->mon) {
 		struct monitor_flag_state fl[MONITOR_FLAG_COUNT];
 		monitor_flags_get(d->mon, fl);
-		static char buf[MONITOR_FLAG_COUNT][64];
 		for (int i = 0; i < MONITOR_FLAG_COUNT && nr < CM_ARRAY_LEN(reasons); i++)
 			if (fl[i].on && (i == MONITOR_FLAG_SWAPPING || i == MONITOR_FLAG_MEMORY_PRESSURE)) {
 				snprintf(buf[i], sizeof(buf[i]), "degraded: %s",
