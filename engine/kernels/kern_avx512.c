@@ -195,22 +195,27 @@ static VNNI void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *vw, const vo
 }
 
 /* ---- VNNI: one token, many rows (decode) ----------------------------------
- * Decode is bound by how fast one core can consume weights, so the per-block
- * work is cut to the bone: the 16 nibble bytes are loaded once into both
- * halves of a ymm and split by a per-lane shift; the signed codes feed
- * vpdpbusd through the sign trick (|w| against sign(w) * a), so every lane
- * holds an exact partial dot product and no offset needs taking off; the
- * scales d_w * d_a of 8 blocks are made at once (a gather for d_w, the
- * activation's d from kern_act_aux), leaving one cvt and one FMA per block.
- * Float lanes accumulate per row; one horizontal sum per row. */
+ * Decode is bound by how fast one core can consume weights (one core cannot
+ * keep up with its share of DRAM bandwidth at ~10 uops per block), so the
+ * per-block work is kept small:
+ * - Q4_0: the 16 nibble bytes are loaded once into both halves of a ymm and
+ *   split by a per-lane shift, minus 8;
+ * - both types feed vpdpbusd through the sign trick (|w| against
+ *   sign(w) * a), so every lane is an exact partial dot product. (Raw
+ *   unsigned codes with the offset taken off in float at the end save two
+ *   uops but cancel too much: 0.3 % errors on blocks whose scales span
+ *   decades; the tests caught it.)
+ * - the scales d_w * d_a of 8 blocks are made at once (a gather for d_w,
+ *   the activation's d from kern_act_aux), one vpermps hands each block its
+ *   scale, and 4 accumulators hide the FMA latency. */
 
 static inline __m256 scales8(const void *w0, __m256i idx, const float *aux)
 {
 	__m256i d32 = _mm256_i32gather_epi32((const int *)w0, idx, 1);
 	__m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(d32));
 	const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-	__m256 da = _mm256_permutex2var_ps(_mm256_loadu_ps(aux), even, _mm256_loadu_ps(aux + 8));
-	return _mm256_mul_ps(dw, da);
+	__m256 x0 = _mm256_loadu_ps(aux), x1 = _mm256_loadu_ps(aux + 8);
+	return _mm256_mul_ps(dw, _mm256_permutex2var_ps(x0, even, x1));
 }
 
 static inline float hsum8(__m256 v)
@@ -221,71 +226,91 @@ static inline float hsum8(__m256 v)
 	return _mm_cvtss_f32(x);
 }
 
-/* Q4_0 block as signed codes (-8..7) in element order. */
-static inline __m256i q4_0_signed(const uint8_t *qs)
+/* Q4_0 block as unsigned codes (0..15) in element order. */
+static inline __m256i q4_0_u(const struct block_q4_0 *b)
 {
 	const __m256i shift = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
-	__m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
-	__m256i u = _mm256_and_si256(_mm256_srlv_epi16(x, shift), _mm256_set1_epi8(0x0f));
-	return _mm256_sub_epi8(u, _mm256_set1_epi8(8));
+	__m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)b->qs));
+	return _mm256_and_si256(_mm256_srlv_epi16(x, shift), _mm256_set1_epi8(0x0f));
 }
 
-static inline VNNI __m256i sdot32(__m256i w, const int8_t *a)
+static inline __m256i q4_0_s(const struct block_q4_0 *b)
+{
+	return _mm256_sub_epi8(q4_0_u(b), _mm256_set1_epi8(8));
+}
+
+static inline __m256i q8_0_s(const struct block_q8_0 *b)
+{
+	return _mm256_loadu_si256((const __m256i *)b->qs);
+}
+
+/* signed codes against a: |w| and sign(w) * a */
+static inline VNNI __m256 sdot32(__m256i w, const int8_t *a)
 {
 	__m256i av = _mm256_loadu_si256((const __m256i *)a);
-	return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w),
-				   _mm256_sign_epi8(av, w));
+	return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w),
+						      _mm256_sign_epi8(av, w)));
 }
 
-#define GEMV_BODY(WT, CODES)                                                                \
-	const struct block_q8_0 *a = va;                                                    \
-	int64_t nb = n / 32;                                                                \
-	const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),   \
-					       _mm256_set1_epi32((int)sizeof(WT)));        \
-	(void)nt;                                                                           \
-	(void)a_stride;                                                                     \
-	(void)aux_stride;                                                                   \
-	(void)s_stride;                                                                     \
-	for (int r = 0; r < nr; r++) {                                                      \
-		const WT *w = (const WT *)((const uint8_t *)vw + (size_t)r * w_stride);     \
-		__m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;                             \
-		int64_t b = 0;                                                              \
-		for (; b + 8 <= nb; b += 8) {                                               \
-			__m256 dd = scales8(w + b, idx, aux + 2 * b);                       \
-			for (int k = 0; k < 8; k += 2) {                                    \
-				__m256i p0 = sdot32(CODES(w + b + k), a[b + k].qs);         \
-				__m256i p1 = sdot32(CODES(w + b + k + 1), a[b + k + 1].qs); \
-				acc0 = _mm256_fmadd_ps(                                     \
-					_mm256_cvtepi32_ps(p0),                             \
-					_mm256_permutexvar_ps(_mm256_set1_epi32(k), dd), acc0); \
-				acc1 = _mm256_fmadd_ps(                                     \
-					_mm256_cvtepi32_ps(p1),                             \
-					_mm256_permutexvar_ps(_mm256_set1_epi32(k + 1), dd), acc1); \
-			}                                                                   \
-		}                                                                           \
-		for (; b < nb; b++) {                                                       \
-			__m256i p = sdot32(CODES(w + b), a[b].qs);                          \
-			acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),                       \
-					       _mm256_set1_ps(half(w[b].d) * aux[2 * b]), acc0); \
-		}                                                                           \
-		s[r] = hsum8(_mm256_add_ps(acc0, acc1));                                    \
+#define GEMV_BODY(WT, CODES, DOT)                                                             \
+	const struct block_q8_0 *a = va;                                                   \
+	int64_t nb = n / 32;                                                               \
+	const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),  \
+					       _mm256_set1_epi32((int)sizeof(WT)));       \
+	(void)nt;                                                                          \
+	(void)a_stride;                                                                    \
+	(void)aux_stride;                                                                  \
+	(void)s_stride;                                                                    \
+	for (int r = 0; r < nr; r++) {                                                     \
+		const WT *w = (const WT *)((const uint8_t *)vw + (size_t)r * w_stride);    \
+		__m256 acc[4];                                                             \
+		acc[0] = acc[1] = acc[2] = acc[3] = _mm256_setzero_ps();                   \
+		int64_t b = 0;                                                             \
+		for (; b + 8 <= nb; b += 8) {                                              \
+			const char *pf = (const char *)(w + b) + GEMV_PREFETCH;            \
+			_mm_prefetch(pf, _MM_HINT_T0);                                     \
+			_mm_prefetch(pf + 64, _MM_HINT_T0);                                \
+			_mm_prefetch(pf + 128, _MM_HINT_T0);                               \
+			if (sizeof(WT) * 8 > 192) {                                        \
+				_mm_prefetch(pf + 192, _MM_HINT_T0);                       \
+				_mm_prefetch(pf + 256, _MM_HINT_T0);                       \
+			}                                                                  \
+			__m256 dd = scales8(w + b, idx, aux + 2 * b);                      \
+			for (int k = 0; k < 8; k++)                                        \
+				acc[k & 3] = _mm256_fmadd_ps(                              \
+					DOT(CODES(w + b + k), a[b + k].qs),                \
+					_mm256_permutexvar_ps(_mm256_set1_epi32(k), dd),   \
+					acc[k & 3]);                                       \
+		}                                                                          \
+		for (; b < nb; b++) {                                                      \
+			float d1 = half(w[b].d) * aux[2 * b];                              \
+			acc[0] = _mm256_fmadd_ps(DOT(CODES(w + b), a[b].qs),               \
+						 _mm256_set1_ps(d1), acc[0]);              \
+		}                                                                          \
+		__m256 t = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]),                    \
+					 _mm256_add_ps(acc[2], acc[3]));                   \
+		s[r] = hsum8(t);                                                           \
 	}
 
-#define Q4_0_CODES(blk) q4_0_signed((blk)->qs)
-#define Q8_0_CODES(blk) _mm256_loadu_si256((const __m256i *)(blk)->qs)
+/* Software prefetch distance in bytes: the rows of a chunk are one
+ * sequential stream, and without it the gather of the next scales waits on
+ * DRAM. 1-4 KiB measured alike on the Zen 5 box (docs/performance.md). */
+#ifndef GEMV_PREFETCH
+#define GEMV_PREFETCH 1024
+#endif
 
 static VNNI void gemv_q4_0(int64_t n, int nr, int nt, const void *vw, size_t w_stride,
 			   const void *va, size_t a_stride, const float *aux, size_t aux_stride,
 			   float *s, size_t s_stride)
 {
-	GEMV_BODY(struct block_q4_0, Q4_0_CODES)
+	GEMV_BODY(struct block_q4_0, q4_0_s, sdot32)
 }
 
 static VNNI void gemv_q8_0(int64_t n, int nr, int nt, const void *vw, size_t w_stride,
 			   const void *va, size_t a_stride, const float *aux, size_t aux_stride,
 			   float *s, size_t s_stride)
 {
-	GEMV_BODY(struct block_q8_0, Q8_0_CODES)
+	GEMV_BODY(struct block_q8_0, q8_0_s, sdot32)
 }
 
 /* ---- VNNI: many tokens --------------------------------------------------- */
@@ -392,30 +417,30 @@ panel_tokens(const struct panel *P, int nbs, int NT, const uint8_t *a, size_t a_
 	     bool first)
 {
 	__m512 acc[TILE_TOKENS];
-	const __m512 off = _mm512_set1_ps(P->off);
-	for (int t = 0; t < NT; t++)
+	const int32_t ioff = (int32_t)P->off;
+	const __m512i zero = _mm512_setzero_si512();
+	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
 		acc[t] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, s + t * s_stride);
 	for (int b = 0; b < nbs; b++) {
-		for (int t = 0; t < NT; t++) {
+		_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
 			const struct block_q8_0 *ab =
 				(const struct block_q8_0 *)(a + (size_t)t * a_stride) + b;
 			const float *x = aux + (size_t)t * aux_stride + 2 * b;
-			__m512i s0 = _mm512_setzero_si512(), s1 = s0;
-			for (int g = 0; g < 8; g += 2) {
+			/* start from -off * sum(a): the offset comes off in the
+			 * integer domain, on the scalar ALUs, exactly */
+			__m512i s0 = _mm512_set1_epi32(-ioff * (int32_t)x[1]), s1 = zero;
+			_Pragma("GCC unroll 4") for (int g = 0; g < 8; g += 2) {
 				s0 = _mm512_dpbusd_epi32(s0, P->q[b][g],
-							 _mm512_set1_epi32(ld32(ab->qs + 4 * g)));
+							 _mm512_broadcastd_epi32(_mm_loadu_si32(ab->qs + 4 * g)));
 				s1 = _mm512_dpbusd_epi32(s1, P->q[b][g + 1],
-							 _mm512_set1_epi32(ld32(ab->qs + 4 * g + 4)));
+							 _mm512_broadcastd_epi32(_mm_loadu_si32(ab->qs + 4 * g + 4)));
 			}
-			/* sum(u a) - off sum(a): integers below 2^24, exact in
-			 * float, so the offset leaves no rounding behind */
 			__m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-			f = _mm512_fnmadd_ps(off, _mm512_set1_ps(x[1]), f);
 			acc[t] = _mm512_fmadd_ps(f, _mm512_mul_ps(P->dw[b], _mm512_set1_ps(x[0])),
 						 acc[t]);
 		}
 	}
-	for (int t = 0; t < NT; t++)
+	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
 		_mm512_mask_storeu_ps(s + t * s_stride, m, acc[t]);
 }
 
