@@ -463,6 +463,30 @@ static void spm_build_bytes(engine_tokenizer *t)
 	}
 }
 
+/* Can SPM merge word by word? A word starts at a U+2581 whose left
+ * neighbour does not end in one. A merge across that boundary would make a
+ * token with a U+2581 preceded by something else; if the vocabulary has no
+ * such token, no merge ever crosses a word boundary, and merging each word
+ * alone gives the same tokens as merging the whole text (merges in
+ * different words never compete). Real SPM vocabularies qualify
+ * ("\xe2\x96\x81\xe2\x96\x81" runs of spaces are fine). */
+static void spm_check_words(engine_tokenizer *t)
+{
+	t->spm_words = true;
+	for (int32_t id = 0; id < t->n_vocab && t->spm_words; id++) {
+		const char *s = tok_text(t, id);
+		size_t n = t->len[id];
+		for (size_t o = 1; o + 3 <= n; o++) {
+			if (memcmp(s + o, "\xe2\x96\x81", 3) != 0)
+				continue;
+			if (o < 3 || memcmp(s + o - 3, "\xe2\x96\x81", 3) != 0) {
+				t->spm_words = false;
+				break;
+			}
+		}
+	}
+}
+
 /* ---- construction ------------------------------------------------------------------ */
 
 void engine_tokenizer_free(engine_tokenizer *t)
@@ -522,8 +546,10 @@ int engine_tokenizer_new(const struct gguf_file *f, engine_tokenizer **ret_tok, 
 		engine_tokenizer_free(t);
 		return r;
 	}
-	if (kind == TOK_MODEL_SPM)
+	if (kind == TOK_MODEL_SPM) {
 		spm_build_bytes(t);
+		spm_check_words(t);
+	}
 	*ret_tok = t;
 	return 0;
 }
@@ -691,6 +717,67 @@ static int spm_try_pair(struct tok_run *r, int32_t l, int32_t rr)
 	return spm_push(r, (struct spm_pair){r->t->score[id], l, size});
 }
 
+static inline bool is_sp(const char *e, const struct spm_sym *y)
+{
+	return y->n == 3 && memcmp(e + y->off, "\xe2\x96\x81", 3) == 0;
+}
+
+static inline bool ends_sp(const char *e, const struct spm_sym *y)
+{
+	return y->n >= 3 && memcmp(e + y->off + y->n - 3, "\xe2\x96\x81", 3) == 0;
+}
+
+/* Merge symbols [a, b) of the escaped text by score, then emit them. */
+static int spm_merge(struct tok_run *r, int32_t a0, int32_t b0)
+{
+	const engine_tokenizer *t = r->t;
+	const char *e = r->esc;
+	struct spm_sym *sym = r->sym;
+	sym[a0].prev = -1;
+	sym[b0 - 1].next = -1;
+	r->heap_n = 0;
+	int rc;
+	for (int32_t i = a0; i + 1 < b0; i++) {
+		if ((rc = spm_try_pair(r, i, i + 1)))
+			return rc;
+	}
+	while (r->heap_n) {
+		struct spm_pair p = spm_pop(r);
+		struct spm_sym *a = &sym[p.left];
+		/* Stale if the left symbol was merged away, has no right
+		 * neighbour, or either side grew since the push. */
+		if (a->n == 0 || a->next < 0 || a->n + sym[a->next].n != p.size)
+			continue;
+		struct spm_sym *b = &sym[a->next];
+		a->n += b->n;
+		b->n = 0;
+		a->next = b->next;
+		if (a->next >= 0)
+			sym[a->next].prev = p.left;
+		if ((rc = spm_try_pair(r, a->prev, p.left)) ||
+		    (rc = spm_try_pair(r, p.left, a->next)))
+			return rc;
+	}
+
+	for (int32_t i = a0; i >= 0; i = sym[i].next) {
+		int32_t id = tok_lookup(t, e + sym[i].off, (size_t)sym[i].n);
+		if (id >= 0) {
+			emit(r, id);
+			continue;
+		}
+		for (int32_t j = 0; j < sym[i].n; j++) {
+			uint8_t c = (uint8_t)e[sym[i].off + j];
+			if (t->byte_tok[c] < 0)
+				return cm_err_set(r->err, -EPROTO,
+				                  "tokenizer: no token for byte 0x%02X (no byte "
+				                  "fallback and no unknown token)",
+				                  c);
+			emit(r, t->byte_tok[c]);
+		}
+	}
+	return 0;
+}
+
 /* One raw fragment: escape spaces (and prepend one if asked), merge by
  * score (§5.4), emit tokens with byte fallback. */
 static int spm_tokenize_raw(struct tok_run *r, const char *s, size_t n, bool prefix)
@@ -737,48 +824,20 @@ static int spm_tokenize_raw(struct tok_run *r, const char *s, size_t n, bool pre
 	if (ns == 0)
 		return 0;
 	sym[ns - 1].next = -1;
-
-	r->heap_n = 0;
-	int rc;
-	for (int32_t i = 0; i + 1 < ns; i++) {
-		if ((rc = spm_try_pair(r, i, i + 1)))
-			return rc;
-	}
-	while (r->heap_n) {
-		struct spm_pair p = spm_pop(r);
-		struct spm_sym *a = &sym[p.left];
-		/* Stale if the left symbol was merged away, has no right
-		 * neighbour, or either side grew since the push. */
-		if (a->n == 0 || a->next < 0 || a->n + sym[a->next].n != p.size)
-			continue;
-		struct spm_sym *b = &sym[a->next];
-		a->n += b->n;
-		b->n = 0;
-		a->next = b->next;
-		if (a->next >= 0)
-			sym[a->next].prev = p.left;
-		if ((rc = spm_try_pair(r, a->prev, p.left)) ||
-		    (rc = spm_try_pair(r, p.left, a->next)))
-			return rc;
-	}
-
-	for (int32_t i = 0; i >= 0; i = sym[i].next) {
-		int32_t id = tok_lookup(t, e + sym[i].off, (size_t)sym[i].n);
-		if (id >= 0) {
-			emit(r, id);
-			continue;
-		}
-		for (int32_t j = 0; j < sym[i].n; j++) {
-			uint8_t c = (uint8_t)e[sym[i].off + j];
-			if (t->byte_tok[c] < 0)
-				return cm_err_set(r->err, -EPROTO,
-				                  "tokenizer: no token for byte 0x%02X (no byte "
-				                  "fallback and no unknown token)",
-				                  c);
-			emit(r, t->byte_tok[c]);
+	if (!t->spm_words)
+		return spm_merge(r, 0, ns);
+	/* Words are independent (see spm_check_words): merge each alone, so
+	 * the queue stays small and cache-resident. */
+	int32_t start = 0;
+	for (int32_t i = 1; i < ns; i++) {
+		if (is_sp(e, &sym[i]) && !ends_sp(e, &sym[i - 1])) {
+			int rc = spm_merge(r, start, i);
+			if (rc)
+				return rc;
+			start = i;
 		}
 	}
-	return 0;
+	return spm_merge(r, start, ns);
 }
 
 /* ---- tokenize: fragments ------------------------------------------------------------ */

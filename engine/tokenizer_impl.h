@@ -44,6 +44,7 @@ struct engine_tokenizer {
 	int32_t bos, eos, unk, eot, eom; /* -1 when absent */
 	bool add_bos, add_eos, add_space_prefix;
 	bool clean_spaces; /* BPE: whole-sequence detok cleanup (§5.6) */
+	bool spm_words;    /* SPM: no token joins a word to the next (tokenizer.c) */
 	int32_t *special;  /* CONTROL, USER_DEFINED and UNKNOWN ids, longest text first */
 	int32_t n_special;
 	int32_t byte_tok[256]; /* SPM byte fallback, -1 if none */

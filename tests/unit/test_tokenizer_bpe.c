@@ -496,6 +496,35 @@ static void test_invalid_utf8_fffd(void)
 	engine_tokenizer_free(t);
 }
 
+/* SPM word-by-word merging gives the ids of whole-text merging. */
+static void test_spm_words_equivalent(void)
+{
+	engine_tokenizer *t = load_vocab("llama-spm");
+	if (!t) {
+		TEST_SKIP_DATA("no llama-spm vocab");
+		return;
+	}
+	CHECK(t->spm_words);
+	static const char *const parts[] = {"hello ", "   ", "\n\n", "12345", "\xe4\xb8\xad",
+					    "!!", "\t", "x", "\xff", "'s ", "\xf0 ", "world"};
+	size_t cap = 200000, n = 0;
+	char *s = malloc(cap);
+	while (n + 8 < cap) {
+		const char *p = parts[rnd() % 12];
+		memcpy(s + n, p, strlen(p));
+		n += strlen(p);
+	}
+	int na = 0, nb = 0;
+	int32_t *a = tokenize(t, s, n, true, true, &na);
+	t->spm_words = false;
+	int32_t *b = tokenize(t, s, n, true, true, &nb);
+	CHECK(a && b && na == nb && memcmp(a, b, (size_t)na * 4) == 0);
+	free(a);
+	free(b);
+	free(s);
+	engine_tokenizer_free(t);
+}
+
 int main(void)
 {
 	TEST_RUN(test_vocab_vectors);
@@ -504,5 +533,6 @@ int main(void)
 	TEST_RUN(test_qwen2_specials);
 	TEST_RUN(test_invalid_utf8_fffd);
 	TEST_RUN(test_hostile_inputs);
+	TEST_RUN(test_spm_words_equivalent);
 	return test_finish();
 }
