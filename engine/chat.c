@@ -86,7 +86,7 @@ const char *engine_chat_format_list(void)
 		size_t o = 0;
 		for (int f = 0; f < ENGINE_CHAT_N_FORMATS; f++)
 			o += (size_t)snprintf(list + o, sizeof(list) - o, "%s%s", f ? ", " : "",
-					      format_names[f]);
+			                      format_names[f]);
 	}
 	return list;
 }
@@ -130,9 +130,9 @@ static int classify(struct tmpl t, enum engine_chat_format *ret)
 		if (has(t, "[SYSTEM_PROMPT]"))
 			f = ENGINE_CHAT_MISTRAL_V7;
 		else if (has(t, "' [INST] ' + system_message") || has(t, "[AVAILABLE_TOOLS]"))
-			f = has(t, " [INST]")     ? ENGINE_CHAT_MISTRAL_V1
+			f = has(t, " [INST]")      ? ENGINE_CHAT_MISTRAL_V1
 			    : has(t, "\"[INST]\"") ? ENGINE_CHAT_MISTRAL_V3_TEKKEN
-						   : ENGINE_CHAT_MISTRAL_V3;
+			                           : ENGINE_CHAT_MISTRAL_V3;
 		else if (has(t, "content.strip()"))
 			f = ENGINE_CHAT_LLAMA2_SYS_STRIP;
 		else if (has(t, "bos_token + '[INST]"))
@@ -151,8 +151,10 @@ static int classify(struct tmpl t, enum engine_chat_format *ret)
 		f = ENGINE_CHAT_FALCON3;
 	} else if (has(t, "<start_of_turn>")) {
 		f = ENGINE_CHAT_GEMMA;
-	} else if (has(t, "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>") &&
-		   has(t, "<\xef\xbd\x9c" "User\xef\xbd\x9c>")) {
+	} else if (has(t, "<\xef\xbd\x9c"
+	                  "Assistant\xef\xbd\x9c>") &&
+	           has(t, "<\xef\xbd\x9c"
+	                  "User\xef\xbd\x9c>")) {
 		f = ENGINE_CHAT_DEEPSEEK3;
 	} else {
 		return -ENOTSUP;
@@ -162,7 +164,7 @@ static int classify(struct tmpl t, enum engine_chat_format *ret)
 }
 
 int engine_chat_detect_template(const char *tmpl, size_t len, enum engine_chat_format *ret,
-				struct cm_err *err)
+                                struct cm_err *err)
 {
 	if (!tmpl || len == 0) {
 		*ret = ENGINE_CHAT_CHATML; /* llama.cpp's default without a template */
@@ -177,20 +179,19 @@ int engine_chat_detect_template(const char *tmpl, size_t len, enum engine_chat_f
 	if (classify((struct tmpl){tmpl, len}, ret) == 0)
 		return 0;
 	return cm_err_set(err, -ENOTSUP,
-			  "chat: unknown chat template; set chat_template (--chat-template) to "
-			  "one of: %s",
-			  engine_chat_format_list());
+	                  "chat: unknown chat template; set chat_template (--chat-template) to "
+	                  "one of: %s",
+	                  engine_chat_format_list());
 }
 
 int engine_chat_detect(const engine_model *m, const char *override, enum engine_chat_format *ret,
-		       struct cm_err *err)
+                       struct cm_err *err)
 {
 	if (override && *override) {
 		if (engine_chat_format_from_name(override, ret) == 0)
 			return 0;
-		return cm_err_set(err, -ENOTSUP,
-				  "chat: unknown chat_template '%.64s' (known: %s)", override,
-				  engine_chat_format_list());
+		return cm_err_set(err, -ENOTSUP, "chat: unknown chat_template '%.64s' (known: %s)",
+		                  override, engine_chat_format_list());
 	}
 	struct gguf_str tmpl = {0};
 	if (!m || !m->file || gguf_get_str(m->file, "tokenizer.chat_template", &tmpl, NULL) != 0)
@@ -234,8 +235,7 @@ static struct tmpl strip_think(const struct engine_chat_msg *m)
 {
 	struct tmpl t = {m->content ? m->content : "", m->content ? m->len : 0};
 	const char *end = NULL;
-	for (const char *p = t.s; (p = memmem(p, t.n - (size_t)(p - t.s), "</think>", 8));
-	     p += 8)
+	for (const char *p = t.s; (p = memmem(p, t.n - (size_t)(p - t.s), "</think>", 8)); p += 8)
 		end = p + 8;
 	if (!end)
 		return t;
@@ -245,7 +245,7 @@ static struct tmpl strip_think(const struct engine_chat_msg *m)
 }
 
 static void render_llama2(struct buf *b, enum engine_chat_format f,
-			  const struct engine_chat_msg *msgs, size_t n)
+                          const struct engine_chat_msg *msgs, size_t n)
 {
 	bool sys_tags = f != ENGINE_CHAT_LLAMA2;
 	bool strip = f == ENGINE_CHAT_LLAMA2_SYS_STRIP;
@@ -276,7 +276,7 @@ static void render_llama2(struct buf *b, enum engine_chat_format f,
 }
 
 static void render_mistral(struct buf *b, enum engine_chat_format f,
-			   const struct engine_chat_msg *msgs, size_t n)
+                           const struct engine_chat_msg *msgs, size_t n)
 {
 	const char *lead = f == ENGINE_CHAT_MISTRAL_V1 ? " " : "";
 	const char *trail = f == ENGINE_CHAT_MISTRAL_V3_TEKKEN ? "" : " ";
@@ -342,42 +342,50 @@ struct simple_fmt {
 static const struct simple_fmt *simple_format(enum engine_chat_format f)
 {
 	static const struct simple_fmt chatml = {"<|im_start|>", "\n", "<|im_end|>\n",
-						 "<|im_start|>assistant\n", false};
+	                                         "<|im_start|>assistant\n", false};
 	static const struct simple_fmt qwen3 = {"<|im_start|>", "\n", "<|im_end|>\n",
-						"<|im_start|>assistant\n<think>\n\n</think>\n\n",
-						false};
+	                                        "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+	                                        false};
 	static const struct simple_fmt llama3 = {
 	    "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>",
 	    "<|start_header_id|>assistant<|end_header_id|>\n\n", true};
-	static const struct simple_fmt phi3 = {"<|", "|>\n", "<|end|>\n", "<|assistant|>\n",
-					       false};
+	static const struct simple_fmt phi3 = {"<|", "|>\n", "<|end|>\n", "<|assistant|>\n", false};
 	static const struct simple_fmt phi4 = {"<|im_start|>", "<|im_sep|>", "<|im_end|>",
-					       "<|im_start|>assistant<|im_sep|>", false};
-	static const struct simple_fmt zephyr = {"<|", "|>\n", "<|endoftext|>\n",
-						 "<|assistant|>\n", false};
+	                                       "<|im_start|>assistant<|im_sep|>", false};
+	static const struct simple_fmt zephyr = {"<|", "|>\n", "<|endoftext|>\n", "<|assistant|>\n",
+	                                         false};
 	static const struct simple_fmt zephyr_eos = {"<|", "|>\n", "</s>\n", "<|assistant|>\n",
-						     false};
+	                                             false};
 	static const struct simple_fmt falcon3 = {"<|", "|>\n", "\n", "<|assistant|>\n", false};
 	switch (f) {
-	case ENGINE_CHAT_CHATML: return &chatml;
-	case ENGINE_CHAT_QWEN3: return &qwen3;
-	case ENGINE_CHAT_LLAMA3: return &llama3;
-	case ENGINE_CHAT_PHI3: return &phi3;
-	case ENGINE_CHAT_PHI4: return &phi4;
-	case ENGINE_CHAT_ZEPHYR: return &zephyr;
-	case ENGINE_CHAT_ZEPHYR_EOS: return &zephyr_eos;
-	case ENGINE_CHAT_FALCON3: return &falcon3;
-	default: return NULL;
+	case ENGINE_CHAT_CHATML:
+		return &chatml;
+	case ENGINE_CHAT_QWEN3:
+		return &qwen3;
+	case ENGINE_CHAT_LLAMA3:
+		return &llama3;
+	case ENGINE_CHAT_PHI3:
+		return &phi3;
+	case ENGINE_CHAT_PHI4:
+		return &phi4;
+	case ENGINE_CHAT_ZEPHYR:
+		return &zephyr;
+	case ENGINE_CHAT_ZEPHYR_EOS:
+		return &zephyr_eos;
+	case ENGINE_CHAT_FALCON3:
+		return &falcon3;
+	default:
+		return NULL;
 	}
 }
 
-static void render_deepseek3(struct buf *b, const struct engine_chat_msg *msgs, size_t n,
-			     bool gen)
+static void render_deepseek3(struct buf *b, const struct engine_chat_msg *msgs, size_t n, bool gen)
 {
 	static const char user[] = "<\xef\xbd\x9cUser\xef\xbd\x9c>";
-	static const char assistant[] = "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>";
-	static const char eos[] =
-	    "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
+	static const char assistant[] = "<\xef\xbd\x9c"
+	                                "Assistant\xef\xbd\x9c>";
+	static const char eos[] = "<\xef\xbd\x9c"
+	                          "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
 	for (size_t i = 0; i < n; i++) {
 		const struct engine_chat_msg *m = &msgs[i];
 		if (m->role == ENGINE_CHAT_SYSTEM) {
@@ -397,8 +405,8 @@ static void render_deepseek3(struct buf *b, const struct engine_chat_msg *msgs, 
 }
 
 int engine_chat_render(enum engine_chat_format f, const struct engine_chat_msg *msgs, size_t n,
-		       bool add_generation_prompt, char **ret_text, size_t *ret_len,
-		       struct cm_err *err)
+                       bool add_generation_prompt, char **ret_text, size_t *ret_len,
+                       struct cm_err *err)
 {
 	*ret_text = NULL;
 	if ((unsigned)f >= ENGINE_CHAT_N_FORMATS)
@@ -408,7 +416,7 @@ int engine_chat_render(enum engine_chat_format f, const struct engine_chat_msg *
 	for (size_t i = 0; i < n; i++) {
 		if ((unsigned)msgs[i].role > 2)
 			return cm_err_set(err, -EINVAL, "chat: message %zu: bad role %d", i,
-					  (int)msgs[i].role);
+			                  (int)msgs[i].role);
 		if (!msgs[i].content && msgs[i].len)
 			return cm_err_set(err, -EINVAL, "chat: message %zu: no content", i);
 	}
@@ -446,9 +454,9 @@ int engine_chat_render(enum engine_chat_format f, const struct engine_chat_msg *
 		case ENGINE_CHAT_MISTRAL_V7:
 			for (size_t i = 0; i < n; i++) {
 				static const char *const open[] = {"[SYSTEM_PROMPT] ", "[INST] ",
-								   " "};
-				static const char *const close[] = {"[/SYSTEM_PROMPT]",
-								    "[/INST]", "</s>"};
+				                                   " "};
+				static const char *const close[] = {"[/SYSTEM_PROMPT]", "[/INST]",
+				                                    "</s>"};
 				puts_(&b, open[msgs[i].role]);
 				put_c(&b, &msgs[i]);
 				puts_(&b, close[msgs[i].role]);

@@ -37,8 +37,7 @@
 
 /* ---- pre-tokenizers (§5.5) ------------------------------------------------ */
 
-#define RE_GPT2                                                                          \
-	"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+#define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 #define RE_LLAMA3_HEAD "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
 #define RE_LLAMA3_TAIL "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define RE_LLAMA3 RE_LLAMA3_HEAD "\\p{N}{1,3}" RE_LLAMA3_TAIL
@@ -58,29 +57,30 @@ struct pre_def {
  * with \x{} escapes: a rendering as literal characters is easily
  * NFC-normalized (U+212A KELVIN SIGN -> K, U+2126 -> U+03A9, ...), which
  * turns ranges like U+1F5F-U+1F7D around. */
-#define RE_DS_LETTERS                                                                   \
-	"\\s?["                                                                          \
-	"A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}\\x{1BC}-\\x{1BF}" \
-	"\\x{1C4}-\\x{293}\\x{295}-\\x{2AF}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37B}-" \
-	"\\x{37D}\\x{37F}\\x{386}\\x{388}-\\x{38A}\\x{38C}\\x{38E}-\\x{3A1}\\x{3A3}-" \
-	"\\x{3F5}\\x{3F7}-\\x{481}\\x{48A}-\\x{52F}\\x{531}-\\x{556}\\x{10A0}-" \
-	"\\x{10C5}\\x{13A0}-\\x{13F5}\\x{13F8}-\\x{13FD}\\x{1C90}-\\x{1CBA}\\x{1CBD}-" \
-	"\\x{1CBF}\\x{1D00}-\\x{1D2B}\\x{1D6B}-\\x{1D77}\\x{1D79}-\\x{1D9A}\\x{1E00}-" \
-	"\\x{1F15}\\x{1F18}-\\x{1F1D}\\x{1F20}-\\x{1F45}\\x{1F48}-\\x{1F4D}\\x{1F50}-" \
-	"\\x{1F57}\\x{1F59}\\x{1F5B}\\x{1F5D}\\x{1F5F}-\\x{1F7D}\\x{1F80}-\\x{1FB4}" \
-	"\\x{1FB6}-\\x{1FBC}\\x{1FBE}\\x{1FC2}-\\x{1FC4}\\x{1FC6}-\\x{1FCC}\\x{1FD0}-" \
-	"\\x{1FD3}\\x{1FD6}-\\x{1FDB}\\x{1FE0}-\\x{1FEC}\\x{1FF2}-\\x{1FF4}\\x{1FF6}-" \
-	"\\x{1FFC}\\x{2102}\\x{2107}\\x{210A}-\\x{2113}\\x{2115}\\x{2119}-\\x{211D}" \
-	"\\x{2124}\\x{2126}\\x{2128}\\x{212A}-\\x{212D}\\x{212F}-\\x{2134}\\x{2139}" \
-	"\\x{213C}-\\x{213F}\\x{2145}-\\x{2149}\\x{214E}\\x{2183}\\x{2184}\\x{2C00}-" \
-	"\\x{2C7B}\\x{2C7E}-\\x{2CE4}\\x{2CEB}-\\x{2CEE}\\x{2CF2}\\x{2CF3}\\x{A640}-" \
-	"\\x{A66D}\\x{A680}-\\x{A69B}\\x{A722}-\\x{A76F}\\x{A771}-\\x{A787}\\x{A78B}-" \
-	"\\x{A78E}\\x{AB70}-\\x{ABBF}\\x{FB00}-\\x{FB06}\\x{FB13}-\\x{FB17}\\x{FF21}-" \
-	"\\x{FF3A}\\x{FF41}-\\x{FF5A}\\x{10400}-\\x{1044F}\\x{104B0}-\\x{104D3}" \
-	"\\x{104D8}-\\x{104FB}\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}\\x{118A0}-" \
+#define RE_DS_LETTERS                                                                              \
+	"\\s?["                                                                                    \
+	"A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}\\x{1BC}-\\x{1BF}"             \
+	"\\x{1C4}-\\x{293}\\x{295}-\\x{2AF}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37B}-"             \
+	"\\x{37D}\\x{37F}\\x{386}\\x{388}-\\x{38A}\\x{38C}\\x{38E}-\\x{3A1}\\x{3A3}-"              \
+	"\\x{3F5}\\x{3F7}-\\x{481}\\x{48A}-\\x{52F}\\x{531}-\\x{556}\\x{10A0}-"                    \
+	"\\x{10C5}\\x{13A0}-\\x{13F5}\\x{13F8}-\\x{13FD}\\x{1C90}-\\x{1CBA}\\x{1CBD}-"             \
+	"\\x{1CBF}\\x{1D00}-\\x{1D2B}\\x{1D6B}-\\x{1D77}\\x{1D79}-\\x{1D9A}\\x{1E00}-"             \
+	"\\x{1F15}\\x{1F18}-\\x{1F1D}\\x{1F20}-\\x{1F45}\\x{1F48}-\\x{1F4D}\\x{1F50}-"             \
+	"\\x{1F57}\\x{1F59}\\x{1F5B}\\x{1F5D}\\x{1F5F}-\\x{1F7D}\\x{1F80}-\\x{1FB4}"               \
+	"\\x{1FB6}-\\x{1FBC}\\x{1FBE}\\x{1FC2}-\\x{1FC4}\\x{1FC6}-\\x{1FCC}\\x{1FD0}-"             \
+	"\\x{1FD3}\\x{1FD6}-\\x{1FDB}\\x{1FE0}-\\x{1FEC}\\x{1FF2}-\\x{1FF4}\\x{1FF6}-"             \
+	"\\x{1FFC}\\x{2102}\\x{2107}\\x{210A}-\\x{2113}\\x{2115}\\x{2119}-\\x{211D}"               \
+	"\\x{2124}\\x{2126}\\x{2128}\\x{212A}-\\x{212D}\\x{212F}-\\x{2134}\\x{2139}"               \
+	"\\x{213C}-\\x{213F}\\x{2145}-\\x{2149}\\x{214E}\\x{2183}\\x{2184}\\x{2C00}-"              \
+	"\\x{2C7B}\\x{2C7E}-\\x{2CE4}\\x{2CEB}-\\x{2CEE}\\x{2CF2}\\x{2CF3}\\x{A640}-"              \
+	"\\x{A66D}\\x{A680}-\\x{A69B}\\x{A722}-\\x{A76F}\\x{A771}-\\x{A787}\\x{A78B}-"             \
+	"\\x{A78E}\\x{AB70}-\\x{ABBF}\\x{FB00}-\\x{FB06}\\x{FB13}-\\x{FB17}\\x{FF21}-"             \
+	"\\x{FF3A}\\x{FF41}-\\x{FF5A}\\x{10400}-\\x{1044F}\\x{104B0}-\\x{104D3}"                   \
+	"\\x{104D8}-\\x{104FB}\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}\\x{118A0}-"               \
 	"\\x{118DF}\\x{1E900}-\\x{1E943}]+"
-#define RE_DS_PUNCT                                                                      \
-	"\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+"
+#define RE_DS_PUNCT                                                                                \
+	"\\s?[!-/"                                                                                 \
+	":-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+"
 #define RE_KANA "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+"
 #define RE_PORO " ?[^(\\s|.,!?\\x{2026}\\x{3002}\\x{FF0C}\\x{3001}\\x{0964}\\x{06D4}\\x{060C})]+"
 
@@ -88,13 +88,19 @@ static const struct pre_def pre_defs[] = {
     {"default\0\0", false, false, true, {RE_PUNCT, RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]"}},
     {"gpt-2\0phi-2\0roberta-bpe\0jina-es\0jina-de\0jina-v1-en\0jina-v2-es\0jina-v2-de\0"
      "jina-v2-code\0gigachat\0mpt\0olmo\0jais\0\0",
-     false, false, true, {RE_GPT2}},
+     false,
+     false,
+     true,
+     {RE_GPT2}},
     {"llama3\0llama-v3\0llama-bpe\0falcon3\0\0", true, true, true, {RE_LLAMA3}},
     {"dbrx\0smaug-bpe\0chatglm-bpe\0\0", false, false, true, {RE_LLAMA3}},
     {"qwen2\0deepseek-r1-qwen\0\0", false, false, false, {RE_QWEN2}},
     {"stablelm2\0megrez\0\0", false, false, true, {RE_QWEN2}},
     {"smollm\0command-r\0\0", false, false, false, {"\\p{N}", RE_GPT2}},
-    {"starcoder\0refact\0codeshell\0exaone\0minerva-7b\0\0", false, false, true,
+    {"starcoder\0refact\0codeshell\0exaone\0minerva-7b\0\0",
+     false,
+     false,
+     true,
      {"\\p{N}", RE_GPT2}},
     {"falcon\0\0", false, false, true, {RE_PUNCT, RE_GPT2, "[0-9][0-9][0-9]"}},
     {"deepseek-llm\0\0",
@@ -102,7 +108,10 @@ static const struct pre_def pre_defs[] = {
      false,
      false,
      {"[\\r\\n]", RE_DS_LETTERS, RE_DS_PUNCT, "\\s+$", RE_CJK, "\\p{N}+"}},
-    {"deepseek-coder\0\0", false, false, false,
+    {"deepseek-coder\0\0",
+     false,
+     false,
+     false,
      {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RE_CJK, "\\p{N}"}},
     {"deepseek-v3\0\0",
      false,
@@ -118,8 +127,7 @@ static const struct pre_def pre_defs[] = {
      {"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|"
       "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|"
       "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
-    {"poro-chat\0bloom\0gpt3-finnish\0\0", false, false, false,
-     {RE_PORO}},
+    {"poro-chat\0bloom\0gpt3-finnish\0\0", false, false, false, {RE_PORO}},
     {"viking\0\0", false, false, false, {RE_PORO, "\\p{N}"}},
 };
 
@@ -325,7 +333,7 @@ static size_t u8_decode(const uint8_t *s, size_t n, uint32_t *ret_cp)
 }
 
 static int build_merges(engine_tokenizer *t, struct bpe *b, const struct gguf_file *f,
-			struct cm_err *err)
+                        struct cm_err *err)
 {
 	static const char key[] = "tokenizer.ggml.merges";
 	const struct gguf_kv *kv = gguf_find_kv(f, key);
@@ -339,7 +347,7 @@ static int build_merges(engine_tokenizer *t, struct bpe *b, const struct gguf_fi
 	if (n > INT32_MAX / 4) {
 		cm_free(strs);
 		return cm_err_set(err, -EPROTO, "tokenizer: %llu merges (too many)",
-				  (unsigned long long)n);
+		                  (unsigned long long)n);
 	}
 	size_t slots = 16;
 	while (slots < n * 2)
@@ -350,7 +358,7 @@ static int build_merges(engine_tokenizer *t, struct bpe *b, const struct gguf_fi
 	if (!b->merges) {
 		cm_free(strs);
 		return cm_err_set(err, -ENOMEM, "tokenizer: out of memory for %llu merges",
-				  (unsigned long long)n);
+		                  (unsigned long long)n);
 	}
 	b->merge_mask = slots - 1;
 	for (size_t i = 0; i < slots; i++)
@@ -432,15 +440,15 @@ static int build_regexes(struct bpe *b, struct cm_err *err)
 	for (int i = 0; i < PRE_MAX_RE && b->pre->re[i]; i++) {
 		int ec;
 		PCRE2_SIZE eo;
-		pcre2_code *re = pcre2_compile((PCRE2_SPTR)b->pre->re[i], PCRE2_ZERO_TERMINATED,
-					       PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY, &ec,
-					       &eo, NULL);
+		pcre2_code *re =
+		    pcre2_compile((PCRE2_SPTR)b->pre->re[i], PCRE2_ZERO_TERMINATED,
+		                  PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY, &ec, &eo, NULL);
 		if (!re) {
 			char msg[128];
 			pcre2_get_error_message(ec, (PCRE2_UCHAR *)msg, sizeof(msg));
 			return cm_err_set(err, -EPROTO,
-					  "tokenizer: pre-tokenizer '%s' regex %d: %s at %zu",
-					  b->pre_name, i, msg, (size_t)eo);
+			                  "tokenizer: pre-tokenizer '%s' regex %d: %s at %zu",
+			                  b->pre_name, i, msg, (size_t)eo);
 		}
 		/* Without JIT support (or memory for it) the interpreter runs. */
 		(void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
@@ -463,8 +471,8 @@ int bpe_build(engine_tokenizer *t, const struct gguf_file *f, struct cm_err *err
 			char list[2048];
 			pre_names_list(list, sizeof(list));
 			return cm_err_set(err, -ENOTSUP,
-					  "tokenizer: unknown pre-tokenizer '%.*s' (supported: %s)",
-					  (int)(pre.len > 64 ? 64 : pre.len), pre.ptr, list);
+			                  "tokenizer: unknown pre-tokenizer '%.*s' (supported: %s)",
+			                  (int)(pre.len > 64 ? 64 : pre.len), pre.ptr, list);
 		}
 	}
 	struct bpe *b = cm_calloc(1, sizeof(*b));
@@ -711,7 +719,7 @@ static int scratch_init(struct tok_run *r)
  * segment counts as unmatched: the tokenization of such input may differ
  * from an unbounded engine's, but it always ends. */
 static int find(struct bpe_scratch *bs, const pcre2_code *re, const uint8_t *subject, size_t n,
-		size_t from, size_t *m0, size_t *m1)
+                size_t from, size_t *m0, size_t *m1)
 {
 	int rc = pcre2_match(re, subject, n, from, PCRE2_NO_UTF_CHECK, bs->md, bs->mctx);
 	if (rc < 0)
@@ -774,10 +782,11 @@ int bpe_tokenize_raw(struct tok_run *r, const char *s, size_t n)
 					from = m0 + u8_len_at(u + a, m0, seg_n);
 					continue;
 				}
-				if (m0 > cur &&
-				    (rc = seg_add(r, &bs->seg2, &bs->seg2_cap, &ns2, a + cur, a + m0)))
+				if (m0 > cur && (rc = seg_add(r, &bs->seg2, &bs->seg2_cap, &ns2,
+				                              a + cur, a + m0)))
 					return rc;
-				if ((rc = seg_add(r, &bs->seg2, &bs->seg2_cap, &ns2, a + m0, a + m1)))
+				if ((rc = seg_add(r, &bs->seg2, &bs->seg2_cap, &ns2, a + m0,
+				                  a + m1)))
 					return rc;
 				cur = from = m1;
 			}

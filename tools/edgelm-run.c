@@ -229,7 +229,8 @@ static char *chat_prompt(const char *path, const engine_model *m, const char *tm
 		json_t *c = json_object_get(o, "content");
 		if (!role || !json_is_string(c)) {
 			fprintf(stderr,
-				"edgelm-run: --chat %s: message %zu needs string role and content\n",
+				"edgelm-run: --chat %s: message %zu needs string role and "
+				"content\n",
 				path, i);
 			goto out;
 		}
@@ -394,7 +395,8 @@ int main(int argc, char **argv)
 			break;
 		case OPT_STOP:
 			if (ot.n_stop == MAX_STOP || !*optarg) {
-				fprintf(stderr, "edgelm-run: --stop: at most %d non-empty strings\n",
+				fprintf(stderr,
+					"edgelm-run: --stop: at most %d non-empty strings\n",
 					MAX_STOP);
 				return EXIT_USAGE;
 			}

@@ -22,10 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define REQUIRE(x)                                                                         \
-	do {                                                                               \
-		if (!(x))                                                                  \
-			__builtin_trap();                                                  \
+#define REQUIRE(x)                                                                                 \
+	do {                                                                                       \
+		if (!(x))                                                                          \
+			__builtin_trap();                                                          \
 	} while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -56,12 +56,15 @@ static engine_tokenizer *build(const char *pre)
 {
 	/* merges as pairs of plain text; their encoded forms are computed */
 	static const char *const merges[][2] = {
-	    {" ", "t"}, {"t", "h"}, {" t", "h"}, {"th", "e"}, {" th", "e"}, {"i", "n"},
-	    {" ", " "}, {"  ", "  "}, {"e", "r"}, {"\n", "\n"}, {"1", "2"}, {"12", "3"},
-	    {"\xc3", "\xa9"}, {"<", "|"}, {"a", "a"}, {"aa", "aa"},
+	    {" ", "t"},       {"t", "h"},   {" t", "h"}, {"th", "e"},  {" th", "e"}, {"i", "n"},
+	    {" ", " "},       {"  ", "  "}, {"e", "r"},  {"\n", "\n"}, {"1", "2"},   {"12", "3"},
+	    {"\xc3", "\xa9"}, {"<", "|"},   {"a", "a"},  {"aa", "aa"},
 	};
 	static const char *const specials[][2] = {
-	    {"<|im_start|>", "3"}, {"<|im_end|>", "3"}, {"<|endoftext|>", "3"}, {"<tool>", "4"},
+	    {"<|im_start|>", "3"},
+	    {"<|im_end|>", "3"},
+	    {"<|endoftext|>", "3"},
+	    {"<tool>", "4"},
 	};
 	enum { MAX = 256 + 32 };
 	char *texts[MAX];
@@ -103,11 +106,11 @@ static engine_tokenizer *build(const char *pre)
 	REQUIRE(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2") == 0);
 	REQUIRE(gguf_writer_set_str(w, "tokenizer.ggml.pre", pre) == 0);
 	REQUIRE(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)texts,
-					NULL, (uint64_t)n) == 0);
+	                                NULL, (uint64_t)n) == 0);
 	REQUIRE(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types,
-				    (uint64_t)n) == 0);
+	                            (uint64_t)n) == 0);
 	REQUIRE(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", (const char *const *)mtexts,
-					NULL, (uint64_t)nm) == 0);
+	                                NULL, (uint64_t)nm) == 0);
 	REQUIRE(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)n - 2) == 0);
 	REQUIRE(gguf_writer_write_mem(w, &buf, &size, NULL) == 0);
 	REQUIRE(gguf_open_mem(buf, size, &f, NULL) == 0);

@@ -23,9 +23,9 @@ static const char *mkmodel(const char *shape, const char *vocab, const char *ext
 	static char out[4096];
 	char cmd[16384];
 	snprintf(out, sizeof(out), "%s/edgelm-archs-%d-%s.gguf", test_tmpdir(), (int)getpid(),
-		 shape);
+	         shape);
 	snprintf(cmd, sizeof(cmd), "'%s' mkmodel --shape %s --vocab '%s' %s -o '%s' >/dev/null",
-		 tool(), shape, vocab, extra, out);
+	         tool(), shape, vocab, extra, out);
 	if (system(cmd) != 0) {
 		fprintf(stderr, "failed: %s\n", cmd);
 		return NULL;
@@ -80,8 +80,8 @@ static void batch_vs_tokens(engine_model *m, const char *what, double tol)
 	CHECK_OK(engine_ctx_new(m, &cp, &b, &err));
 	if (!a || !b)
 		goto out;
-	struct engine_batch bt = {.n = N, .tokens = toks, .pos = pos, .seq = NULL,
-				  .want_logits = want};
+	struct engine_batch bt = {
+	    .n = N, .tokens = toks, .pos = pos, .seq = NULL, .want_logits = want};
 	CHECK_OK(engine_decode(a, &bt, &err));
 	float *batch = malloc((size_t)N * nv * sizeof(float));
 	for (int i = 0; i < N; i++) {
@@ -99,7 +99,7 @@ static void batch_vs_tokens(engine_model *m, const char *what, double tol)
 			worst = d;
 	}
 	fprintf(stderr, "%s (%s, %s kernels): batch vs token by token: max relative diff %.3g\n",
-		what, info.arch, info.isa, worst);
+	        what, info.arch, info.isa, worst);
 	CHECK_MSG(worst <= tol, "%s (%s kernels): %g > %g", what, info.isa, worst, tol);
 	free(batch);
 
@@ -167,7 +167,7 @@ static void test_small_qwen3(void)
 /* A real shape with one layer and its vocab: loads, the chat prompt
  * tokenizes with its control tokens, the model generates. */
 static void run_real(const char *shape, const char *vocab, const char *arch,
-		     enum engine_chat_format want_fmt, const char *eot)
+                     enum engine_chat_format want_fmt, const char *eot)
 {
 #if defined(__SANITIZE_ADDRESS__)
 	TEST_SKIP("the real shapes take minutes under ASan");

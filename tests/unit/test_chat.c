@@ -42,99 +42,112 @@ static void check_format(const char *name, const char *want)
 
 static void test_standard_conversation(void)
 {
-	check_format("chatml",
-		     "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\n"
-		     "Hello<|im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\n"
-		     "Who are you<|im_end|>\n<|im_start|>assistant\n   I am an assistant   "
-		     "<|im_end|>\n<|im_start|>user\nAnother question<|im_end|>\n"
-		     "<|im_start|>assistant\n");
+	check_format(
+	    "chatml",
+	    "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\n"
+	    "Hello<|im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\n"
+	    "Who are you<|im_end|>\n<|im_start|>assistant\n   I am an assistant   "
+	    "<|im_end|>\n<|im_start|>user\nAnother question<|im_end|>\n"
+	    "<|im_start|>assistant\n");
 	check_format("llama3",
-		     "<|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant"
-		     "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
-		     "<|start_header_id|>assistant<|end_header_id|>\n\nHi there<|eot_id|>"
-		     "<|start_header_id|>user<|end_header_id|>\n\nWho are you<|eot_id|>"
-		     "<|start_header_id|>assistant<|end_header_id|>\n\nI am an assistant<|eot_id|>"
-		     "<|start_header_id|>user<|end_header_id|>\n\nAnother question<|eot_id|>"
-		     "<|start_header_id|>assistant<|end_header_id|>\n\n");
+	             "<|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant"
+	             "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
+	             "<|start_header_id|>assistant<|end_header_id|>\n\nHi there<|eot_id|>"
+	             "<|start_header_id|>user<|end_header_id|>\n\nWho are you<|eot_id|>"
+	             "<|start_header_id|>assistant<|end_header_id|>\n\nI am an assistant<|eot_id|>"
+	             "<|start_header_id|>user<|end_header_id|>\n\nAnother question<|eot_id|>"
+	             "<|start_header_id|>assistant<|end_header_id|>\n\n");
 	check_format("llama2", "[INST] You are a helpful assistant\nHello [/INST]Hi there</s>"
-			       "[INST] Who are you [/INST]   I am an assistant   </s>"
-			       "[INST] Another question [/INST]");
-	check_format("llama2-sys",
-		     "[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST]Hi there"
-		     "</s>[INST] Who are you [/INST]   I am an assistant   </s>"
-		     "[INST] Another question [/INST]");
-	check_format("llama2-sys-bos",
-		     "[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST]Hi there"
-		     "</s><s>[INST] Who are you [/INST]   I am an assistant   </s>"
-		     "<s>[INST] Another question [/INST]");
-	check_format("llama2-sys-strip",
-		     "[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST]Hi there"
-		     "</s>[INST] Who are you [/INST]I am an assistant</s>"
-		     "[INST] Another question [/INST]");
+	                       "[INST] Who are you [/INST]   I am an assistant   </s>"
+	                       "[INST] Another question [/INST]");
+	check_format(
+	    "llama2-sys",
+	    "[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST]Hi there"
+	    "</s>[INST] Who are you [/INST]   I am an assistant   </s>"
+	    "[INST] Another question [/INST]");
+	check_format(
+	    "llama2-sys-bos",
+	    "[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST]Hi there"
+	    "</s><s>[INST] Who are you [/INST]   I am an assistant   </s>"
+	    "<s>[INST] Another question [/INST]");
+	check_format(
+	    "llama2-sys-strip",
+	    "[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST]Hi there"
+	    "</s>[INST] Who are you [/INST]I am an assistant</s>"
+	    "[INST] Another question [/INST]");
 	check_format("mistral-v1",
-		     " [INST] You are a helpful assistant\n\nHello [/INST] Hi there</s>"
-		     " [INST] Who are you [/INST]    I am an assistant   </s>"
-		     " [INST] Another question [/INST]");
-	check_format("mistral-v3",
-		     "[INST] You are a helpful assistant\n\nHello[/INST] Hi there</s>"
-		     "[INST] Who are you[/INST] I am an assistant</s>[INST] Another question[/INST]");
+	             " [INST] You are a helpful assistant\n\nHello [/INST] Hi there</s>"
+	             " [INST] Who are you [/INST]    I am an assistant   </s>"
+	             " [INST] Another question [/INST]");
+	check_format(
+	    "mistral-v3",
+	    "[INST] You are a helpful assistant\n\nHello[/INST] Hi there</s>"
+	    "[INST] Who are you[/INST] I am an assistant</s>[INST] Another question[/INST]");
 	check_format("mistral-v3-tekken",
-		     "[INST]You are a helpful assistant\n\nHello[/INST]Hi there</s>"
-		     "[INST]Who are you[/INST]   I am an assistant   </s>"
-		     "[INST]Another question[/INST]");
-	check_format("mistral-v7",
-		     "[SYSTEM_PROMPT] You are a helpful assistant[/SYSTEM_PROMPT][INST] Hello[/INST]"
-		     " Hi there</s>[INST] Who are you[/INST]    I am an assistant   </s>"
-		     "[INST] Another question[/INST]");
-	check_format("phi3", "<|system|>\nYou are a helpful assistant<|end|>\n<|user|>\nHello<|end|>\n"
-			     "<|assistant|>\nHi there<|end|>\n<|user|>\nWho are you<|end|>\n"
-			     "<|assistant|>\n   I am an assistant   <|end|>\n<|user|>\n"
-			     "Another question<|end|>\n<|assistant|>\n");
+	             "[INST]You are a helpful assistant\n\nHello[/INST]Hi there</s>"
+	             "[INST]Who are you[/INST]   I am an assistant   </s>"
+	             "[INST]Another question[/INST]");
+	check_format(
+	    "mistral-v7",
+	    "[SYSTEM_PROMPT] You are a helpful assistant[/SYSTEM_PROMPT][INST] Hello[/INST]"
+	    " Hi there</s>[INST] Who are you[/INST]    I am an assistant   </s>"
+	    "[INST] Another question[/INST]");
+	check_format("phi3",
+	             "<|system|>\nYou are a helpful assistant<|end|>\n<|user|>\nHello<|end|>\n"
+	             "<|assistant|>\nHi there<|end|>\n<|user|>\nWho are you<|end|>\n"
+	             "<|assistant|>\n   I am an assistant   <|end|>\n<|user|>\n"
+	             "Another question<|end|>\n<|assistant|>\n");
 	check_format("phi4",
-		     "<|im_start|>system<|im_sep|>You are a helpful assistant<|im_end|>"
-		     "<|im_start|>user<|im_sep|>Hello<|im_end|><|im_start|>assistant<|im_sep|>"
-		     "Hi there<|im_end|><|im_start|>user<|im_sep|>Who are you<|im_end|>"
-		     "<|im_start|>assistant<|im_sep|>   I am an assistant   <|im_end|>"
-		     "<|im_start|>user<|im_sep|>Another question<|im_end|>"
-		     "<|im_start|>assistant<|im_sep|>");
+	             "<|im_start|>system<|im_sep|>You are a helpful assistant<|im_end|>"
+	             "<|im_start|>user<|im_sep|>Hello<|im_end|><|im_start|>assistant<|im_sep|>"
+	             "Hi there<|im_end|><|im_start|>user<|im_sep|>Who are you<|im_end|>"
+	             "<|im_start|>assistant<|im_sep|>   I am an assistant   <|im_end|>"
+	             "<|im_start|>user<|im_sep|>Another question<|im_end|>"
+	             "<|im_start|>assistant<|im_sep|>");
 	check_format("gemma",
-		     "<start_of_turn>user\nYou are a helpful assistant\n\nHello<end_of_turn>\n"
-		     "<start_of_turn>model\nHi there<end_of_turn>\n<start_of_turn>user\n"
-		     "Who are you<end_of_turn>\n<start_of_turn>model\nI am an assistant"
-		     "<end_of_turn>\n<start_of_turn>user\nAnother question<end_of_turn>\n"
-		     "<start_of_turn>model\n");
+	             "<start_of_turn>user\nYou are a helpful assistant\n\nHello<end_of_turn>\n"
+	             "<start_of_turn>model\nHi there<end_of_turn>\n<start_of_turn>user\n"
+	             "Who are you<end_of_turn>\n<start_of_turn>model\nI am an assistant"
+	             "<end_of_turn>\n<start_of_turn>user\nAnother question<end_of_turn>\n"
+	             "<start_of_turn>model\n");
 	check_format("zephyr",
-		     "<|system|>\nYou are a helpful assistant<|endoftext|>\n<|user|>\nHello"
-		     "<|endoftext|>\n<|assistant|>\nHi there<|endoftext|>\n<|user|>\nWho are you"
-		     "<|endoftext|>\n<|assistant|>\n   I am an assistant   <|endoftext|>\n"
-		     "<|user|>\nAnother question<|endoftext|>\n<|assistant|>\n");
+	             "<|system|>\nYou are a helpful assistant<|endoftext|>\n<|user|>\nHello"
+	             "<|endoftext|>\n<|assistant|>\nHi there<|endoftext|>\n<|user|>\nWho are you"
+	             "<|endoftext|>\n<|assistant|>\n   I am an assistant   <|endoftext|>\n"
+	             "<|user|>\nAnother question<|endoftext|>\n<|assistant|>\n");
 	/* the §6.4 TinyLlama/Zephyr-beta shape: zephyr with </s> */
 	check_format("zephyr-eos",
-		     "<|system|>\nYou are a helpful assistant</s>\n<|user|>\nHello</s>\n"
-		     "<|assistant|>\nHi there</s>\n<|user|>\nWho are you</s>\n"
-		     "<|assistant|>\n   I am an assistant   </s>\n<|user|>\nAnother question</s>\n"
-		     "<|assistant|>\n");
+	             "<|system|>\nYou are a helpful assistant</s>\n<|user|>\nHello</s>\n"
+	             "<|assistant|>\nHi there</s>\n<|user|>\nWho are you</s>\n"
+	             "<|assistant|>\n   I am an assistant   </s>\n<|user|>\nAnother question</s>\n"
+	             "<|assistant|>\n");
 	check_format("falcon3",
-		     "<|system|>\nYou are a helpful assistant\n<|user|>\nHello\n<|assistant|>\n"
-		     "Hi there\n<|user|>\nWho are you\n<|assistant|>\n   I am an assistant   \n"
-		     "<|user|>\nAnother question\n<|assistant|>\n");
+	             "<|system|>\nYou are a helpful assistant\n<|user|>\nHello\n<|assistant|>\n"
+	             "Hi there\n<|user|>\nWho are you\n<|assistant|>\n   I am an assistant   \n"
+	             "<|user|>\nAnother question\n<|assistant|>\n");
 	check_format("deepseek3",
-		     "You are a helpful assistant\n\n<\xef\xbd\x9cUser\xef\xbd\x9c>Hello"
-		     "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>Hi there"
-		     "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
-		     "<\xef\xbd\x9cUser\xef\xbd\x9c>Who are you"
-		     "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>   I am an assistant   "
-		     "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
-		     "<\xef\xbd\x9cUser\xef\xbd\x9c>Another question"
-		     "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>");
+	             "You are a helpful assistant\n\n<\xef\xbd\x9cUser\xef\xbd\x9c>Hello"
+	             "<\xef\xbd\x9c"
+	             "Assistant\xef\xbd\x9c>Hi there"
+	             "<\xef\xbd\x9c"
+	             "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
+	             "<\xef\xbd\x9cUser\xef\xbd\x9c>Who are you"
+	             "<\xef\xbd\x9c"
+	             "Assistant\xef\xbd\x9c>   I am an assistant   "
+	             "<\xef\xbd\x9c"
+	             "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
+	             "<\xef\xbd\x9cUser\xef\xbd\x9c>Another question"
+	             "<\xef\xbd\x9c"
+	             "Assistant\xef\xbd\x9c>");
 	/* qwen3, thinking off (§6.4): chatml, the empty think block after
 	 * the generation prompt */
-	check_format("qwen3",
-		     "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\n"
-		     "Hello<|im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\n"
-		     "Who are you<|im_end|>\n<|im_start|>assistant\n   I am an assistant   "
-		     "<|im_end|>\n<|im_start|>user\nAnother question<|im_end|>\n"
-		     "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+	check_format(
+	    "qwen3",
+	    "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\n"
+	    "Hello<|im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\n"
+	    "Who are you<|im_end|>\n<|im_start|>assistant\n   I am an assistant   "
+	    "<|im_end|>\n<|im_start|>user\nAnother question<|im_end|>\n"
+	    "<|im_start|>assistant\n<think>\n\n</think>\n\n");
 }
 
 /* Every format: no generation prompt, a single user message, no messages. */
@@ -160,7 +173,7 @@ static void test_shapes(void)
 	free(s);
 	s = render(ENGINE_CHAT_LLAMA3, one, 1, true);
 	CHECK_STREQ(s, "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
-		       "<|start_header_id|>assistant<|end_header_id|>\n\n");
+	               "<|start_header_id|>assistant<|end_header_id|>\n\n");
 	free(s);
 	/* qwen3 drops the thinking of earlier assistant turns */
 	static const struct engine_chat_msg think[] = {
@@ -173,7 +186,8 @@ static void test_shapes(void)
 	/* a bad role is refused */
 	struct engine_chat_msg bad = {(enum engine_chat_role)7, "x", 1};
 	char *t = NULL;
-	CHECK_EQ_INT(engine_chat_render(ENGINE_CHAT_CHATML, &bad, 1, true, &t, NULL, NULL), -EINVAL);
+	CHECK_EQ_INT(engine_chat_render(ENGINE_CHAT_CHATML, &bad, 1, true, &t, NULL, NULL),
+	             -EINVAL);
 	CHECK(t == NULL);
 }
 
@@ -192,61 +206,62 @@ static void test_detect(void)
 	CHECK_EQ_INT(detect("gemma"), ENGINE_CHAT_GEMMA); /* a format name */
 	/* Qwen2.5 / SmolLM2 */
 	CHECK_EQ_INT(detect("{%- for message in messages %}{{'<|im_start|>' + message['role'] + "
-			    "'\\n' + message['content'] + '<|im_end|>' + '\\n'}}"),
-		     ENGINE_CHAT_CHATML);
+	                    "'\\n' + message['content'] + '<|im_end|>' + '\\n'}}"),
+	             ENGINE_CHAT_CHATML);
 	/* Qwen3 */
 	CHECK_EQ_INT(detect("{%- if enable_thinking is defined and enable_thinking is false %}"
-			    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}<|im_start|>"),
-		     ENGINE_CHAT_QWEN3);
+	                    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}<|im_start|>"),
+	             ENGINE_CHAT_QWEN3);
 	/* Phi-4 */
 	CHECK_EQ_INT(detect("{{'<|im_start|>' + message['role'] + '<|im_sep|>'}}"),
-		     ENGINE_CHAT_PHI4);
+	             ENGINE_CHAT_PHI4);
 	/* Llama 3.x */
 	CHECK_EQ_INT(detect("{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>"
-			    "\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}"),
-		     ENGINE_CHAT_LLAMA3);
+	                    "\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}"),
+	             ENGINE_CHAT_LLAMA3);
 	/* TinyLlama / Zephyr-beta: eos_token, not glmedge */
 	CHECK_EQ_INT(detect("{% for message in messages %}\n{% if message['role'] == 'user' %}\n"
-			    "{{ '<|user|>\\n' + message['content'] + eos_token }}\n{% elif "
-			    "message['role'] == 'assistant' %}\n{{ '<|assistant|>\\n'  + "
-			    "message['content'] + eos_token }}\n{% endif %}\n{% if loop.last and "
-			    "add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n"
-			    "{% endfor %}"),
-		     ENGINE_CHAT_ZEPHYR_EOS);
+	                    "{{ '<|user|>\\n' + message['content'] + eos_token }}\n{% elif "
+	                    "message['role'] == 'assistant' %}\n{{ '<|assistant|>\\n'  + "
+	                    "message['content'] + eos_token }}\n{% endif %}\n{% if loop.last and "
+	                    "add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n"
+	                    "{% endfor %}"),
+	             ENGINE_CHAT_ZEPHYR_EOS);
 	CHECK_EQ_INT(detect("{{ '<|user|>\\n' + message['content'] + '<|endoftext|>' }}"),
-		     ENGINE_CHAT_ZEPHYR);
+	             ENGINE_CHAT_ZEPHYR);
 	/* Phi-3 */
 	CHECK_EQ_INT(detect("{{'<|user|>' + '\\n' + message['content'] + '<|end|>' + '\\n' + "
-			    "'<|assistant|>' + '\\n'}}"),
-		     ENGINE_CHAT_PHI3);
+	                    "'<|assistant|>' + '\\n'}}"),
+	             ENGINE_CHAT_PHI3);
 	/* Mistral 7B Instruct v0.2 (llama2 without <<SYS>>) */
 	CHECK_EQ_INT(detect("{{ bos_token }}{% for message in messages %}{% if message['role'] "
-			    "== 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
-			    "{% elif message['role'] == 'assistant' %}{{ message['content'] + "
-			    "eos_token}}{% endif %}{% endfor %}"),
-		     ENGINE_CHAT_LLAMA2);
+	                    "== 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+	                    "{% elif message['role'] == 'assistant' %}{{ message['content'] + "
+	                    "eos_token}}{% endif %}{% endfor %}"),
+	             ENGINE_CHAT_LLAMA2);
 	CHECK_EQ_INT(detect("[INST] <<SYS>>\\n' + system_message + '\\n<</SYS>>"),
-		     ENGINE_CHAT_LLAMA2_SYS);
+	             ENGINE_CHAT_LLAMA2_SYS);
 	CHECK_EQ_INT(detect("{{ bos_token + '[INST] ' + content.strip() }}"),
-		     ENGINE_CHAT_LLAMA2_SYS_STRIP);
+	             ENGINE_CHAT_LLAMA2_SYS_STRIP);
 	CHECK_EQ_INT(detect("{{ bos_token + '[INST] ' + content }}<<SYS>>"),
-		     ENGINE_CHAT_LLAMA2_SYS_BOS);
+	             ENGINE_CHAT_LLAMA2_SYS_BOS);
 	CHECK_EQ_INT(detect("[AVAILABLE_TOOLS] {{ ' [INST] ' + message['content'] }}"),
-		     ENGINE_CHAT_MISTRAL_V1);
+	             ENGINE_CHAT_MISTRAL_V1);
 	CHECK_EQ_INT(detect("[AVAILABLE_TOOLS]{{ '[INST] ' + message['content'] }}"),
-		     ENGINE_CHAT_MISTRAL_V3);
+	             ENGINE_CHAT_MISTRAL_V3);
 	CHECK_EQ_INT(detect("[AVAILABLE_TOOLS]{{ \"[INST]\" + message['content'] }}"),
-		     ENGINE_CHAT_MISTRAL_V3_TEKKEN);
+	             ENGINE_CHAT_MISTRAL_V3_TEKKEN);
 	CHECK_EQ_INT(detect("{{ '[SYSTEM_PROMPT] ' + system }}[INST]"), ENGINE_CHAT_MISTRAL_V7);
 	/* Gemma */
 	CHECK_EQ_INT(detect("{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + "
-			    "'<end_of_turn>\\n' }}"),
-		     ENGINE_CHAT_GEMMA);
+	                    "'<end_of_turn>\\n' }}"),
+	             ENGINE_CHAT_GEMMA);
 	CHECK_EQ_INT(detect("{{'<|user|>\\n' + message['content'] + '</s>\\n<|assistant|>\\n'}}"),
-		     ENGINE_CHAT_FALCON3);
+	             ENGINE_CHAT_FALCON3);
 	CHECK_EQ_INT(detect("{{'<\xef\xbd\x9cUser\xef\xbd\x9c>' + content + "
-			    "'<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>'}}"),
-		     ENGINE_CHAT_DEEPSEEK3);
+	                    "'<\xef\xbd\x9c"
+	                    "Assistant\xef\xbd\x9c>'}}"),
+	             ENGINE_CHAT_DEEPSEEK3);
 }
 
 static void test_unknown_and_override(void)

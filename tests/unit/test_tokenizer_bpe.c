@@ -43,7 +43,7 @@ static double now_s(void)
 
 /* Tokenize into a malloc'ed array (NULL on error; *ret_n = count). */
 static int32_t *tokenize(const engine_tokenizer *t, const char *s, size_t n, bool add_special,
-			 bool parse_special, int *ret_n)
+                         bool parse_special, int *ret_n)
 {
 	struct cm_err err = {0};
 	int cnt = 0;
@@ -70,7 +70,8 @@ static char *pieces(const engine_tokenizer *t, const int32_t *ids, int n, size_t
 	char *s = malloc(cap);
 	for (int i = 0; s && i < n; i++) {
 		int k;
-		while ((k = engine_token_to_piece(t, ids[i], false, s + len, cap - len)) == -ENOBUFS) {
+		while ((k = engine_token_to_piece(t, ids[i], false, s + len, cap - len)) ==
+		       -ENOBUFS) {
 			char *ns = realloc(s, cap *= 2);
 			if (!ns) {
 				free(s);
@@ -202,7 +203,7 @@ static void run_vocab_file(const char *dir, const char *name, int *ret_files)
 			n_pass++;
 		} else {
 			fprintf(stderr, "%s: vector %d mismatch, input '%.*s'\n", name, n_vec - 1,
-				(int)(len > 200 ? 200 : len), p);
+			        (int)(len > 200 ? 200 : len), p);
 			if (got)
 				print_ids("got ", got, ng);
 			print_ids("want", want, nw);
@@ -229,9 +230,9 @@ static void run_vocab_file(const char *dir, const char *name, int *ret_files)
 		o = nl + 1;
 	}
 	fprintf(stderr,
-		"%-34s %3d/%3d vectors match; round trip: pieces %d/%d, whole detokenize %d/%d, "
-		"stream==pieces %d/%d; built in %.0f ms\n",
-		name, n_pass, n_vec, n_exact, n_vec, n_whole, n_vec, n_stream, n_vec, build_ms);
+	        "%-34s %3d/%3d vectors match; round trip: pieces %d/%d, whole detokenize %d/%d, "
+	        "stream==pieces %d/%d; built in %.0f ms\n",
+	        name, n_pass, n_vec, n_exact, n_vec, n_whole, n_vec, n_stream, n_vec, build_ms);
 	CHECK(n_vec > 0);
 	CHECK_EQ_INT(n_pass, n_vec);
 	/* byte-level BPE is lossless: the pieces give back every input */
@@ -422,7 +423,7 @@ static void hostile(engine_tokenizer *t, const char *name)
 	size_t big = SANITIZED ? 1 << 18 : 1 << 20;
 	char *s = malloc(big);
 	static const char *const parts[] = {"hello ", "   ", "\n\n", "12345", "\xe4\xb8\xad",
-					    "!!", "\t", "x", "\xff", "'s "};
+	                                    "!!",     "\t",  "x",    "\xff",  "'s "};
 	size_t n = 0;
 	while (n + 8 < big) {
 		const char *p = parts[rnd() % 10];
@@ -448,8 +449,8 @@ static void hostile(engine_tokenizer *t, const char *name)
 	free(ids);
 	free(s);
 	/* 100k special-looking tags */
-	static const char *const tags[] = {"<|im_start|>", "<|eot_id|>", "<s>", "</s>", "<|im_",
-					   "<|", "<unk>", "<|endoftext|>"};
+	static const char *const tags[] = {"<|im_start|>", "<|eot_id|>", "<s>",   "</s>",
+	                                   "<|im_",        "<|",         "<unk>", "<|endoftext|>"};
 	size_t cap = 100000 * 14; /* 100k tags of at most 13 bytes */
 	s = malloc(cap);
 	n = 0;
@@ -471,7 +472,7 @@ static void test_hostile_inputs(void)
 {
 	/* one vocabulary per pre-tokenizer shape, to keep the test quick */
 	static const char *const names[] = {"qwen2", "llama-bpe", "deepseek-llm", "falcon",
-					    "llama-spm"};
+	                                    "llama-spm"};
 	int n = 0;
 	size_t nn = SANITIZED ? 2 : sizeof(names) / sizeof(names[0]);
 	for (size_t i = 0; i < nn; i++) {
@@ -496,8 +497,14 @@ static void test_invalid_utf8_fffd(void)
 		return;
 	}
 	int n1 = 0, n2 = 0;
-	int32_t *a = tokenize(t, "a\xff" "b", 3, false, false, &n1);
-	int32_t *b = tokenize(t, "a\xef\xbf\xbd" "b", 5, false, false, &n2);
+	int32_t *a = tokenize(t,
+	                      "a\xff"
+	                      "b",
+	                      3, false, false, &n1);
+	int32_t *b = tokenize(t,
+	                      "a\xef\xbf\xbd"
+	                      "b",
+	                      5, false, false, &n2);
 	CHECK(a && b && n1 == n2 && memcmp(a, b, (size_t)n1 * 4) == 0);
 	free(a);
 	free(b);
@@ -513,8 +520,9 @@ static void test_spm_words_equivalent(void)
 		return;
 	}
 	CHECK(t->spm_words);
-	static const char *const parts[] = {"hello ", "   ", "\n\n", "12345", "\xe4\xb8\xad",
-					    "!!", "\t", "x", "\xff", "'s ", "\xf0 ", "world"};
+	static const char *const parts[] = {"hello ",       "   ", "\n\n",  "12345",
+	                                    "\xe4\xb8\xad", "!!",  "\t",    "x",
+	                                    "\xff",         "'s ", "\xf0 ", "world"};
 	size_t cap = 200000, n = 0;
 	char *s = malloc(cap);
 	while (n + 8 < cap) {
