@@ -97,6 +97,9 @@ $(BUILD)/%.a:
 DEPS := $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 -include $(DEPS)
 
+# Keep intermediate objects (tests, tools): no rebuilds on every run.
+.SECONDARY:
+
 .PHONY: all check test clean format check-deps install uninstall fuzz
 
 clean:

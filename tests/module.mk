@@ -52,12 +52,20 @@ tests: $(TESTS) $(BINS)
 
 # `make check`: the whole suite in the normal build, then the engine's unit
 # tests and the fuzz replays again under ASan+UBSan.
+# Both passes always run; the last line is the sum of both.
 check: check-deps tests
-	@BUILD=$(BUILD) tests/run-tests.sh
-	@$(MAKE) --no-print-directory SAN=address,undefined CFLAGS="-O1 -g" check-san
+	@rc=0; rm -f $(BUILD)/.totals; \
+	BUILD=$(BUILD) TEST_TOTALS=$(CURDIR)/$(BUILD)/.totals tests/run-tests.sh || rc=1; \
+	$(MAKE) --no-print-directory SAN=address,undefined CFLAGS="-O1 -g" \
+		TEST_TOTALS=$(CURDIR)/$(BUILD)/.totals check-san || rc=1; \
+	awk '{ p += $$1; f += $$2; s += $$3 } END { \
+		printf "== make check: both passes\n%d passed, %d failed, %d skipped\n", p, f, s }' \
+		$(BUILD)/.totals; \
+	exit $$rc
 
 check-san: tests
-	@BUILD=$(BUILD) TEST_PASS=asan+ubsan EDGELM_AGREE_STORIES=$${EDGELM_AGREE_STORIES:-24} tests/run-tests.sh
+	@BUILD=$(BUILD) TEST_PASS=asan+ubsan EDGELM_AGREE_STORIES=$${EDGELM_AGREE_STORIES:-24} \
+		TEST_TOTALS=$(TEST_TOTALS) tests/run-tests.sh
 
 test: check
 .PHONY: tests check-san

@@ -56,4 +56,5 @@ fi
 echo "== $PASS_NAME: $total_p passed, $total_f failed, $total_s skipped"
 [ -n "$failed" ] && echo "failed:$failed"
 printf '%d passed, %d failed\n' "$total_p" "$total_f"
+[ -n "${TEST_TOTALS:-}" ] && echo "$total_p $total_f $total_s" >>"$TEST_TOTALS"
 [ "$total_f" -eq 0 ]
