@@ -202,16 +202,39 @@ static inline float f32_at(const void *p)
 	return f;
 }
 
+/* The 8 six-bit scales and 8 mins of a Q4_K/Q5_K block, as bytes, from the
+ * 12 packed bytes (quant_scale_min_k4 done four at a time on 32-bit words):
+ * j < 4: scale = q[j] & 63, min = q[j + 4] & 63;
+ * j >= 4: scale = (q[j + 4] & 15) | (q[j - 4] >> 6) << 4,
+ *         min = (q[j + 4] >> 4) | (q[j] >> 6) << 4. */
+static inline void k4_scales(const uint8_t *q, uint32_t sc[2], uint32_t mn[2])
+{
+	uint32_t w0, w1, w2;
+	memcpy(&w0, q, 4);
+	memcpy(&w1, q + 4, 4);
+	memcpy(&w2, q + 8, 4);
+	sc[0] = w0 & 0x3f3f3f3fu;
+	mn[0] = w1 & 0x3f3f3f3fu;
+	sc[1] = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
+	mn[1] = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
+}
+
 static void vec_dot_q4_K_q8_K(int64_t n, float *s, const void *vw, const void *va)
 {
 	const struct block_q4_K *w = vw;
 	const struct block_q8_K *a = va;
 	const __m256i m4 = _mm256_set1_epi8(0x0f);
+	/* vpshufb masks that spread int16 scale j over a whole register */
+	__m256i spread[8];
+	for (int j = 0; j < 8; j++)
+		spread[j] = _mm256_set1_epi16((short)(0x0100 * (2 * j + 1) + 2 * j));
 	float sum = 0.0f;
 	for (int64_t i = 0; i < n / QK_K; i++) {
-		uint8_t sc[8], mn[8];
-		for (int j = 0; j < 8; j++)
-			quant_scale_min_k4(j, w[i].scales, &sc[j], &mn[j]);
+		uint32_t sc[2], mn[2];
+		k4_scales(w[i].scales, sc, mn);
+		__m128i sc8 = _mm_cvtsi32_si128((int)sc[0]);
+		sc8 = _mm_insert_epi32(sc8, (int)sc[1], 1);
+		__m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8));
 		__m256i acc = _mm256_setzero_si256();
 		for (int k = 0; k < 4; k++) {
 			__m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * k));
@@ -220,15 +243,16 @@ static void vec_dot_q4_K_q8_K(int64_t n, float *s, const void *vw, const void *v
 			__m256i alo = _mm256_loadu_si256((const __m256i *)(a[i].qs + 64 * k));
 			__m256i ahi = _mm256_loadu_si256((const __m256i *)(a[i].qs + 64 * k + 32));
 			__m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, alo),
-							_mm256_set1_epi16(sc[2 * k]));
+							_mm256_shuffle_epi8(sc16, spread[2 * k]));
 			__m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ahi),
-							_mm256_set1_epi16(sc[2 * k + 1]));
+							_mm256_shuffle_epi8(sc16, spread[2 * k + 1]));
 			acc = _mm256_add_epi32(acc, _mm256_add_epi32(plo, phi));
 		}
 		/* min term: sum_j m_j * (bsums[2j] + bsums[2j+1]) */
 		__m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[i].bsums),
 					       _mm256_set1_epi16(1));
-		__m256i mv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn));
+		__m128i mn8 = _mm_insert_epi32(_mm_cvtsi32_si128((int)mn[0]), (int)mn[1], 1);
+		__m256i mv = _mm256_cvtepu8_epi32(mn8);
 		int32_t isum = hsum_i32(acc);
 		int32_t msum = hsum_i32(_mm256_mullo_epi32(bs, mv));
 		float da = f32_at(&a[i].d);
