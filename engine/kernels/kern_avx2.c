@@ -266,11 +266,20 @@ static void vec_dot_q6_K_q8_K(int64_t n, float *s, const void *vw, const void *v
 	const struct block_q6_K *w = vw;
 	const struct block_q8_K *a = va;
 	const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+	/* vpshufb masks: int16 word 2g over the low lane, 2g + 1 over the high */
+	__m256i pick[4];
+	for (int g = 0; g < 4; g++)
+		pick[g] = _mm256_setr_m128i(_mm_set1_epi16((short)(0x0100 * (4 * g + 1) + 4 * g)),
+					    _mm_set1_epi16((short)(0x0100 * (4 * g + 3) + 4 * g + 2)));
 	float sum = 0.0f;
 	for (int64_t i = 0; i < n / QK_K; i++) {
 		const int8_t *sc = w[i].scales;
+		__m256i scs = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
 		__m256i acc = _mm256_setzero_si256();
 		for (int h = 0; h < 2; h++) {
+			/* scales 8h .. 8h + 7 in both lanes */
+			__m256i half_sc = h ? _mm256_permute2x128_si256(scs, scs, 0x11)
+					    : _mm256_permute2x128_si256(scs, scs, 0x00);
 			__m256i ql0 = _mm256_loadu_si256((const __m256i *)(w[i].ql + 64 * h));
 			__m256i ql1 = _mm256_loadu_si256((const __m256i *)(w[i].ql + 64 * h + 32));
 			__m256i qh = _mm256_loadu_si256((const __m256i *)(w[i].qh + 32 * h));
@@ -287,17 +296,14 @@ static void vec_dot_q6_K_q8_K(int64_t n, float *s, const void *vw, const void *v
 				_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
 				_mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
 			for (int g = 0; g < 4; g++) {
-				int j = 8 * h + 2 * g;
 				__m256i av = _mm256_loadu_si256(
 					(const __m256i *)(a[i].qs + 128 * h + 32 * g));
-				__m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[j + 1]),
-							       _mm_set1_epi16(sc[j]));
+				__m256i scv = _mm256_shuffle_epi8(half_sc, pick[g]);
 				acc = _mm256_add_epi32(
 					acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q[g], av), scv));
 			}
 		}
 		/* the codes are q + 32: take 32 * sum_j sc_j * bsums_j off */
-		__m256i scs = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
 		__m256i corr = _mm256_madd_epi16(
 			scs, _mm256_loadu_si256((const __m256i *)a[i].bsums));
 		int32_t isum = hsum_i32(acc) - 32 * hsum_i32(corr);
