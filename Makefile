@@ -100,7 +100,7 @@ DEPS := $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 # Keep intermediate objects (tests, tools): no rebuilds on every run.
 .SECONDARY:
 
-.PHONY: all check test clean format check-deps install uninstall fuzz
+.PHONY: all check test clean format check-deps install install-programs uninstall fuzz
 
 clean:
 	rm -rf build build-* $(CLEAN_EXTRA)
@@ -121,7 +121,12 @@ check-deps:
 	if grep -rln 'immintrin.h' engine | grep -vE 'engine/kernels/kern_[a-z0-9]+\.c$$' | grep -v kern_generic; then bad=1; fi; \
 	if [ $$bad = 0 ]; then echo "check-deps: module boundaries respected"; else echo "check-deps: violations above"; exit 1; fi
 
-install: all install-ipc install-packaging
+# install = programs + client library (install-ipc) + unit, config, man
+# pages (install-packaging); debian/rules takes the first two and lets
+# debhelper place the packaging files.
+install: install-programs install-ipc install-packaging
+
+install-programs: all
 	install -d $(DESTDIR)$(BINDIR)
 	for b in $(INSTALL_BINS); do install -m 0755 $(BUILD)/bin/$$b $(DESTDIR)$(BINDIR)/$$b; done
 	install -d $(DESTDIR)$(SBINDIR)
