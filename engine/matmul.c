@@ -58,7 +58,7 @@ static void run_rows(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 	const struct act *a = j->act[i];
 	const uint8_t *wd = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
 
-	if (j->n_tok == 1 && ko->gemv) {
+	if (!j->tile[i] && j->n_tok == 1 && ko->gemv) {
 		float tmp[DECODE_ROWS];
 		ko->gemv(w->n_in, (int)(r1 - r0), 1, wd, w->row_bytes, a->rows, a->stride, a->aux,
 			 a->aux_stride, tmp, 1);
@@ -197,7 +197,12 @@ void engine_matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_t
 		const struct weight *w = mm[i].w;
 		const struct kern_type_ops *ko = &k->t[w->type];
 		uint32_t at = ko->act_type;
-		j.tile[i] = n_tok > 1 && ko->gemm != NULL;
+		/* A type with a tile kernel uses it for every batch size, one
+		 * token included: a token's logits must not depend on how many
+		 * others share its step (continuous batching), and the tile
+		 * kernel's float operations per (row, token) are the same whatever
+		 * the tile, while a separate decode kernel's are not. */
+		j.tile[i] = ko->gemm != NULL;
 		int a;
 		for (a = 0; a < n_acts; a++)
 			if (acts[a].type == at)
@@ -209,7 +214,7 @@ void engine_matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_t
 			for (int i2 = i; i2 < n; i2++) {
 				const struct kern_type_ops *o = &k->t[mm[i2].w->type];
 				aux |= o->act_type == at &&
-				       (n_tok > 1 ? o->gemm != NULL : o->gemv != NULL);
+				       (o->gemm != NULL || (n_tok == 1 && o->gemv != NULL));
 			}
 			make_act(c, at, aux, x, x_stride, w->n_in, n_tok, &acts[a], &used);
 			n_acts++;

@@ -233,9 +233,13 @@ static void test_threads_invariant(void)
 	engine_model_free(m3);
 }
 
-static void test_batch_invariant(void)
+/* One batch or token by token, alone or beside another sequence: the same
+ * logits, bit for bit. Run on F32 and on quantized files, whose kernels
+ * have separate one-token and many-token paths (regression: the AVX-512
+ * VNNI decode kernel summed in another order than its tile kernel, so a
+ * greedy request could change its text when others shared its steps). */
+static void batch_invariant(const char *model)
 {
-	const char *model = "models/stories260K-f32.gguf";
 	if (!test_file_exists(test_data_path(model))) {
 		TEST_SKIP_DATA("%s not found under $EDGELM_TESTDATA", model);
 		return;
@@ -289,6 +293,26 @@ static void test_batch_invariant(void)
 	free(a);
 	free(b);
 	engine_model_free(m);
+}
+
+static void test_batch_invariant(void)
+{
+	batch_invariant("models/stories260K-f32.gguf");
+}
+
+static void test_batch_invariant_q8_0(void)
+{
+	batch_invariant("models/stories3M-q8_0.gguf");
+}
+
+static void test_batch_invariant_q4_0(void)
+{
+	batch_invariant("models/stories3M-q4_0.gguf");
+}
+
+static void test_batch_invariant_q4_k_m(void)
+{
+	batch_invariant("models/stories3M-q4_k_m.gguf");
 }
 
 /* Weights copied elsewhere (the huge-page option) compute the same logits. */
@@ -366,6 +390,9 @@ int main(void)
 	TEST_RUN(test_stories3m_f32);
 	TEST_RUN(test_threads_invariant);
 	TEST_RUN(test_batch_invariant);
+	TEST_RUN(test_batch_invariant_q8_0);
+	TEST_RUN(test_batch_invariant_q4_0);
+	TEST_RUN(test_batch_invariant_q4_k_m);
 	TEST_RUN(test_relocated);
 	TEST_RUN(test_bad_batches);
 	return test_finish();
