@@ -58,7 +58,9 @@ static void run_rows(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 	const struct act *a = j->act[i];
 	const uint8_t *wd = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
 
-	if (!j->tile[i] && j->n_tok == 1 && ko->gemv) {
+	/* gemv is bit-identical to gemm for one token (kern.h), so this keeps
+	 * the batch invariance below at decode speed */
+	if (j->n_tok == 1 && ko->gemv) {
 		float tmp[DECODE_ROWS];
 		ko->gemv(w->n_in, (int)(r1 - r0), 1, wd, w->row_bytes, a->rows, a->stride, a->aux,
 			 a->aux_stride, tmp, 1);

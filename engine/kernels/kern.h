@@ -43,8 +43,10 @@ struct kern_type_ops {
 	kern_vec_dot_fn vec_dot;  /* NULL: type not computable by this variant */
 	kern_dequant_fn dequant;
 	kern_gemm_fn gemm;        /* NULL: the caller loops vec_dot */
-	/* The same contract for one token (nt == 1): decode. It may use aux
-	 * to hoist per-block work out of the row loop. NULL: vec_dot. */
+	/* The same contract for one token (nt == 1): decode. It may use aux.
+	 * When the type has a tile kernel too, gemv must give that kernel's
+	 * results bit for bit (a token's logits may not depend on how many
+	 * tokens share its step). NULL: vec_dot, or gemm when there is one. */
 	kern_gemm_fn gemv;
 };
 

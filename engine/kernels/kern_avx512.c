@@ -195,122 +195,99 @@ static VNNI void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *vw, const vo
 }
 
 /* ---- VNNI: one token, many rows (decode) ----------------------------------
- * Decode is bound by how fast one core can consume weights (one core cannot
- * keep up with its share of DRAM bandwidth at ~10 uops per block), so the
- * per-block work is kept small:
- * - Q4_0: the 16 nibble bytes are loaded once into both halves of a ymm and
- *   split by a per-lane shift, minus 8;
- * - both types feed vpdpbusd through the sign trick (|w| against
- *   sign(w) * a), so every lane is an exact partial dot product. (Raw
- *   unsigned codes with the offset taken off in float at the end save two
- *   uops but cancel too much: 0.3 % errors on blocks whose scales span
- *   decades; the tests caught it.)
- * - the scales d_w * d_a of 8 blocks are made at once (a gather for d_w,
- *   the activation's d from kern_act_aux), one vpermps hands each block its
- *   scale, and 4 accumulators hide the FMA latency. */
+ * Bit-identical to the tile kernel below for one token, so that a token's
+ * logits never depend on how many others share its step (continuous
+ * batching), yet without the tile kernel's panel transpose. The tile kernel
+ * computes, per (row, token) and block b in order,
+ *     acc = fma((float)isum_b, d_w * d_a, acc)
+ * with isum_b the exact integer block dot. Here 16 rows are the 16 lanes of
+ * one accumulator: per block, each row's codes go through one vpdpbusd (ymm,
+ * unsigned codes against the activation), three hadds and a lane fold
+ * collapse the 16 results into one vector of exact block sums, the offset
+ * comes off exactly (off * sum(a), an integer), and the same mul and fma
+ * follow. The 16 row scales of a block come from one gather. */
 
-static inline __m256 scales8(const void *w0, __m256i idx, const float *aux)
+static inline __m128i fold4(__m256i p0, __m256i p1, __m256i p2, __m256i p3)
 {
-	__m256i d32 = _mm256_i32gather_epi32((const int *)w0, idx, 1);
-	__m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(d32));
-	const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-	__m256 x0 = _mm256_loadu_ps(aux), x1 = _mm256_loadu_ps(aux + 8);
-	return _mm256_mul_ps(dw, _mm256_permutex2var_ps(x0, even, x1));
-}
-
-static inline float hsum8(__m256 v)
-{
-	__m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-	x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-	x = _mm_add_ss(x, _mm_movehdup_ps(x));
-	return _mm_cvtss_f32(x);
+	__m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+	return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
 /* Q4_0 block as unsigned codes (0..15) in element order. */
-static inline __m256i q4_0_u(const struct block_q4_0 *b)
+static inline __m256i q4_0_u(const uint8_t *blk)
 {
 	const __m256i shift = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
-	__m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)b->qs));
+	__m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 2)));
 	return _mm256_and_si256(_mm256_srlv_epi16(x, shift), _mm256_set1_epi8(0x0f));
 }
 
-static inline __m256i q4_0_s(const struct block_q4_0 *b)
+/* Q8_0 block as unsigned codes (q + 128). */
+static inline __m256i q8_0_u(const uint8_t *blk)
 {
-	return _mm256_sub_epi8(q4_0_u(b), _mm256_set1_epi8(8));
+	return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)),
+				_mm256_set1_epi8((char)0x80));
 }
 
-static inline __m256i q8_0_s(const struct block_q8_0 *b)
-{
-	return _mm256_loadu_si256((const __m256i *)b->qs);
-}
-
-/* signed codes against a: |w| and sign(w) * a */
-static inline VNNI __m256 sdot32(__m256i w, const int8_t *a)
-{
-	__m256i av = _mm256_loadu_si256((const __m256i *)a);
-	return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w),
-						      _mm256_sign_epi8(av, w)));
-}
-
-#define GEMV_BODY(WT, CODES, DOT)                                                             \
+#define GEMV_BODY(BSIZE, CODES, OFF)                                                       \
 	const struct block_q8_0 *a = va;                                                   \
 	int64_t nb = n / 32;                                                               \
-	const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),  \
-					       _mm256_set1_epi32((int)sizeof(WT)));       \
 	(void)nt;                                                                          \
 	(void)a_stride;                                                                    \
 	(void)aux_stride;                                                                  \
 	(void)s_stride;                                                                    \
-	for (int r = 0; r < nr; r++) {                                                     \
-		const WT *w = (const WT *)((const uint8_t *)vw + (size_t)r * w_stride);    \
-		__m256 acc[4];                                                             \
-		acc[0] = acc[1] = acc[2] = acc[3] = _mm256_setzero_ps();                   \
-		int64_t b = 0;                                                             \
-		for (; b + 8 <= nb; b += 8) {                                              \
-			const char *pf = (const char *)(w + b) + GEMV_PREFETCH;            \
-			_mm_prefetch(pf, _MM_HINT_T0);                                     \
-			_mm_prefetch(pf + 64, _MM_HINT_T0);                                \
-			_mm_prefetch(pf + 128, _MM_HINT_T0);                               \
-			if (sizeof(WT) * 8 > 192) {                                        \
-				_mm_prefetch(pf + 192, _MM_HINT_T0);                       \
-				_mm_prefetch(pf + 256, _MM_HINT_T0);                       \
-			}                                                                  \
-			__m256 dd = scales8(w + b, idx, aux + 2 * b);                      \
-			for (int k = 0; k < 8; k++)                                        \
-				acc[k & 3] = _mm256_fmadd_ps(                              \
-					DOT(CODES(w + b + k), a[b + k].qs),                \
-					_mm256_permutexvar_ps(_mm256_set1_epi32(k), dd),   \
-					acc[k & 3]);                                       \
+	for (int r0 = 0; r0 < nr; r0 += 16) {                                              \
+		int rows = nr - r0 < 16 ? nr - r0 : 16;                                    \
+		const uint8_t *rp[16];                                                     \
+		int32_t off[16];                                                           \
+		for (int r = 0; r < 16; r++) {                                             \
+			int rr = r < rows ? r0 + r : r0; /* pad with a real row */         \
+			rp[r] = (const uint8_t *)vw + (size_t)rr * w_stride;               \
+			off[r] = (int32_t)((size_t)(rp[r] - rp[0]));                       \
 		}                                                                          \
-		for (; b < nb; b++) {                                                      \
-			float d1 = half(w[b].d) * aux[2 * b];                              \
-			acc[0] = _mm256_fmadd_ps(DOT(CODES(w + b), a[b].qs),               \
-						 _mm256_set1_ps(d1), acc[0]);              \
+		const __m512i idx = _mm512_loadu_si512(off);                               \
+		__m512 acc = _mm512_setzero_ps();                                          \
+		for (int64_t b = 0; b < nb; b++) {                                         \
+			size_t o = (size_t)b * (BSIZE);                                    \
+			_mm_prefetch((const char *)rp[b & 15] + o + GEMV_PREFETCH, _MM_HINT_T0); \
+			__m256i av = _mm256_loadu_si256((const __m256i *)a[b].qs);         \
+			__m256i p[16];                                                     \
+			_Pragma("GCC unroll 16") for (int r = 0; r < 16; r++)              \
+				p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(),         \
+							   CODES(rp[r] + o), av);          \
+			__m512i is = _mm512_inserti64x4(                                   \
+				_mm512_castsi256_si512(_mm256_inserti128_si256(            \
+					_mm256_castsi128_si256(fold4(p[0], p[1], p[2], p[3])), \
+					fold4(p[4], p[5], p[6], p[7]), 1)),                \
+				_mm256_inserti128_si256(                                   \
+					_mm256_castsi128_si256(fold4(p[8], p[9], p[10], p[11])), \
+					fold4(p[12], p[13], p[14], p[15]), 1),             \
+				1);                                                        \
+			is = _mm512_sub_epi32(is, _mm512_set1_epi32((OFF) * (int32_t)aux[2 * b + 1])); \
+			__m512i d32 = _mm512_i32gather_epi32(idx, rp[0] + o, 1);           \
+			__m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d32));           \
+			acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is),                      \
+					      _mm512_mul_ps(dw, _mm512_set1_ps(aux[2 * b])), acc); \
 		}                                                                          \
-		__m256 t = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]),                    \
-					 _mm256_add_ps(acc[2], acc[3]));                   \
-		s[r] = hsum8(t);                                                           \
+		_mm512_mask_storeu_ps(s + r0, (__mmask16)((1u << rows) - 1), acc);         \
 	}
 
-/* Software prefetch distance in bytes: the rows of a chunk are one
- * sequential stream, and without it the gather of the next scales waits on
- * DRAM. 1-4 KiB measured alike on the Zen 5 box (docs/performance.md). */
+/* Software prefetch distance in bytes along one of the 16 row streams. */
 #ifndef GEMV_PREFETCH
-#define GEMV_PREFETCH 1024
+#define GEMV_PREFETCH 512
 #endif
 
 static VNNI void gemv_q4_0(int64_t n, int nr, int nt, const void *vw, size_t w_stride,
 			   const void *va, size_t a_stride, const float *aux, size_t aux_stride,
 			   float *s, size_t s_stride)
 {
-	GEMV_BODY(struct block_q4_0, q4_0_s, sdot32)
+	GEMV_BODY(sizeof(struct block_q4_0), q4_0_u, 8)
 }
 
 static VNNI void gemv_q8_0(int64_t n, int nr, int nt, const void *vw, size_t w_stride,
 			   const void *va, size_t a_stride, const float *aux, size_t aux_stride,
 			   float *s, size_t s_stride)
 {
-	GEMV_BODY(struct block_q8_0, q8_0_s, sdot32)
+	GEMV_BODY(sizeof(struct block_q8_0), q8_0_u, 128)
 }
 
 /* ---- VNNI: many tokens --------------------------------------------------- */

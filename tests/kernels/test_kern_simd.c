@@ -229,6 +229,15 @@ static void check_type(const struct kern_ops *k, uint32_t type, int64_t nblocks,
 					  dots[t * nr + r]);
 				CHECK(g1[r] == g2[r] || (isnan(g1[r]) && isnan(g2[r])));
 			}
+			/* with a tile kernel, gemv must equal it bit for bit */
+			if (k->t[type].gemm) {
+				float g3[19];
+				k->t[type].gemm(n, nr, 1, w, wrs, a + t * ars, ars, x, aux_len, g3,
+						(size_t)nr);
+				CHECK_MSG(memcmp(g1, g3, sizeof(float) * nr) == 0,
+					  "%s %s gemv differs from gemm (n %lld, tok %d)", k->name,
+					  di->name, (long long)n, t);
+			}
 		}
 	}
 	if (k->t[type].gemm) {
