@@ -33,7 +33,7 @@
 #include <time.h>
 
 #define MAX_STOP 16
-#define PREFILL_CHUNK_MIN 16 /* prompt tokens per step at least, so prefill progresses */
+#define PREFILL_CHUNK_MIN 8 /* prompt tokens per step at least, so prefill progresses */
 
 struct held_poll {
 	ipc_call *call;
@@ -119,9 +119,9 @@ struct sched {
 	_Atomic int n_running;
 	_Atomic double tok_s;
 	uint64_t last_watchdog_ns;
-	/* step cost model: seconds of a step without prompt tokens (the weights
-	 * read once), and seconds per prompt token on top of it */
-	double cost_base, cost_tok;
+	/* step cost model, t = a + b * tokens, fitted by least squares over the
+	 * recent steps (exponential forgetting): sums of 1, n, n^2, t, n*t */
+	double cs1, csn, csnn, cst, csnt;
 };
 
 static uint64_t now_ns(void)
@@ -608,8 +608,8 @@ static void housekeeping(struct sched *s)
 	}
 }
 
-/* Give each prefilling sequence its share of `budget` prompt tokens,
- * shortest remaining first. Returns the tokens added. */
+/* Hand out `budget` prompt tokens to the prefilling sequences. Returns the
+ * tokens added. */
 static int add_prefill(struct sched *s, int n, int budget)
 {
 	struct daemon_request *pre[256];
@@ -628,13 +628,13 @@ static int add_prefill(struct sched *s, int n, int budget)
 			pre[j] = pre[j - 1];
 			pre[j - 1] = t;
 		}
+	/* Shortest remaining first, each taking what it needs: a short prompt
+	 * that arrives during a long prefill is done in one step, and the long
+	 * one gets what is left (it pauses for that step at worst). */
 	int added = 0;
 	for (int i = 0; i < np && budget > 0; i++) {
 		struct daemon_request *r = pre[i];
-		int share = budget / (np - i);
-		if (share < 1)
-			share = 1;
-		int take = CM_MIN(r->n_prompt - r->n_fed, share);
+		int take = CM_MIN(r->n_prompt - r->n_fed, budget);
 		struct slot *sl = &s->slots[r->slot];
 		for (int k = 0; k < take; k++) {
 			int p = r->n_fed + k;
@@ -833,11 +833,19 @@ static void *sched_main(void *arg)
 		 * running streams slow down by at most 2x. The cost model is learnt
 		 * from the steps themselves; until it is, prefill_chunk applies. */
 		int chunk = (int)d->cfg.prefill_chunk;
-		if (s->cost_base > 0 && s->cost_tok > 0) {
-			double cap = s->cost_base / s->cost_tok;
-			chunk = (int)CM_MIN((double)chunk, CM_MAX(cap, (double)PREFILL_CHUNK_MIN));
+		double det = s->cs1 * s->csnn - s->csn * s->csn;
+		if (s->cs1 > 2 && det > 1e-9) {
+			double b = (s->cs1 * s->csnt - s->csn * s->cst) / det;
+			double a = (s->cst - b * s->csn) / s->cs1;
+			if (b > 0 && a > 0) {
+				/* the whole step within two one-token steps */
+				double cap = (2 * (a + b) - a) / b - n;
+				chunk = (int)CM_MIN((double)chunk,
+						    CM_MAX(cap, (double)PREFILL_CHUNK_MIN));
+			}
+		} else if (decoding_others) {
+			chunk = CM_MIN(chunk, 4 * PREFILL_CHUNK_MIN); /* not learnt yet */
 		}
-		(void)decoding_others;
 		int n_prefill = add_prefill(s, n, CM_MIN(budget, chunk));
 		n += n_prefill;
 		if (n == 0)
@@ -869,14 +877,13 @@ static void *sched_main(void *arg)
 		}
 		pthread_mutex_unlock(&d->mu);
 		if (rc == 0) {
-			if (n_prefill == 0)
-				s->cost_base = s->cost_base > 0 ? 0.8 * s->cost_base + 0.2 * dt : dt;
-			else if (s->cost_base > 0 && n_prefill >= 8) {
-				double per = (dt - s->cost_base) / n_prefill;
-				if (per > 0)
-					s->cost_tok = s->cost_tok > 0 ? 0.8 * s->cost_tok + 0.2 * per
-								      : per;
-			}
+			const double keep = 0.97; /* about the last 30 steps */
+			double x = n;
+			s->cs1 = keep * s->cs1 + 1;
+			s->csn = keep * s->csn + x;
+			s->csnn = keep * s->csnn + x * x;
+			s->cst = keep * s->cst + dt;
+			s->csnt = keep * s->csnt + x * dt;
 		}
 		update_status(s, dt, n_decode, n_prefill);
 		watchdog_tick(s);
