@@ -11,10 +11,13 @@
 #include <stdatomic.h>
 
 /* ---- thread pool (threadpool.c) -----------------------------------------
- * A fixed set of persistent workers. pool_run(fn, arg) runs fn(arg, ith, nth)
- * on every worker, the caller being worker 0, and returns when all are done
- * (a barrier). Workers spin briefly, then sleep on a condition variable. The
- * hot path allocates nothing. */
+ * A fixed set of persistent workers. pool_run(fn, arg) opens a run of
+ * fn(arg, ith, nth): the caller (ith 0) and the workers that join while the
+ * run is open; it returns once every participant is done. A descheduled
+ * worker may miss a run entirely, so fn must take its work from a shared
+ * counter (never assume all nth call it); ith is unique per participant, for
+ * per-thread scratch. Workers spin briefly, then sleep. The hot path
+ * allocates nothing. */
 struct pool;
 typedef void (*pool_fn)(void *arg, int ith, int nth);
 int pool_new(int n_threads, const int *cpus, int n_cpus, struct pool **ret_pool, struct cm_err *err);
@@ -95,7 +98,10 @@ struct engine_ctx {
 	/* the batch being processed */
 	int n_tok;
 	const int32_t *pos, *seq;
-	atomic_int chunk;
+	/* the attention's work counter, on its own cache line: every worker
+	 * hits it, and sharing a line with read-mostly fields costs dearly */
+	_Alignas(64) atomic_int chunk;
+	char chunk_pad_[64 - sizeof(atomic_int)];
 };
 
 /* ---- matmul (matmul.c) ---------------------------------------------------- */

@@ -594,7 +594,9 @@ int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ct
 	if (m->vocab_only)
 		return cm_err_set(err, -EINVAL, "ctx: model was loaded without weights");
 	const struct hparams *hp = &m->hp;
-	engine_ctx *c = cm_calloc(1, sizeof(*c));
+	engine_ctx *c = cm_aligned_alloc(sizeof(*c)); /* 64-aligned: see engine_ctx.chunk */
+	if (c)
+		memset(c, 0, sizeof(*c));
 	if (!c)
 		return cm_err_set(err, -ENOMEM, "ctx: out of memory");
 	c->m = m;
