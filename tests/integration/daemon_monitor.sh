@@ -28,11 +28,11 @@ i=0; while ! $CTL health >/dev/null 2>&1 && [ $i -lt 100 ]; do sleep 0.1; i=$((i
 # keep the daemon generating
 load() {
 	while [ ! -e "$T/stop-load" ]; do
-		$CTL --timeout 0 generate --no-stream -n 400 "Once upon" >/dev/null 2>&1
+		$CTL --timeout 0 generate --no-stream -n 60 "Once upon" >/dev/null 2>&1
 	done
 }
 load & l1=$!
-load & l2=$!
+l2=$l1
 sleep 1.5
 
 if curl -sf "http://127.0.0.1:$port/metrics" >"$T/scrape.txt" && grep -q "^edgelm_requests_total" "$T/scrape.txt"; then ok; else ko "no scrape from 127.0.0.1:$port"; fi
@@ -56,12 +56,15 @@ else
 	done
 	kill $h1 $h2 2>/dev/null; wait $h1 $h2 2>/dev/null
 	if [ $raised = yes ]; then ok; else ko "cpu_contention not raised within 5 s of the hog"; fi
+	# the hog is gone; the load goes too (its own clients share the two
+	# cores), then the flag must clear: off after 3 calm samples
+	touch "$T/stop-load"
 	t=0; cleared=no
-	while [ $t -lt 100 ]; do
+	while [ $t -lt 150 ]; do
 		if ! flag_on cpu_contention; then cleared=yes; break; fi
 		sleep 0.1; t=$((t + 1))
 	done
-	if [ $cleared = yes ]; then ok; else ko "cpu_contention still on 10 s after the hog stopped"; fi
+	if [ $cleared = yes ]; then ok; else ko "cpu_contention still on 15 s after the hog stopped"; fi
 fi
 grep -q "bottleneck cpu_contention on" "$T/daemon.log" || [ $skip -gt 0 ] || ko "flag change not logged"
 
