@@ -276,8 +276,6 @@ static void finish_locked(struct sched *s, struct daemon_request *r, enum ipc_fi
 	r->state = RQ_FINISHED;
 	r->finish = f;
 	r->end_ns = now_ns();
-	if (!r->first_ns)
-		r->first_ns = 0;
 	r->pub_len = r->gen_len;
 	r->last_poll_ns = r->end_ns; /* the idle clock restarts for the final polls */
 	const char *outcome = f == IPC_FINISH_CANCELLED ? "cancelled"
@@ -800,7 +798,6 @@ static void *sched_main(void *arg)
 
 		/* Build the batch: decode tokens first, then prompt tokens. */
 		int n = 0, n_decode = 0;
-		bool decoding_others = false;
 		for (int i = 0; i < s->n_slots; i++) {
 			struct daemon_request *r = s->slots[i].req;
 			if (!r || r->state != RQ_RUNNING)
@@ -823,7 +820,6 @@ static void *sched_main(void *arg)
 			s->slots[i].tokens[p] = r->last_tok;
 			s->slots[i].n_tokens = p + 1;
 			n++;
-			decoding_others = true;
 		}
 		n_decode = n;
 		int budget = (int)d->cfg.batch_size - n;
@@ -843,7 +839,7 @@ static void *sched_main(void *arg)
 				chunk = (int)CM_MIN((double)chunk,
 						    CM_MAX(cap, (double)PREFILL_CHUNK_MIN));
 			}
-		} else if (decoding_others) {
+		} else if (n > 0) { /* others are decoding */
 			chunk = CM_MIN(chunk, 4 * PREFILL_CHUNK_MIN); /* not learnt yet */
 		}
 		int n_prefill = add_prefill(s, n, CM_MIN(budget, chunk));

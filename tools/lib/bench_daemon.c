@@ -147,6 +147,18 @@ static char *long_prompt(const char *url, int n)
 	return s;
 }
 
+/* The median of v[0..n) (sorted in place), -1 for none. */
+static double median(double *v, int n)
+{
+	for (int a = 1; a < n; a++)
+		for (int b = a; b > 0 && v[b] < v[b - 1]; b--) {
+			double t = v[b];
+			v[b] = v[b - 1];
+			v[b - 1] = t;
+		}
+	return n ? v[n / 2] : -1;
+}
+
 static double bd_ttft(const char *url)
 {
 	struct bd_job j = {.url = url, .prompt = "Once upon a time", .max_tokens = 4};
@@ -215,12 +227,13 @@ int tools_bench_daemon_main(int argc, char **argv)
 	double idle = -1, busy = -1;
 	if (n_long > 0) {
 		double iv[3];
-		for (int k = 0; k < 3; k++)
-			iv[k] = bd_ttft(url);
-		idle = CM_MIN(iv[0], CM_MIN(iv[1], iv[2])) >= 0
-			       ? (iv[0] + iv[1] + iv[2]) - CM_MIN(iv[0], CM_MIN(iv[1], iv[2])) -
-					 CM_MAX(iv[0], CM_MAX(iv[1], iv[2]))
-			       : -1; /* the median of three */
+		int ni = 0;
+		for (int k = 0; k < 3; k++) {
+			double t = bd_ttft(url);
+			if (t >= 0)
+				iv[ni++] = t;
+		}
+		idle = ni == 3 ? median(iv, ni) : -1; /* any failure: unknown */
 		char *lp = long_prompt(url, n_long);
 		if (lp) {
 			/* several short requests spread over the long prefill: the
@@ -240,13 +253,7 @@ int tools_bench_daemon_main(int argc, char **argv)
 			pthread_join(th, NULL);
 			if (lj.rc != 0)
 				fprintf(stderr, "edgelm-bench: the long prompt failed\n");
-			for (int a = 1; a < nv; a++)
-				for (int b2 = a; b2 > 0 && v[b2] < v[b2 - 1]; b2--) {
-					double t = v[b2];
-					v[b2] = v[b2 - 1];
-					v[b2 - 1] = t;
-				}
-			busy = nv ? v[nv / 2] : -1;
+			busy = median(v, nv);
 			free(lp);
 		}
 	}
