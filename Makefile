@@ -97,7 +97,8 @@ $(BUILD)/%.a:
 DEPS := $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 -include $(DEPS)
 
-# Keep intermediate objects (tests, tools): no rebuilds on every run.
+# Keep intermediate objects (tests, tools): no rebuilds on every run. Only
+# this bare form: a .SECONDARY with prerequisites anywhere limits it to those.
 .SECONDARY:
 
 .PHONY: all check test clean format check-deps install install-programs uninstall fuzz

@@ -89,7 +89,6 @@ $(BUILD)/tests/kernels/%.static: $(BUILD)/tests/kernels/%.o $(ENGINE_LIB) $(COMM
 	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -static -o $@ $^ -lm -pthread
 
 aarch64-kernel-tests: $(AARCH64_TESTS:%=$(BUILD)/tests/kernels/%.static)
-.SECONDARY: $(AARCH64_TESTS:%=$(BUILD)/tests/kernels/%.o)
 
 check-aarch64:
 	@if ! command -v $(AARCH64_CC) >/dev/null 2>&1 || \
