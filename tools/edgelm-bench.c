@@ -2,6 +2,8 @@
  * in one run on the same threads.
  *
  *   edgelm-bench -m MODEL [--threads N] [--isa NAME] [--json]
+ *                [--tuning on|off] [--pin] [--hugepages] [--prefault] [--mlock]
+ *   edgelm-bench --daemon URL ...               (tools/lib/bench_daemon.c)
  *
  * (a) read bandwidth: a streaming read over a buffer much larger than the
  *     last-level cache, split across the same number of threads as the
@@ -13,13 +15,23 @@
  * (d) effective decode bandwidth: bytes of weights read per token (every
  *     matrix once, the output matrix included, one embedding row) times
  *     decode tokens/s, and its ratio to (a);
- * plus peak RSS. Each figure is the best of --reps runs (default 3): the
- * best run is the one least disturbed by the rest of the box.
+ * plus the first step's time after load (cold: page faults unless the
+ * weights were prefaulted or locked) and memory (RSS, peak, locked, huge
+ * pages). Each figure is the best of --reps runs (default 3): the best run
+ * is the one least disturbed by the rest of the box.
+ *
+ * Tuning switches (tools/lib/bench_tuning.c): --pin, --hugepages,
+ * --prefault, --mlock apply what edgelmd applies, through the same tuning
+ * module calls; --tuning on is what edgelmd does by default
+ * (tuning_config_default: pin, prefault, mlock; huge pages stay off), and
+ * --tuning off (the default) none. The report says of each whether it was
+ * applied or failed, and why.
  *
  * Token ids are random (fixed seed): speed depends on shapes, not values. */
 #include "engine/engine.h"
 #include "tools/lib/tools.h"
 #include "engine/kernels/kern.h"
+#include "tuning/tuning.h"
 
 #include <getopt.h>
 #include <pthread.h>
@@ -48,6 +60,16 @@ static void usage(FILE *o)
 		"      --reps N         repetitions, best kept (default 3)\n"
 		"      --bw-mib N       bandwidth buffer size in MiB (default 1024)\n"
 		"      --json           one JSON object instead of a table\n"
+		"\n"
+		"tuning (as edgelmd applies it; the report says what applied and what failed):\n"
+		"      --tuning on|off  on: what edgelmd does by default (pin, prefault, mlock);\n"
+		"                       off (default): nothing; the switches below add to it\n"
+		"      --pin            pin the workers, one per physical core (the tuning plan)\n"
+		"      --hugepages      copy the weights to 2 MiB-aligned memory (THP)\n"
+		"      --prefault       populate weights and KV cache before timing\n"
+		"      --mlock          lock weights and KV cache (a warning if not allowed)\n"
+		"\n"
+		"  --daemon URL         load a running edgelmd instead (--help --daemon: its options)\n"
 		"  -h, --help\n");
 }
 
@@ -55,6 +77,7 @@ static void usage(FILE *o)
 
 struct bw_arg {
 	const uint64_t *p;
+	int cpu; /* pin to this cpu first, -1: leave it */
 	size_t n; /* words */
 	uint64_t (*read)(const void *p, size_t n);
 	uint64_t sink;
@@ -65,6 +88,8 @@ struct bw_arg {
 static void *bw_thread(void *argp)
 {
 	struct bw_arg *a = argp;
+	if (a->cpu >= 0)
+		(void)tuning_thread_pin(a->cpu, NULL);
 	pthread_barrier_wait(a->bar);
 	a->t0 = cm_now();
 	a->sink = a->read(a->p, a->n * 8);
@@ -72,9 +97,10 @@ static void *bw_thread(void *argp)
 	return NULL;
 }
 
-/* Bytes per second over all threads: total bytes / (last end - first start). */
+/* Bytes per second over all threads: total bytes / (last end - first start).
+ * Thread i runs where engine worker i runs (pinned with --pin). */
 static double measure_bw(int n_threads, size_t bytes, int reps,
-			 uint64_t (*read)(const void *p, size_t n))
+			 uint64_t (*read)(const void *p, size_t n), const struct tools_tuning *tt)
 {
 	size_t words = bytes / 8;
 	uint64_t *buf = cm_aligned_alloc(words * 8);
@@ -91,8 +117,11 @@ static double measure_bw(int n_threads, size_t bytes, int reps,
 		pthread_barrier_init(&bar, NULL, (unsigned)n);
 		size_t per = words / (size_t)n / 32 * 32; /* whole 256-byte steps */
 		for (int i = 0; i < n; i++) {
-			args[i] = (struct bw_arg){
-				.p = buf + (size_t)i * per, .n = per, .read = read, .bar = &bar};
+			args[i] = (struct bw_arg){.p = buf + (size_t)i * per,
+						  .cpu = tools_tuning_worker_cpu(tt, i),
+						  .n = per,
+						  .read = read,
+						  .bar = &bar};
 			if (i > 0)
 				pthread_create(&th[i], NULL, bw_thread, &args[i]);
 		}
@@ -170,6 +199,17 @@ static int parse_list(const char *s, int *out, int max)
 	return n;
 }
 
+static int parse_on_off(const char *s, bool *ret)
+{
+	if (strcmp(s, "on") == 0)
+		*ret = true;
+	else if (strcmp(s, "off") == 0)
+		*ret = false;
+	else
+		return -1;
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	/* --daemon URL: load a running edgelmd instead (tools/lib/bench_daemon.c) */
@@ -177,18 +217,26 @@ int main(int argc, char **argv)
 		if (strcmp(argv[i], "--daemon") == 0 || strncmp(argv[i], "--daemon=", 9) == 0)
 			return tools_bench_daemon_main(argc, argv);
 
+	enum { OPT_TUNING = 256, OPT_PIN, OPT_HUGEPAGES, OPT_PREFAULT, OPT_MLOCK };
 	static const struct option opts[] = {
 		{"model", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
 		{"isa", required_argument, NULL, 'I'},   {"prompts", required_argument, NULL, 'P'},
 		{"contexts", required_argument, NULL, 'C'}, {"n-gen", required_argument, NULL, 'n'},
 		{"reps", required_argument, NULL, 'r'},  {"bw-mib", required_argument, NULL, 'b'},
 		{"json", no_argument, NULL, 'j'},        {"help", no_argument, NULL, 'h'},
+		{"tuning", required_argument, NULL, OPT_TUNING},
+		{"pin", no_argument, NULL, OPT_PIN},
+		{"hugepages", no_argument, NULL, OPT_HUGEPAGES},
+		{"prefault", no_argument, NULL, OPT_PREFAULT},
+		{"mlock", no_argument, NULL, OPT_MLOCK},
 		{NULL, 0, NULL, 0},
 	};
 	const char *model = NULL, *isa = getenv("EDGELM_ISA");
 	int threads = 0, n_gen = 32, reps = 3, bw_mib = 1024;
 	int prompts[8] = {128, 512}, n_prompts = 2, ctxs[8] = {0, 512}, n_ctxs = 2;
-	bool json = false;
+	bool json = false, bad = false, tuning = false;
+	/* --tuning sets the base wherever it appears; the switches add to it */
+	struct tools_tuning_want add = {0};
 	int c;
 	while ((c = getopt_long(argc, argv, "m:t:n:r:jh", opts, NULL)) != -1) {
 		switch (c) {
@@ -201,23 +249,53 @@ int main(int argc, char **argv)
 		case 'r': reps = atoi(optarg); break;
 		case 'b': bw_mib = atoi(optarg); break;
 		case 'j': json = true; break;
+		case OPT_TUNING: bad |= parse_on_off(optarg, &tuning) != 0; break;
+		case OPT_PIN: add.pin = true; break;
+		case OPT_HUGEPAGES: add.hugepages = true; break;
+		case OPT_PREFAULT: add.prefault = true; break;
+		case OPT_MLOCK: add.mlock = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return EXIT_USAGE;
 		}
 	}
-	if (!model || optind < argc || n_prompts < 0 || n_ctxs < 0 || threads < 0 || n_gen < 1 ||
-	    reps < 1 || bw_mib < 16) {
+	if (!model || bad || optind < argc || n_prompts < 0 || n_ctxs < 0 || threads < 0 ||
+	    n_gen < 1 || reps < 1 || bw_mib < 16) {
 		usage(stderr);
 		return EXIT_USAGE;
 	}
+	struct tools_tuning_want want = {0};
+	if (tuning) {
+		/* what edgelmd does by default, from the tuning module's defaults */
+		struct tuning_config dc;
+		tuning_config_default(&dc);
+		want = (struct tools_tuning_want){.pin = dc.pin,
+						  .hugepages = dc.hugepages,
+						  .prefault = dc.prefault,
+						  .mlock = dc.mlock != TUNING_MLOCK_OFF};
+	}
+	want.pin |= add.pin;
+	want.hugepages |= add.hugepages;
+	want.prefault |= add.prefault;
+	want.mlock |= add.mlock;
+
 	struct cm_err err = {0};
 	engine_model *m = NULL;
 	engine_ctx *cx = NULL;
-	struct engine_params ep = {.n_threads = threads, .isa = isa};
+	struct tools_tuning *tt = NULL;
+	int rc = 0;
+	if (tools_tuning_new(&want, model, threads, &tt, &err) != 0) {
+		fprintf(stderr, "edgelm-bench: %s\n", err.msg);
+		return EXIT_RUNTIME;
+	}
+	struct engine_params ep = {.isa = isa};
+	tools_tuning_engine_params(tt, &ep);
+	double t_load = cm_now();
 	if (engine_model_load(model, &ep, &m, &err) != 0) {
 		fprintf(stderr, "edgelm-bench: %s: %s\n", model, err.msg);
-		return EXIT_INPUT;
+		rc = EXIT_INPUT;
+		goto out;
 	}
+	t_load = cm_now() - t_load;
 	struct engine_model_info info;
 	engine_model_get_info(m, &info);
 	int max_ctx = 1;
@@ -228,26 +306,36 @@ int main(int argc, char **argv)
 	if ((uint32_t)max_ctx > info.n_ctx) {
 		fprintf(stderr, "edgelm-bench: the runs need a context of %d, the model has %u\n",
 			max_ctx, info.n_ctx);
-		engine_model_free(m);
-		return EXIT_USAGE;
+		rc = EXIT_USAGE;
+		goto out;
 	}
 	struct engine_ctx_params cp = {.n_ctx = (uint32_t)max_ctx, .n_seq = 1, .n_batch = 512};
 	if (engine_ctx_new(m, &cp, &cx, &err) != 0) {
 		fprintf(stderr, "edgelm-bench: %s\n", err.msg);
-		engine_model_free(m);
-		return EXIT_RUNTIME;
+		rc = EXIT_RUNTIME;
+		goto out;
 	}
+	/* huge-page copy, lock, prefault: before anything is timed */
+	tools_tuning_apply(tt, m, cx);
 
 	/* the same variant the engine chose */
 	const struct kern_ops *ko = kern_select(NULL, isa);
 	uint64_t (*rd)(const void *, size_t) =
 		ko && ko->read_stream ? ko->read_stream : kern_read_stream_generic;
-	double bw = measure_bw(info.n_threads, (size_t)bw_mib << 20, CM_MAX(reps, 3), rd);
+	double bw = measure_bw(info.n_threads, (size_t)bw_mib << 20, CM_MAX(reps, 3), rd, tt);
 	double pre[8] = {0}, dec[8] = {0};
-	int rc = 0;
-	/* warm-up: fault in the weights, settle the pool */
-	if (run_decode(cx, 0, 2, (int)info.n_vocab, &err) < 0)
-		rc = EXIT_RUNTIME;
+	/* warm-up, timed: the first step after load pays the page faults of
+	 * every weight unless they were prefaulted or locked */
+	double first_ms = 0;
+	{
+		int32_t tok = rand_token((int)info.n_vocab);
+		double t0 = cm_now();
+		if (engine_eval(cx, &tok, 1, 0, &err) != 0)
+			rc = EXIT_RUNTIME;
+		first_ms = (cm_now() - t0) * 1e3;
+		if (!rc && run_decode(cx, 0, 2, (int)info.n_vocab, &err) < 0)
+			rc = EXIT_RUNTIME;
+	}
 	for (int i = 0; i < n_prompts && !rc; i++)
 		for (int r = 0; r < reps && !rc; r++) {
 			double t = run_prefill(cx, prompts[i], (int)info.n_vocab, &err);
@@ -268,15 +356,18 @@ int main(int argc, char **argv)
 		fprintf(stderr, "edgelm-bench: %s\n", err.msg);
 		goto out;
 	}
+	tools_tuning_check(tt, m);
 	struct rusage ru;
 	getrusage(RUSAGE_SELF, &ru);
 	double rss_mib = (double)ru.ru_maxrss / 1024.0;
 	double wb = (double)info.weight_bytes_token;
 
 	if (json) {
-		printf("{\"model\":\"%s\",\"arch\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
+		printf("{\"model\":");
+		tools_json_str(stdout, info.name);
+		printf(",\"arch\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
 		       "\"weight_bytes_per_token\":%.0f,\"read_bandwidth_gbs\":%.3f,\"prefill\":[",
-		       info.name, info.arch, info.isa, info.n_threads, wb, bw / 1e9);
+		       info.arch, info.isa, info.n_threads, wb, bw / 1e9);
 		for (int i = 0; i < n_prompts; i++)
 			printf("%s{\"tokens\":%d,\"tok_s\":%.2f}", i ? "," : "", prompts[i], pre[i]);
 		printf("],\"decode\":[");
@@ -284,13 +375,19 @@ int main(int argc, char **argv)
 			printf("%s{\"context\":%d,\"tok_s\":%.2f,\"bandwidth_gbs\":%.3f,"
 			       "\"bandwidth_ratio\":%.4f}",
 			       i ? "," : "", ctxs[i], dec[i], dec[i] * wb / 1e9, dec[i] * wb / bw);
-		printf("],\"peak_rss_mib\":%.1f}\n", rss_mib);
+		printf("],\"load_ms\":%.1f,\"first_token_ms\":%.2f,\"peak_rss_mib\":%.1f,",
+		       t_load * 1e3, first_ms, rss_mib);
+		tools_tuning_json(tt, stdout);
+		printf("}\n");
 	} else {
 		printf("model        %s (%s), %.1f MiB of weights read per token\n",
 		       info.name[0] ? info.name : model, info.arch, wb / (1 << 20));
 		printf("kernels      %s, %d threads\n", info.isa, info.n_threads);
+		tools_tuning_print(tt, stdout);
 		printf("read bw      %.2f GB/s (streaming read, %d threads)\n", bw / 1e9,
 		       info.n_threads);
+		printf("first token  %.1f ms (the first step after a %.0f ms load)\n", first_ms,
+		       t_load * 1e3);
 		for (int i = 0; i < n_prompts; i++)
 			printf("prefill %-4d %.1f tok/s\n", prompts[i], pre[i]);
 		for (int i = 0; i < n_ctxs; i++)
@@ -301,5 +398,6 @@ int main(int argc, char **argv)
 out:
 	engine_ctx_free(cx);
 	engine_model_free(m);
+	tools_tuning_free(tt); /* after the model: it may hold the weights */
 	return rc;
 }

@@ -2,6 +2,9 @@
 #ifndef EDGELM_TOOLS_H
 #define EDGELM_TOOLS_H
 
+#include "common/common.h"
+#include "engine/engine.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -50,5 +53,43 @@ void tools_mkmodel_usage(FILE *o);
  * clients (tools/lib/bench_daemon.c). Returns the process exit code. */
 int tools_bench_daemon_main(int argc, char **argv);
 void tools_bench_daemon_usage(FILE *o);
+
+/* ---- json_out.c --------------------------------------------------------------- */
+
+/* s as a JSON string, quotes included (s is UTF-8; NULL prints ""). */
+void tools_json_str(FILE *o, const char *s);
+
+/* ---- bench_tuning.c: edgelm-bench's tuning switches -------------------------- */
+
+struct tools_tuning_want {
+	bool pin;       /* workers pinned, one per physical core (the tuning plan) */
+	bool hugepages; /* weights copied to 2 MiB-aligned anonymous memory */
+	bool prefault;  /* weights and KV cache populated before timing */
+	bool mlock;     /* weights and KV cache locked; one warning if not allowed */
+};
+struct tools_tuning;
+
+/* Detect the box and make the tuning plan for `model` (its size) and
+ * `threads` (0: one per usable physical core). A failed detection is not an
+ * error: every wanted switch is then reported as failed with the reason.
+ * -ENOMEM only. */
+int tools_tuning_new(const struct tools_tuning_want *w, const char *model, int threads,
+		     struct tools_tuning **ret, struct cm_err *err);
+/* After engine_model_free: the huge-page copy is freed here. NULL-safe. */
+void tools_tuning_free(struct tools_tuning *t);
+/* Threads and, with --pin, the plan's cpu list for engine_model_load. */
+void tools_tuning_engine_params(const struct tools_tuning *t, struct engine_params *ep);
+/* Whether workers are to be pinned, and where worker i goes (-1: anywhere). */
+bool tools_tuning_pinned(const struct tools_tuning *t);
+int tools_tuning_worker_cpu(const struct tools_tuning *t, int i);
+/* After engine_ctx_new, before anything is timed: the huge-page copy, the
+ * lock, the prefault, in edgelmd's order; then the weights' residency. */
+void tools_tuning_apply(struct tools_tuning *t, engine_model *m, engine_ctx *c);
+/* After the runs: check what the kernel did (each worker's affinity, the
+ * copy's huge pages, VmLck) and read the memory figures. */
+void tools_tuning_check(struct tools_tuning *t, engine_model *m);
+/* The report: lines for the table, or `"tuning":{...},"memory":{...}`. */
+void tools_tuning_print(const struct tools_tuning *t, FILE *o);
+void tools_tuning_json(const struct tools_tuning *t, FILE *o);
 
 #endif

@@ -1,0 +1,380 @@
+/* tests/unit/test_bench_tool.c: edgelm-bench's tuning switches and its
+ * report, end to end, on a small synthetic model
+ * (`edgelm-gguf mkmodel --shape small`, 1.8 MiB: big enough that the load
+ * leaves most of the weights unmapped, so prefault shows).
+ * - with no switch every knob is "off";
+ * - each switch alone is "applied", with the kernel's evidence in the JSON
+ *   (each worker's affinity, the copy's RSS, the weights' residency, VmLck),
+ *   and the others stay "off": a switch that were parsed but ignored would
+ *   stay "off" or lack the evidence;
+ * - --tuning on is edgelmd's default set (pin, prefault, mlock);
+ * - refusals are "failed" with the reason, and the run still measures: mlock
+ *   under a 64 KiB RLIMIT_MEMLOCK without CAP_IPC_LOCK (one warning), pinning
+ *   to cpus this box lacks (a fake big.LITTLE tree: the engine pins
+ *   best-effort, the bench must notice), huge pages with THP `never`;
+ */
+#include "common/common.h"
+#include "tests/test.h"
+
+#include <jansson.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char build_dir[512], tmp[1024], model[1100];
+
+static const char *bin(const char *name)
+{
+	static char b[2][600];
+	static int k;
+	k ^= 1;
+	snprintf(b[k], sizeof(b[k]), "%s/bin/%s", build_dir, name);
+	return b[k];
+}
+
+/* Run a shell command, capture stdout (malloc'ed), return exit status. */
+static int run(const char *cmd, char **ret_out)
+{
+	FILE *p = popen(cmd, "r");
+	if (!p)
+		return -1;
+	size_t cap = 1 << 16, n = 0, r;
+	char *buf = malloc(cap + 1);
+	while ((r = fread(buf + n, 1, cap - n, p)) > 0) {
+		n += r;
+		if (n == cap)
+			buf = realloc(buf, (cap *= 2) + 1);
+	}
+	buf[n] = '\0';
+	int st = pclose(p);
+	*ret_out = buf;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static bool setup(void)
+{
+	if (model[0])
+		return true;
+	const char *b = getenv("BUILD");
+	snprintf(build_dir, sizeof(build_dir), "%s", b && *b ? b : "build");
+	snprintf(tmp, sizeof(tmp), "%s/bench_tool.%d", test_tmpdir(), (int)getpid());
+	snprintf(model, sizeof(model), "%s/small.gguf", tmp);
+	char cmd[16384], *out = NULL;
+	snprintf(cmd, sizeof(cmd), "mkdir -p '%s' && %s mkmodel --shape small -o '%s' 2>&1", tmp,
+	         bin("edgelm-gguf"), model);
+	int rc = run(cmd, &out);
+	free(out);
+	if (rc != 0) {
+		model[0] = '\0';
+		return false;
+	}
+	return true;
+}
+
+/* edgelm-bench on the small model, short runs, --json; `pre` is put
+ * before the command (environment, wrappers), `args` after. Returns the
+ * parsed object (NULL on failure, with a CHECK); stderr goes to *ret_err
+ * when asked. */
+static json_t *bench(const char *pre, const char *args, char **ret_err)
+{
+	if (!setup()) {
+		CHECK_MSG(false, "edgelm-gguf mkmodel failed");
+		return NULL;
+	}
+	char cmd[16384], errf[4200], *out = NULL;
+	snprintf(errf, sizeof(errf), "%s/stderr", tmp);
+	snprintf(cmd, sizeof(cmd),
+	         "%s %s -m '%s' --bw-mib 16 --reps 1 --prompts 8 --contexts 0 -n 4 --json %s "
+	         "2>'%s'",
+	         pre, bin("edgelm-bench"), model, args, errf);
+	int rc = run(cmd, &out);
+	CHECK_MSG(rc == 0, "%s: exit %d", cmd, rc);
+	json_error_t je;
+	json_t *j = json_loads(out, 0, &je);
+	CHECK_MSG(j != NULL, "%s: not JSON: %s", args, out);
+	free(out);
+	if (ret_err) {
+		FILE *f = fopen(errf, "r");
+		size_t n = 0;
+		*ret_err = calloc(1, 65536);
+		if (f) {
+			n = fread(*ret_err, 1, 65535, f);
+			fclose(f);
+		}
+		(*ret_err)[n] = '\0';
+	}
+	return j;
+}
+
+static const char *status(json_t *j, const char *knob)
+{
+	const char *s = json_string_value(
+	    json_object_get(json_object_get(json_object_get(j, "tuning"), knob), "status"));
+	return s ? s : "(missing)";
+}
+
+static const char *reason(json_t *j, const char *knob)
+{
+	const char *s = json_string_value(
+	    json_object_get(json_object_get(json_object_get(j, "tuning"), knob), "reason"));
+	return s ? s : "";
+}
+
+static uint64_t mem(json_t *j, const char *key)
+{
+	return (uint64_t)json_integer_value(json_object_get(json_object_get(j, "memory"), key));
+}
+
+/* The figures are there whatever the tuning did. */
+static void check_figures(json_t *j)
+{
+	json_t *d = json_array_get(json_object_get(j, "decode"), 0);
+	CHECK(json_number_value(json_object_get(d, "tok_s")) > 0);
+	CHECK(json_number_value(json_object_get(j, "first_token_ms")) > 0);
+	CHECK(mem(j, "weights_bytes") > 0);
+	CHECK(mem(j, "rss_bytes") > 0);
+}
+
+/* The evidence each applied knob must carry. */
+static void check_evidence(json_t *j, const char *knob)
+{
+	json_t *pin = json_object_get(json_object_get(j, "tuning"), "pin");
+	if (strcmp(knob, "pin") == 0) {
+		json_t *cpus = json_object_get(pin, "cpus"),
+		       *obs = json_object_get(pin, "observed");
+		CHECK(json_array_size(cpus) > 0);
+		CHECK_EQ_INT(json_array_size(obs),
+		             json_integer_value(json_object_get(j, "threads")));
+		for (size_t i = 0; i < json_array_size(obs); i++) {
+			char want[32];
+			snprintf(want, sizeof(want), "%lld",
+			         (long long)json_integer_value(
+			             json_array_get(cpus, i % json_array_size(cpus))));
+			CHECK_STREQ(json_string_value(json_array_get(obs, i)), want);
+		}
+	} else if (strcmp(knob, "hugepages") == 0) {
+		CHECK(mem(j, "hugepage_rss_bytes") >= mem(j, "weights_bytes"));
+	} else if (strcmp(knob, "prefault") == 0) {
+		long pg = sysconf(_SC_PAGESIZE);
+		CHECK(mem(j, "weights_resident_before_bytes") >=
+		      mem(j, "weights_bytes") / (uint64_t)pg * (uint64_t)pg);
+	} else if (strcmp(knob, "mlock") == 0) {
+		CHECK(mem(j, "locked_bytes") >= mem(j, "weights_bytes") + mem(j, "kv_bytes"));
+	}
+}
+
+static const char *const knobs[] = {"pin", "hugepages", "prefault", "mlock"};
+
+/* Whether this test process may lock the small model: root (CAP_IPC_LOCK),
+ * or a RLIMIT_MEMLOCK of 1 MiB or more (8 MiB is the kernel's default since
+ * 5.16; older ones give 64 KiB, and mlock is then refused). */
+static const char *mlock_expect(void)
+{
+	struct rlimit rl;
+	if (geteuid() == 0 || (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur >= (1u << 20)))
+		return "applied";
+	return "failed";
+}
+
+static void test_off(void)
+{
+	for (int v = 0; v < 2; v++) {
+		json_t *j = bench("", v ? "--tuning off" : "", NULL);
+		if (!j)
+			return;
+		for (size_t k = 0; k < CM_ARRAY_LEN(knobs); k++)
+			CHECK_STREQ(status(j, knobs[k]), "off");
+		CHECK_EQ_INT(mem(j, "locked_bytes"), 0);
+		CHECK_EQ_INT(mem(j, "hugepage_rss_bytes"), 0);
+		check_figures(j);
+		json_decref(j);
+	}
+}
+
+static void test_each_switch(void)
+{
+	for (size_t k = 0; k < CM_ARRAY_LEN(knobs); k++) {
+		char args[64];
+		snprintf(args, sizeof(args), "--%s", knobs[k]);
+		json_t *j = bench("", args, NULL);
+		if (!j)
+			return;
+		bool ml = strcmp(knobs[k], "mlock") == 0;
+		const char *want = ml ? mlock_expect() : "applied";
+		for (size_t o = 0; o < CM_ARRAY_LEN(knobs); o++)
+			CHECK_MSG(strcmp(status(j, knobs[o]), o == k ? want : "off") == 0,
+			          "%s: %s is %s %s", args, knobs[o], status(j, knobs[o]),
+			          reason(j, knobs[o]));
+		if (strcmp(want, "applied") == 0)
+			check_evidence(j, knobs[k]);
+		else
+			CHECK(strstr(reason(j, knobs[k]), "LimitMEMLOCK") != NULL);
+		check_figures(j);
+		json_decref(j);
+	}
+}
+
+static void test_tuning_on(void)
+{
+	/* edgelmd's defaults: pin, prefault, mlock; huge pages off */
+	json_t *j = bench("", "--tuning on", NULL);
+	if (!j)
+		return;
+	CHECK_STREQ(status(j, "pin"), "applied");
+	CHECK_STREQ(status(j, "prefault"), "applied");
+	CHECK_STREQ(status(j, "mlock"), mlock_expect());
+	CHECK_STREQ(status(j, "hugepages"), "off");
+	json_decref(j);
+	j = bench("", "--hugepages --tuning on", NULL);
+	if (!j)
+		return;
+	for (size_t k = 0; k < CM_ARRAY_LEN(knobs); k++) {
+		const char *want = strcmp(knobs[k], "mlock") == 0 ? mlock_expect() : "applied";
+		CHECK_MSG(strcmp(status(j, knobs[k]), want) == 0, "%s: %s %s", knobs[k],
+		          status(j, knobs[k]), reason(j, knobs[k]));
+		if (strcmp(want, "applied") == 0)
+			check_evidence(j, knobs[k]);
+	}
+	json_decref(j);
+}
+
+static int count(const char *hay, const char *needle)
+{
+	int n = 0;
+	for (const char *p = hay; (p = strstr(p, needle)); p++)
+		n++;
+	return n;
+}
+
+static void test_mlock_refused(void)
+{
+	if (system("command -v prlimit >/dev/null 2>&1") != 0) {
+		TEST_SKIP("prlimit missing");
+		return;
+	}
+	/* root holds CAP_IPC_LOCK, which overrides the limit: drop it too */
+	bool root = geteuid() == 0;
+	if (root && system("command -v setpriv >/dev/null 2>&1") != 0) {
+		TEST_SKIP("setpriv missing (needed as root)");
+		return;
+	}
+	char *err = NULL;
+	json_t *j = bench(root ? "setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock "
+	                         "prlimit --memlock=65536"
+	                       : "prlimit --memlock=65536",
+	                  "--tuning on", &err);
+	if (!j)
+		return;
+	CHECK_STREQ(status(j, "mlock"), "failed");
+	CHECK_MSG(strstr(reason(j, "mlock"), "LimitMEMLOCK=infinity") != NULL, "%s",
+	          reason(j, "mlock"));
+	CHECK_STREQ(status(j, "pin"), "applied");
+	CHECK_STREQ(status(j, "prefault"), "applied");
+	CHECK_EQ_INT(mem(j, "locked_bytes"), 0);
+	CHECK_MSG(count(err, "LimitMEMLOCK=infinity") == 1, "stderr: %s", err);
+	check_figures(j);
+	free(err);
+	json_decref(j);
+}
+
+/* A fake tree from tests/data/tuning/mktree.sh; returns the env prefix. */
+static const char *fake_box(const char *box, const char *thp)
+{
+	static char env[8192];
+	char cmd[8192], *out = NULL;
+	snprintf(cmd, sizeof(cmd), "sh tests/data/tuning/mktree.sh %s '%s/%s' 2>&1", box, tmp, box);
+	int rc = run(cmd, &out);
+	free(out);
+	CHECK_EQ_INT(rc, 0);
+	if (thp) {
+		snprintf(cmd, sizeof(cmd), "%s/%s/sys/kernel/mm/transparent_hugepage/enabled", tmp,
+		         box);
+		FILE *f = fopen(cmd, "w");
+		CHECK(f != NULL);
+		if (f) {
+			fprintf(f, "%s\n", thp);
+			fclose(f);
+		}
+	}
+	snprintf(env, sizeof(env),
+	         "EDGELM_SYSFS_ROOT='%s/%s/sys' EDGELM_PROCFS_ROOT='%s/%s/proc' "
+	         "EDGELM_RUN_ROOT='%s/%s/run'",
+	         tmp, box, tmp, box, tmp, box);
+	return env;
+}
+
+static void test_pin_refused(void)
+{
+	if (!setup())
+		return;
+	cpu_set_t set;
+	if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_ISSET(4, &set)) {
+		TEST_SKIP("this box has cpu 4: pinning to the fake big cores would work");
+		return;
+	}
+	/* the fake big.LITTLE box puts 2 workers on its big cores 4 and 5 */
+	json_t *j = bench(fake_box("biglittle", NULL), "--pin -t 2", NULL);
+	if (!j)
+		return;
+	CHECK_STREQ(status(j, "pin"), "failed");
+	CHECK_MSG(strstr(reason(j, "pin"), "could not pin") != NULL, "%s", reason(j, "pin"));
+	check_figures(j);
+	json_decref(j);
+}
+
+static void test_hugepages_blocked(void)
+{
+	if (!setup())
+		return;
+	json_t *j = bench(fake_box("vm", "always madvise [never]"), "--hugepages", NULL);
+	if (!j)
+		return;
+	CHECK_STREQ(status(j, "hugepages"), "failed");
+	CHECK_MSG(strstr(reason(j, "hugepages"), "transparent_hugepage") != NULL, "%s",
+	          reason(j, "hugepages"));
+	CHECK_EQ_INT(mem(j, "hugepage_rss_bytes"), 0);
+	check_figures(j);
+	json_decref(j);
+}
+
+static void test_table(void)
+{
+	if (!setup())
+		return;
+	char cmd[8192], *out = NULL;
+	snprintf(cmd, sizeof(cmd),
+	         "%s -m '%s' --bw-mib 16 --reps 1 --prompts 8 --contexts 0 -n 4 --pin --prefault",
+	         bin("edgelm-bench"), model);
+	CHECK_EQ_INT(run(cmd, &out), 0);
+	CHECK_MSG(strstr(out, "pin        applied") && strstr(out, "prefault   applied") &&
+	              strstr(out, "hugepages  off") && strstr(out, "mlock      off") &&
+	              strstr(out, "first token"),
+	          "%s", out);
+	free(out);
+	/* usage errors */
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' --tuning maybe 2>/dev/null", bin("edgelm-bench"),
+	         model);
+	CHECK_EQ_INT(run(cmd, &out), 1);
+	free(out);
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' extra-arg 2>/dev/null", bin("edgelm-bench"), model);
+	CHECK_EQ_INT(run(cmd, &out), 1);
+	free(out);
+}
+
+int main(void)
+{
+	TEST_RUN(test_off);
+	TEST_RUN(test_each_switch);
+	TEST_RUN(test_tuning_on);
+	TEST_RUN(test_mlock_refused);
+	TEST_RUN(test_pin_refused);
+	TEST_RUN(test_hugepages_blocked);
+	TEST_RUN(test_table);
+	if (tmp[0]) {
+		char cmd[8192];
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
+		(void)!system(cmd);
+	}
+	return test_finish();
+}
