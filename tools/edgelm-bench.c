@@ -3,6 +3,7 @@
  *
  *   edgelm-bench -m MODEL [--threads N] [--isa NAME] [--json]
  *                [--tuning on|off] [--pin] [--hugepages] [--prefault] [--mlock]
+ *   edgelm-bench --tokenize -m MODEL [FILE]     (tools/lib/bench_tokenize.c)
  *   edgelm-bench --daemon URL ...               (tools/lib/bench_daemon.c)
  *
  * (a) read bandwidth: a streaming read over a buffer much larger than the
@@ -68,6 +69,11 @@ static void usage(FILE *o)
 		"      --hugepages      copy the weights to 2 MiB-aligned memory (THP)\n"
 		"      --prefault       populate weights and KV cache before timing\n"
 		"      --mlock          lock weights and KV cache (a warning if not allowed)\n"
+		"\n"
+		"  --tokenize [FILE]    tokenizer speed instead: encode and decode MB/s and\n"
+		"                       tokens/s of FILE, else $EDGELM_TESTDATA's held-out\n"
+		"                       stories, else synthetic English (-m may be a vocab GGUF)\n"
+		"      --text-mb N      repeat the text up to N MB (default 4; 0: once)\n"
 		"\n"
 		"  --daemon URL         load a running edgelmd instead (--help --daemon: its options)\n"
 		"  -h, --help\n");
@@ -217,7 +223,8 @@ int main(int argc, char **argv)
 		if (strcmp(argv[i], "--daemon") == 0 || strncmp(argv[i], "--daemon=", 9) == 0)
 			return tools_bench_daemon_main(argc, argv);
 
-	enum { OPT_TUNING = 256, OPT_PIN, OPT_HUGEPAGES, OPT_PREFAULT, OPT_MLOCK };
+	enum { OPT_TUNING = 256, OPT_PIN, OPT_HUGEPAGES, OPT_PREFAULT, OPT_MLOCK, OPT_TOKENIZE,
+	       OPT_TEXT_MB };
 	static const struct option opts[] = {
 		{"model", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
 		{"isa", required_argument, NULL, 'I'},   {"prompts", required_argument, NULL, 'P'},
@@ -229,12 +236,15 @@ int main(int argc, char **argv)
 		{"hugepages", no_argument, NULL, OPT_HUGEPAGES},
 		{"prefault", no_argument, NULL, OPT_PREFAULT},
 		{"mlock", no_argument, NULL, OPT_MLOCK},
+		{"tokenize", no_argument, NULL, OPT_TOKENIZE},
+		{"text-mb", required_argument, NULL, OPT_TEXT_MB},
 		{NULL, 0, NULL, 0},
 	};
 	const char *model = NULL, *isa = getenv("EDGELM_ISA");
 	int threads = 0, n_gen = 32, reps = 3, bw_mib = 1024;
 	int prompts[8] = {128, 512}, n_prompts = 2, ctxs[8] = {0, 512}, n_ctxs = 2;
-	bool json = false, bad = false, tuning = false;
+	bool json = false, tokenize = false, bad = false, tuning = false;
+	double text_mb = 4;
 	/* --tuning sets the base wherever it appears; the switches add to it */
 	struct tools_tuning_want add = {0};
 	int c;
@@ -254,9 +264,29 @@ int main(int argc, char **argv)
 		case OPT_HUGEPAGES: add.hugepages = true; break;
 		case OPT_PREFAULT: add.prefault = true; break;
 		case OPT_MLOCK: add.mlock = true; break;
+		case OPT_TOKENIZE: tokenize = true; break;
+		case OPT_TEXT_MB: {
+			char *end;
+			text_mb = strtod(optarg, &end);
+			bad |= end == optarg || *end || !(text_mb >= 0 && text_mb <= 4096);
+			break;
+		}
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return EXIT_USAGE;
 		}
+	}
+	if (tokenize) {
+		/* --tokenize [FILE]: the one place a positional argument is taken */
+		if (!model || bad || reps < 1 || optind + 1 < argc) {
+			usage(stderr);
+			return EXIT_USAGE;
+		}
+		struct tools_tokbench_params tp = {.model = model,
+						   .text = optind < argc ? argv[optind] : NULL,
+						   .text_mb = text_mb,
+						   .reps = reps,
+						   .json = json};
+		return tools_bench_tokenize(&tp);
 	}
 	if (!model || bad || optind < argc || n_prompts < 0 || n_ctxs < 0 || threads < 0 ||
 	    n_gen < 1 || reps < 1 || bw_mib < 16) {

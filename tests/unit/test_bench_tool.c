@@ -1,5 +1,5 @@
 /* tests/unit/test_bench_tool.c: edgelm-bench's tuning switches and its
- * report, end to end, on a small synthetic model
+ * tokenizer benchmark, end to end, on a small synthetic model
  * (`edgelm-gguf mkmodel --shape small`, 1.8 MiB: big enough that the load
  * leaves most of the weights unmapped, so prefault shows).
  * - with no switch every knob is "off";
@@ -12,7 +12,8 @@
  *   under a 64 KiB RLIMIT_MEMLOCK without CAP_IPC_LOCK (one warning), pinning
  *   to cpus this box lacks (a fake big.LITTLE tree: the engine pins
  *   best-effort, the bench must notice), huge pages with THP `never`;
- */
+ * - --tokenize on vocab-only GGUFs and on a model, from a file, from the
+ *   held-out stories and from the synthetic text. */
 #include "common/common.h"
 #include "tests/test.h"
 
@@ -362,6 +363,93 @@ static void test_table(void)
 	free(out);
 }
 
+/* --tokenize --json; returns the object. */
+static json_t *tokbench(const char *env, const char *m, const char *args)
+{
+	char cmd[16384], *out = NULL;
+	snprintf(cmd, sizeof(cmd), "%s %s --tokenize -m '%s' --reps 1 --json %s", env,
+	         bin("edgelm-bench"), m, args);
+	int rc = run(cmd, &out);
+	CHECK_MSG(rc == 0, "%s: exit %d", cmd, rc);
+	json_t *j = json_loads(out, 0, NULL);
+	CHECK_MSG(j != NULL, "%s: not JSON: %s", cmd, out);
+	free(out);
+	return j;
+}
+
+static double num(json_t *j, const char *a, const char *b)
+{
+	json_t *v = json_object_get(j, a);
+	return json_number_value(b ? json_object_get(v, b) : v);
+}
+
+static void test_tokenize(void)
+{
+	if (!setup())
+		return;
+	const char *v = test_data_path("vocab/ggml-vocab-llama-spm.gguf");
+	if (!test_file_exists(v)) {
+		TEST_SKIP_DATA("vocab files not found under $EDGELM_TESTDATA");
+		return;
+	}
+	/* a file, used once: "Hello world\n" is 3 SPM tokens without BOS */
+	char file[1200];
+	snprintf(file, sizeof(file), "%s/hello.txt", tmp);
+	FILE *f = fopen(file, "w");
+	CHECK(f != NULL);
+	if (!f)
+		return;
+	fputs("Hello world\n", f);
+	fclose(f);
+	char args[8192];
+	snprintf(args, sizeof(args), "--text-mb 0 '%s'", file);
+	json_t *j = tokbench("", v, args);
+	if (!j)
+		return;
+	CHECK_EQ_INT(num(j, "tokens", NULL), 3);
+	CHECK_EQ_INT(num(j, "bytes", NULL), 12);
+	CHECK_EQ_INT(num(j, "roundtrip_documents", NULL), 1);
+	json_decref(j);
+
+	/* the held-out stories (when present), SPM and BPE vocabularies */
+	const char *vocabs[] = {"vocab/ggml-vocab-llama-spm.gguf",
+	                        "vocab/ggml-vocab-llama-bpe.gguf"};
+	char path[4096];
+	for (size_t i = 0; i < CM_ARRAY_LEN(vocabs); i++) {
+		snprintf(path, sizeof(path), "%s", test_data_path(vocabs[i]));
+		j = tokbench("", path, "--text-mb 0.3");
+		if (!j)
+			return;
+		CHECK(num(j, "bytes", NULL) >= 300000);
+		CHECK(num(j, "tokens", NULL) > num(j, "bytes", NULL) / 8);
+		CHECK(num(j, "encode", "mb_s") > 0 && num(j, "decode", "mb_s") > 0);
+		CHECK(num(j, "encode", "tok_s") > 0 && num(j, "decode", "tok_s") > 0);
+		CHECK_EQ_INT(num(j, "roundtrip_documents", NULL), num(j, "documents", NULL));
+		const char *src = json_string_value(json_object_get(j, "source"));
+		if (test_file_exists(test_data_path("reference/stories-heldout.jsonl")))
+			CHECK_MSG(src && strstr(src, "stories-heldout"), "%s", src ? src : "");
+		json_decref(j);
+	}
+
+	/* a full model (loaded vocab-only) and the synthetic text */
+	j = tokbench("env -u EDGELM_TESTDATA", model, "--text-mb 0.2");
+	if (!j)
+		return;
+	const char *src = json_string_value(json_object_get(j, "source"));
+	CHECK_MSG(src && strstr(src, "synthetic"), "%s", src ? src : "");
+	CHECK(num(j, "bytes", NULL) >= 200000);
+	CHECK(num(j, "tokens", NULL) > 0);
+	CHECK_EQ_INT(num(j, "roundtrip_documents", NULL), num(j, "documents", NULL));
+	json_decref(j);
+
+	/* a missing file: exit 2 */
+	char cmd[8192], *out = NULL;
+	snprintf(cmd, sizeof(cmd), "%s --tokenize -m '%s' /nonexistent.txt 2>/dev/null",
+	         bin("edgelm-bench"), v);
+	CHECK_EQ_INT(run(cmd, &out), 2);
+	free(out);
+}
+
 int main(void)
 {
 	TEST_RUN(test_off);
@@ -371,6 +459,7 @@ int main(void)
 	TEST_RUN(test_pin_refused);
 	TEST_RUN(test_hugepages_blocked);
 	TEST_RUN(test_table);
+	TEST_RUN(test_tokenize);
 	if (tmp[0]) {
 		char cmd[8192];
 		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);

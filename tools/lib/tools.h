@@ -59,6 +59,18 @@ void tools_bench_daemon_usage(FILE *o);
 /* s as a JSON string, quotes included (s is UTF-8; NULL prints ""). */
 void tools_json_str(FILE *o, const char *s);
 
+/* ---- bench_tokenize.c: `edgelm-bench --tokenize` ---------------------------- */
+
+struct tools_tokbench_params {
+	const char *model; /* a model or a vocab-only GGUF */
+	const char *text;  /* text file, NULL: the held-out stories, else synthetic */
+	double text_mb;    /* repeat the text up to this many MB (10^6 bytes); 0: once */
+	int reps;          /* passes over the text, best kept */
+	bool json;
+};
+/* Encode and decode speed of the model's tokenizer. Returns the exit code. */
+int tools_bench_tokenize(const struct tools_tokbench_params *p);
+
 /* ---- bench_tuning.c: edgelm-bench's tuning switches -------------------------- */
 
 struct tools_tuning_want {
