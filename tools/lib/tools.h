@@ -62,7 +62,7 @@ void tools_json_str(FILE *o, const char *s);
 /* ---- bench_tokenize.c: `edgelm-bench --tokenize` ---------------------------- */
 
 struct tools_tokbench_params {
-	const char *model; /* a model or a vocab-only GGUF */
+	const char *model; /* a model or a vocab-only GGUF (any architecture) */
 	const char *text;  /* text file, NULL: the held-out stories, else synthetic */
 	double text_mb;    /* repeat the text up to this many MB (10^6 bytes); 0: once */
 	int reps;          /* passes over the text, best kept */
