@@ -223,7 +223,7 @@ int tools_bench_tokenize(const struct tools_tokbench_params *p)
 	struct doc *docs = NULL;
 	int32_t *ids = NULL;
 	int rc = 0, r;
-	char source[300];
+	char source[4200];
 
 	/* the tokenizer alone, as engine_model_load(vocab_only) builds it, but
 	 * without the architecture check: the vocab files of architectures the

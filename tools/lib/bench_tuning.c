@@ -51,6 +51,14 @@ static const char *const knob_names[K_COUNT] = {"pin", "hugepages", "prefault", 
 
 #define MAX_WORKERS 256
 
+/* ASan and TSan intercept mlock and do nothing ("Sanitizer ignores mlock"):
+ * the check below sees it, this says why. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#else
+#define SANITIZED 0
+#endif
+
 struct tools_tuning {
 	struct tuning_paths paths; /* detection (may be a fake tree) */
 	struct tuning_paths live;  /* this process: the real /proc */
@@ -412,8 +420,9 @@ void tools_tuning_check(struct tools_tuning *t, engine_model *m)
 		if (t->locked < t->weights + t->kv)
 			knob_fail(k,
 			          "mlock returned, but VmLck is %.1f MiB for %.1f MiB of weights "
-			          "and KV cache",
-			          t->locked / 1048576.0, (t->weights + t->kv) / 1048576.0);
+			          "and KV cache%s",
+			          t->locked / 1048576.0, (t->weights + t->kv) / 1048576.0,
+			          SANITIZED ? " (sanitizer builds make mlock a no-op)" : "");
 		else
 			snprintf(k->detail, sizeof(k->detail),
 			         "weights + KV cache locked (%.1f MiB) in %.0f ms",
