@@ -133,6 +133,8 @@ static void check_figures(json_t *j)
 	json_t *d = json_array_get(json_object_get(j, "decode"), 0);
 	CHECK(json_number_value(json_object_get(d, "tok_s")) > 0);
 	CHECK(json_number_value(json_object_get(j, "first_token_ms")) > 0);
+	CHECK(json_number_value(json_object_get(j, "second_token_ms")) > 0);
+	CHECK(json_is_integer(json_object_get(j, "first_token_faults")));
 	CHECK(mem(j, "weights_bytes") > 0);
 	CHECK(mem(j, "rss_bytes") > 0);
 }
