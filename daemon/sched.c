@@ -1296,7 +1296,11 @@ static void handle_info(struct daemon *d, ipc_call *call)
 	struct ipc_reply rep = {.op = IPC_OP_INFO, .retry_after_ms = -1};
 	struct ipc_info_reply *in = &rep.u.info;
 	char kernels[128];
-	snprintf(kernels, sizeof(kernels), "%s", mi.isa);
+	if (mi.n_x16_tensors)
+		snprintf(kernels, sizeof(kernels), "%s, %u tensors repacked x16 (%.1f MiB)", mi.isa,
+			 mi.n_x16_tensors, (double)mi.x16_bytes / (1 << 20));
+	else
+		snprintf(kernels, sizeof(kernels), "%s", mi.isa);
 	in->version = EDGELM_VERSION;
 	in->model = d->model_name;
 	in->architecture = mi.arch;

@@ -38,6 +38,9 @@ struct weight {
 	int64_t n_out; /* ne[1]: rows (1 for vectors) */
 	size_t row_bytes;
 	const char *name;
+	/* rows [0, n_x16) are repacked in the kernels' x16 layout (kern.h),
+	 * a multiple of 16; the rest keep the file's layout */
+	int64_t n_x16;
 };
 
 /* Vectors (norm weights, biases) are f32: a view into the mapping when the
@@ -74,6 +77,18 @@ struct engine_model {
 	uint32_t n_ctx; /* cap in force */
 	struct engine_model_info info;
 };
+
+/* Every matmul weight of the model (layers, then the output), in a new
+ * array (*ret, cm_free it); returns the count. */
+int engine_model_matrices(engine_model *m, struct weight ***ret);
+
+/* ---- load-time repacking (repack.c) --------------------------------------
+ * Repack the Q4_0/Q8_0 matrices into the kernel variant's x16 layout, in
+ * place (the mapping's pages become private copies). mode: 0 auto (when the
+ * variant reads the layout and the repacked bytes are at most half of the
+ * RAM), 1 on (whatever the size), -1 off. Fills info.n_x16_tensors and
+ * info.x16_bytes. */
+int engine_model_repack(engine_model *m, int mode, struct cm_err *err);
 
 /* ---- context (model.c) --------------------------------------------------- */
 

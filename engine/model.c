@@ -315,6 +315,25 @@ static uint64_t weight_bytes(const struct weight *w)
 	return w->data ? (uint64_t)w->row_bytes * (uint64_t)w->n_out : 0;
 }
 
+int engine_model_matrices(engine_model *m, struct weight ***ret)
+{
+	int cap = (int)m->hp.n_layer * 7 + 1, n = 0;
+	struct weight **v = cm_calloc((size_t)cap, sizeof(*v));
+	*ret = v;
+	if (!v)
+		return 0;
+	for (uint32_t i = 0; i < m->hp.n_layer; i++) {
+		struct layer *l = &m->layers[i];
+		struct weight *lw[] = {&l->wq, &l->wk, &l->wv, &l->wo,
+				       &l->w_gate, &l->w_up, &l->w_down};
+		for (size_t k = 0; k < CM_ARRAY_LEN(lw); k++)
+			if (lw[k]->data)
+				v[n++] = lw[k];
+	}
+	v[n++] = &m->output;
+	return n;
+}
+
 static void fill_info(engine_model *m)
 {
 	struct engine_model_info *in = &m->info;
@@ -334,13 +353,11 @@ static void fill_info(engine_model *m)
 	in->isa = m->kern ? m->kern->name : "none";
 	in->n_threads = m->pool ? pool_size(m->pool) : 0;
 	uint64_t per_tok = 0;
-	for (uint32_t i = 0; i < hp->n_layer; i++) {
-		const struct layer *l = &m->layers[i];
-		per_tok += weight_bytes(&l->wq) + weight_bytes(&l->wk) + weight_bytes(&l->wv) +
-			   weight_bytes(&l->wo) + weight_bytes(&l->w_gate) +
-			   weight_bytes(&l->w_up) + weight_bytes(&l->w_down);
-	}
-	per_tok += weight_bytes(&m->output);
+	struct weight **mats = NULL;
+	int n_mats = engine_model_matrices(m, &mats);
+	for (int i = 0; i < n_mats; i++)
+		per_tok += weight_bytes(mats[i]);
+	cm_free(mats);
 	in->weight_bytes_token = per_tok;
 	const struct gguf_file *f = m->file;
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
@@ -452,6 +469,8 @@ int engine_model_load(const char *path, const struct engine_params *p, engine_mo
 	if ((r = pool_new(nt, p->cpus, p->n_cpus, &m->pool, err)))
 		goto fail;
 	fill_info(m);
+	if ((r = engine_model_repack(m, p->repack, err)))
+		goto fail;
 	*ret_model = m;
 	return 0;
 fail:

@@ -475,6 +475,116 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
 	gemm_panel(panel_q8_0, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
 }
 
+/* ---- VNNI: the x16 repacked layout (kern.h), any number of tokens -------
+ * One panel = 16 rows; per block, 8 vectors of codes (4 elements x 16
+ * rows each) are loaded (Q4_0: 4 loads, split into low and high nibbles)
+ * once and serve up to X16_TOKENS tokens, each token's 16 outputs being
+ * the 16 lanes of one accumulator. Per (row, token) and block, in order:
+ *     isum = exact integer dot of the codes with the activation
+ *     f    = isum - off * sum(a)          (exact: every term < 2^24)
+ *     acc  = fma(f, d_w * d_a, acc)
+ * which is kern_gemm_x16_ref()'s sequence: the results are bit-identical
+ * to it, and so to themselves whatever nt (decode = prefill numerics). */
+
+#define X16_TOKENS 8
+#ifndef X16_PREFETCH
+#define X16_PREFETCH 2048 /* bytes ahead */
+#endif
+#ifndef X16_HINT
+#define X16_HINT _MM_HINT_T0
+#endif
+
+static inline __attribute__((always_inline)) VNNI void
+x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
+	  const float *aux, size_t aux_stride, float *s, size_t s_stride)
+{
+	const size_t cb = q4 ? 256 : 512;
+	const uint8_t *scales = panel + (size_t)nb * cb;
+	const __m512i low = _mm512_set1_epi8(0x0f);
+	const __m512 offv = _mm512_set1_ps(q4 ? 8.0f : 128.0f);
+	__m512 acc[X16_TOKENS];
+	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+		acc[t] = _mm512_setzero_ps();
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pb = panel + (size_t)b * cb;
+		__m512i c[8];
+		/* one stream per thread: help the hardware prefetcher along
+		 * (runs past the codes into the scales and the next panel,
+		 * which is what comes next) */
+		_Pragma("GCC unroll 8") for (size_t l = 0; l < cb; l += 64)
+			_mm_prefetch((const char *)pb + X16_PREFETCH + l, X16_HINT);
+		if (q4) {
+			_Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+				__m512i v = _mm512_loadu_si512(pb + 64 * j);
+				c[j] = _mm512_and_si512(v, low);
+				c[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+			}
+		} else {
+			_Pragma("GCC unroll 8") for (int g = 0; g < 8; g++)
+				c[g] = _mm512_loadu_si512(pb + 64 * g);
+		}
+		__m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + 32 * b)));
+		_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
+			const int8_t *q = ((const struct block_q8_0 *)(a + (size_t)t * a_stride))[b].qs;
+			const float *x = aux + (size_t)t * aux_stride + 2 * b;
+			__m512i s0 = _mm512_setzero_si512(), s1 = s0;
+			_Pragma("GCC unroll 4") for (int g = 0; g < 8; g += 2) {
+				s0 = _mm512_dpbusd_epi32(s0, c[g], _mm512_set1_epi32(ld32(q + 4 * g)));
+				s1 = _mm512_dpbusd_epi32(s1, c[g + 1],
+							 _mm512_set1_epi32(ld32(q + 4 * g + 4)));
+			}
+			__m512 f = _mm512_fnmadd_ps(offv, _mm512_set1_ps(x[1]),
+						    _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)));
+			acc[t] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(x[0])), acc[t]);
+		}
+	}
+	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+		_mm512_storeu_ps(s + (size_t)t * s_stride, acc[t]);
+}
+
+static inline __attribute__((always_inline)) VNNI void
+x16_gemm(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, const void *va,
+	 size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride)
+{
+	const uint8_t *w = vw, *a = va;
+	int64_t nb = n / 32;
+	for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {
+		const uint8_t *panel = w + (size_t)r0 * w_stride;
+		int t = 0;
+		for (; t + X16_TOKENS <= nt; t += X16_TOKENS)
+			x16_panel(q4, nb, X16_TOKENS, panel, a + (size_t)t * a_stride, a_stride,
+				  aux + (size_t)t * aux_stride, aux_stride,
+				  s + (size_t)t * s_stride + r0, s_stride);
+		switch (nt - t) {
+#define X16_TAIL(k)                                                                        \
+	case k:                                                                            \
+		x16_panel(q4, nb, k, panel, a + (size_t)t * a_stride, a_stride,             \
+			  aux + (size_t)t * aux_stride, aux_stride,                         \
+			  s + (size_t)t * s_stride + r0, s_stride);                         \
+		break;
+			X16_TAIL(1) X16_TAIL(2) X16_TAIL(3) X16_TAIL(4) X16_TAIL(5) X16_TAIL(6)
+			X16_TAIL(7)
+#undef X16_TAIL
+		default:
+			break;
+		}
+	}
+}
+
+static VNNI void gemm_x16_q4_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
+			       const void *a, size_t a_stride, const float *aux, size_t aux_stride,
+			       float *s, size_t s_stride)
+{
+	x16_gemm(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+}
+
+static VNNI void gemm_x16_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
+			       const void *a, size_t a_stride, const float *aux, size_t aux_stride,
+			       float *s, size_t s_stride)
+{
+	x16_gemm(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+}
+
 /* ---- tables -------------------------------------------------------------- */
 
 const struct kern_ops kern_avx512_ops = {
@@ -492,9 +602,9 @@ const struct kern_ops kern_avx512vnni_ops = {
 	.t = {
 		[ENGINE_DTYPE_Q8_0] = { .act_type = ENGINE_DTYPE_Q8_0,
 					.vec_dot = vec_dot_q8_0_q8_0, .gemm = gemm_q8_0,
-					.gemv = gemv_q8_0 },
+					.gemv = gemv_q8_0, .gemm_x16 = gemm_x16_q8_0 },
 		[ENGINE_DTYPE_Q4_0] = { .act_type = ENGINE_DTYPE_Q8_0,
 					.vec_dot = vec_dot_q4_0_q8_0, .gemm = gemm_q4_0,
-					.gemv = gemv_q4_0 },
+					.gemv = gemv_q4_0, .gemm_x16 = gemm_x16_q4_0 },
 	},
 };

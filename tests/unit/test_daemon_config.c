@@ -54,7 +54,7 @@ static void test_table_covers_struct(void)
 	CHECK(sum <= sizeof(struct daemon_config));
 	CHECK_MSG(sizeof(struct daemon_config) - sum < 64, "struct has %zu bytes no row covers",
 	          sizeof(struct daemon_config) - sum);
-	CHECK_EQ_INT(CM_ARRAY_LEN(options), 38);
+	CHECK_EQ_INT(CM_ARRAY_LEN(options), 39);
 }
 
 static void test_every_default_parses(void)
@@ -423,7 +423,7 @@ static void test_doc(void)
 	}
 	for (char *p = buf; (p = strchr(p, '\n')); p++)
 		rows++;
-	CHECK_EQ_INT(rows, 2 + 37);
+	CHECK_EQ_INT(rows, 2 + 38);
 	CHECK(strstr(
 	    buf, "| `log_level` | choice | `info` | err, warning, notice, info, debug | yes |"));
 	CHECK(strstr(buf, "| `socket_mode` | octal | `0660` | 0000..0777 | no |"));
