@@ -54,6 +54,24 @@ static void store(const struct engine_mm *m, int t, int64_t r, float s)
 	*o = m->accumulate ? *o + s + b : s + b;
 }
 
+/* out[0..nr) (+)= s[0..nr) (+ bias[r0..]): store() for a row of results,
+ * in a loop the compiler vectorizes. */
+static void store_row(const struct engine_mm *m, float *out, const float *s, int64_t r0, int nr)
+{
+	const float *b = m->bias ? m->bias + r0 : NULL;
+	if (m->accumulate && b)
+		for (int r = 0; r < nr; r++)
+			out[r] = out[r] + s[r] + b[r];
+	else if (m->accumulate)
+		for (int r = 0; r < nr; r++)
+			out[r] = out[r] + s[r] + 0.0f;
+	else if (b)
+		for (int r = 0; r < nr; r++)
+			out[r] = s[r] + b[r];
+	else
+		memcpy(out, s, (size_t)nr * sizeof(float));
+}
+
 static void run_vec_dot(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 {
 	const struct engine_mm *m = &j->mm[i];
@@ -82,15 +100,19 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 		float tmp[TILE_TOKENS * TILE_ROWS];
 		int nr = (int)(p1 - r0);
 		const uint8_t *wd = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+		bool direct = !m->bias && !m->accumulate;
 		for (int t0 = 0; t0 < j->n_tok; t0 += TILE_TOKENS) {
 			int nt = CM_MIN(TILE_TOKENS, j->n_tok - t0);
+			float *o = m->out + (size_t)t0 * m->out_stride + (size_t)r0;
+			/* a plain product goes straight to the output */
 			ko->gemm_x16(w->n_in, nr, nt, wd, w->row_bytes,
 				     a->rows + (size_t)t0 * a->stride, a->stride,
-				     a->aux + (size_t)t0 * a->aux_stride, a->aux_stride, tmp,
-				     TILE_ROWS);
-			for (int t = 0; t < nt; t++)
-				for (int r = 0; r < nr; r++)
-					store(m, t0 + t, r0 + r, tmp[t * TILE_ROWS + r]);
+				     a->aux + (size_t)t0 * a->aux_stride, a->aux_stride,
+				     direct ? o : tmp, direct ? m->out_stride : TILE_ROWS);
+			if (!direct)
+				for (int t = 0; t < nt; t++)
+					store_row(m, o + (size_t)t * m->out_stride,
+						  tmp + t * TILE_ROWS, r0, nr);
 		}
 	}
 	if (p1 < r1)
