@@ -1,8 +1,8 @@
 /* tests/unit/test_repack.c: load-time repacking into the x16 layout
  * (engine/repack.c, kern.h).
  *
- * On a CPU whose best kernel variant reads the layout, a synthetic Q4_0 and
- * Q8_0 model loads with repack on and off: on, the tensors are reported
+ * On a CPU whose best kernel variant reads the layout, a synthetic Q4_0,
+ * Q8_0 and Q4_K_M model loads with repack on and off: on, the tensors are reported
  * repacked; the logits agree with the file layout's (the same integer block
  * dots; only the few native tail rows take another float order); greedy
  * generation is the same; the model file on disk is not modified; a batch
@@ -151,6 +151,12 @@ static void test_q8_0(void)
 	check_type("Q8_0");
 }
 
+/* Q4_K and Q6_K (the mix people download) */
+static void test_q4_k_m(void)
+{
+	check_type("Q4_K_M");
+}
+
 static void test_parse(void)
 {
 	int m = 5;
@@ -167,5 +173,6 @@ int main(void)
 	TEST_RUN(test_parse);
 	TEST_RUN(test_q4_0);
 	TEST_RUN(test_q8_0);
+	TEST_RUN(test_q4_k_m);
 	return test_finish();
 }
