@@ -923,6 +923,88 @@ static void rmsnorm(float *o, const float *x, const float *w, int64_t n, float e
 		o[i] = x[i] * scale * w[i];
 }
 
+/* ---- element-wise work of a batch, on the pool ----------------------------
+ * The matmuls are parallel; with a prefill batch, the per-token norms and
+ * the FFN activation (T x n_ff expf) would otherwise run on one thread
+ * between them. Chunks are claimed from a counter like the matmul rows;
+ * each element is computed the same way whoever computes it, so results
+ * do not change. Small batches (decode) stay on the calling thread, where
+ * waking the pool would cost more than the work. */
+enum { PAR_MIN = 1 << 15 }; /* elements below which a job stays serial */
+
+struct par_job {
+	engine_ctx *c;
+	void (*fn)(engine_ctx *c, int64_t i0, int64_t i1, const void *arg);
+	const void *arg;
+	int64_t n, chunk;
+	_Alignas(64) atomic_long next;
+};
+
+static void par_worker(void *varg, int ith, int nth)
+{
+	struct par_job *j = varg;
+	(void)ith;
+	(void)nth;
+	for (;;) {
+		int64_t k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+		int64_t i0 = k * j->chunk;
+		if (i0 >= j->n)
+			break;
+		j->fn(j->c, i0, CM_MIN(i0 + j->chunk, j->n), j->arg);
+	}
+}
+
+/* fn over [0, n) in chunks of `chunk` items of `weight` elements each */
+static void par_for(engine_ctx *c, int64_t n, int64_t chunk, int64_t weight,
+		    void (*fn)(engine_ctx *c, int64_t i0, int64_t i1, const void *arg),
+		    const void *arg)
+{
+	if (n * weight < PAR_MIN || pool_size(c->m->pool) < 2) {
+		fn(c, 0, n, arg);
+		return;
+	}
+	struct par_job j = {.c = c, .fn = fn, .arg = arg, .n = n, .chunk = chunk};
+	atomic_store_explicit(&j.next, 0, memory_order_relaxed);
+	pool_run(c->m->pool, par_worker, &j);
+}
+
+struct norm_arg {
+	float *o;
+	const float *x, *w;
+	int64_t n;
+	float eps;
+};
+
+static void norm_rows(engine_ctx *c, int64_t t0, int64_t t1, const void *varg)
+{
+	const struct norm_arg *a = varg;
+	(void)c;
+	for (int64_t t = t0; t < t1; t++)
+		rmsnorm(a->o + t * a->n, a->x + t * a->n, a->w, a->n, a->eps);
+}
+
+/* o[t] = rmsnorm(x[t]) * w for T rows of n */
+static void rmsnorm_rows(engine_ctx *c, float *o, const float *x, const float *w, int T,
+			 int64_t n, float eps)
+{
+	struct norm_arg a = {o, x, w, n, eps};
+	par_for(c, T, 4, n, norm_rows, &a);
+}
+
+static float silu(float x);
+static float gelu(float x);
+
+static void act_range(engine_ctx *c, int64_t i0, int64_t i1, const void *varg)
+{
+	(void)varg;
+	if (c->m->hp.act == FFN_GELU)
+		for (int64_t i = i0; i < i1; i++)
+			c->hb[i] = gelu(c->hb[i]) * c->hb2[i];
+	else
+		for (int64_t i = i0; i < i1; i++)
+			c->hb[i] = silu(c->hb[i]) * c->hb2[i];
+}
+
 /* local: gemma3's sliding layers, with their own tables */
 static void rope_apply(const engine_ctx *c, float *v, int n_heads, int pos, bool local)
 {
@@ -1093,8 +1175,7 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
 		const struct layer *L = &m->layers[l];
-		for (int t = 0; t < T; t++)
-			rmsnorm(c->xb + t * E, c->x + t * E, L->attn_norm, (int64_t)E, hp->eps);
+		rmsnorm_rows(c, c->xb, c->x, L->attn_norm, T, (int64_t)E, hp->eps);
 		struct engine_mm qkv[3] = {{&L->wq, c->q, QD, L->bq, false},
 					   {&L->wk, c->k, KD, L->bk, false},
 					   {&L->wv, c->v, KD, L->bv, false}};
@@ -1124,17 +1205,11 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 		else
 			engine_matmul(c, &L->wo, c->att, QD, T, c->x, E, L->bo, true);
 
-		for (int t = 0; t < T; t++)
-			rmsnorm(c->xb + t * E, c->x + t * E, L->ffn_norm, (int64_t)E, hp->eps);
+		rmsnorm_rows(c, c->xb, c->x, L->ffn_norm, T, (int64_t)E, hp->eps);
 		struct engine_mm gate_up[2] = {{&L->w_gate, c->hb, FF, NULL, false},
 					       {&L->w_up, c->hb2, FF, NULL, false}};
 		engine_matmul_multi(c, c->xb, E, T, gate_up, 2);
-		if (hp->act == FFN_GELU)
-			for (size_t i = 0; i < (size_t)T * FF; i++)
-				c->hb[i] = gelu(c->hb[i]) * c->hb2[i];
-		else
-			for (size_t i = 0; i < (size_t)T * FF; i++)
-				c->hb[i] = silu(c->hb[i]) * c->hb2[i];
+		par_for(c, (int64_t)T * (int64_t)FF, 4096, 1, act_range, NULL);
 		if (L->post_ffn_norm)
 			add_post_normed(c, &L->w_down, c->hb, FF, T, L->post_ffn_norm);
 		else
