@@ -125,6 +125,7 @@ struct engine_ctx {
 	float *logits;    /* [n_batch][n_vocab] */
 	int32_t *logit_row; /* batch index -> row in logits, -1 if none */
 	int32_t *zero_seq;  /* n_batch zeros: the seq array when a batch has none */
+	uint8_t *embd_row;  /* one token_embd row, native layout (repacked tied output) */
 	const float *last_logits;
 	int n_logits;
 	/* the batch being processed */

@@ -838,7 +838,8 @@ int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ct
 	    !(c->act = cm_aligned_alloc(c->act_cap)) ||
 	    !(c->seq_len = cm_calloc(c->n_seq, sizeof(int32_t))) ||
 	    !(c->logit_row = cm_calloc(B, sizeof(int32_t))) ||
-	    !(c->zero_seq = cm_calloc(B, sizeof(int32_t)))) {
+	    !(c->zero_seq = cm_calloc(B, sizeof(int32_t))) ||
+	    !(c->embd_row = cm_malloc(m->tok_embd.row_bytes))) {
 		engine_ctx_free(c);
 		return cm_err_set(err, -ENOMEM,
 				  "ctx: cannot allocate KV cache and buffers (%llu MiB of KV)",
@@ -873,6 +874,7 @@ void engine_ctx_free(engine_ctx *c)
 	cm_free(c->seq_len);
 	cm_free(c->logit_row);
 	cm_free(c->zero_seq);
+	cm_free(c->embd_row);
 	cm_free(c);
 }
 
@@ -1165,9 +1167,15 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 	size_t KD = hd * hp->n_head_kv, FF = hp->n_ff;
 
 	for (int t = 0; t < T; t++) {
-		const uint8_t *row = (const uint8_t *)m->tok_embd.data +
-				     (size_t)b->tokens[t] * m->tok_embd.row_bytes;
-		dequantize_row(m->tok_embd.type, row, c->x + (size_t)t * E, (int64_t)E);
+		const struct weight *te = &m->tok_embd;
+		int64_t tok = b->tokens[t];
+		const uint8_t *row = (const uint8_t *)te->data + (size_t)tok * te->row_bytes;
+		if (tok < te->n_x16) { /* a repacked tied output: out of its panel */
+			kern_x16_unpack_row(te->type, row - (size_t)(tok % KERN_X16_ROWS) * te->row_bytes,
+					    te->n_in, (int)(tok % KERN_X16_ROWS), c->embd_row);
+			row = c->embd_row;
+		}
+		dequantize_row(te->type, row, c->x + (size_t)t * E, (int64_t)E);
 		if (hp->embd_scale != 1.0f) /* gemma */
 			for (size_t i = 0; i < E; i++)
 				c->x[(size_t)t * E + i] *= hp->embd_scale;

@@ -121,6 +121,9 @@ bool kern_x16_supported(uint32_t type);
 void kern_x16_pack(uint32_t type, const void *rows, size_t row_stride, int64_t n, void *panel);
 /* The inverse, for tests and tools. */
 void kern_x16_unpack(uint32_t type, const void *panel, int64_t n, void *rows, size_t row_stride);
+/* Row r (0..15) of a panel in the native layout: an embedding lookup in a
+ * matrix that is repacked because it is also the (tied) output. */
+void kern_x16_unpack_row(uint32_t type, const void *panel, int64_t n, int r, void *row);
 /* The scalar reference of gemm_x16 (the oracle for the variants' kernels):
  * exact integer block dots, then per block acc += (float)isum * (d_w * d_a),
  * blocks in order, which is the sequence every gemm_x16 follows. */

@@ -121,6 +121,17 @@ static void x16_move(uint32_t type, bool pack, uint8_t *rows, size_t row_stride,
 				  r);
 }
 
+void kern_x16_unpack_row(uint32_t type, const void *panel, int64_t n, int r, void *row)
+{
+	const struct dtype_info *di = dtype_get(type);
+	int64_t nb = n / di->blck;
+	size_t cb = codes_per_block(type), mb = meta_per_block(type);
+	uint8_t *p = (uint8_t *)(uintptr_t)panel; /* only read when unpacking */
+	for (int64_t b = 0; b < nb; b++)
+		x16_block(type, false, (uint8_t *)row + (size_t)b * di->size, p + (size_t)b * cb,
+			  p + (size_t)nb * cb + (size_t)b * mb, r);
+}
+
 void kern_x16_pack(uint32_t type, const void *rows, size_t row_stride, int64_t n, void *panel)
 {
 	/* x16_move only reads `rows` when packing */
