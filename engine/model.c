@@ -993,7 +993,6 @@ static void rmsnorm_rows(engine_ctx *c, float *o, const float *x, const float *w
 	par_for(c, T, 4, n, norm_rows, &a);
 }
 
-static float silu(float x);
 static float gelu(float x);
 
 static void act_range(engine_ctx *c, int64_t i0, int64_t i1, const void *varg)
@@ -1003,8 +1002,7 @@ static void act_range(engine_ctx *c, int64_t i0, int64_t i1, const void *varg)
 		for (int64_t i = i0; i < i1; i++)
 			c->hb[i] = gelu(c->hb[i]) * c->hb2[i];
 	else
-		for (int64_t i = i0; i < i1; i++)
-			c->hb[i] = silu(c->hb[i]) * c->hb2[i];
+		c->m->kern->silu_mul_f32(i1 - i0, c->hb + i0, c->hb2 + i0);
 }
 
 /* local: gemma3's sliding layers, with their own tables */
@@ -1084,10 +1082,6 @@ static void attn_worker(void *arg, int ith, int nth)
 	}
 }
 
-static float silu(float x)
-{
-	return x / (1.0f + expf(-x));
-}
 
 /* tanh GELU; beyond |x| >= 10 it is x or 0 to float precision (ggml
  * takes the same shortcut) */

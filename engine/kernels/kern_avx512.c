@@ -98,6 +98,39 @@ static float dot_f32(int64_t n, const float *a, const float *b)
 	return s;
 }
 
+/* exp(x) for x in float range: x = k ln2 + r, |r| <= ln2 / 2, a degree-6
+ * Taylor polynomial for exp(r) (truncation < 2e-8 relative), 2^k by
+ * vscalefps (which also gives 0 and inf at the ends). */
+static inline __m512 exp512(__m512 x)
+{
+	x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(89.0f)), _mm512_set1_ps(-104.0f));
+	__m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+					_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);
+	r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860676533018e-06f), r);
+	__m512 p = _mm512_set1_ps(1.0f / 720.0f);
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+	return _mm512_scalef_ps(p, k);
+}
+
+static void silu_mul_f32(int64_t n, float *g, const float *u)
+{
+	const __m512 one = _mm512_set1_ps(1.0f);
+	for (int64_t i = 0; i < n; i += 16) {
+		__mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+		__m512 x = _mm512_maskz_loadu_ps(m, g + i);
+		__m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), x));
+		__m512 y = _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)),
+					 _mm512_maskz_loadu_ps(m, u + i));
+		_mm512_mask_storeu_ps(g + i, m, y);
+	}
+}
+
 static uint64_t read_stream(const void *p, size_t n)
 {
 	const __m512i *v = p;
@@ -823,6 +856,7 @@ const struct kern_ops kern_avx512_ops = {
 		[ENGINE_DTYPE_F16] = { .act_type = ENGINE_DTYPE_F32, .vec_dot = vec_dot_f16 },
 	},
 	.dot_f32 = dot_f32,
+	.silu_mul_f32 = silu_mul_f32,
 	.read_stream = read_stream,
 };
 

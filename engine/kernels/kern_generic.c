@@ -15,6 +15,8 @@
 
 #include "engine/quant.h"
 
+#include <math.h>
+
 static inline float load_f16(const uint8_t *p)
 {
 	uint16_t h;
@@ -393,6 +395,12 @@ static void axpy_f32(int64_t n, float a, const float *x, float *y)
 		y[i] += a * x[i];
 }
 
+static void silu_mul_f32(int64_t n, float *g, const float *u)
+{
+	for (int64_t i = 0; i < n; i++)
+		g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
 size_t kern_act_row_size(uint32_t act_type, int64_t n)
 {
 	return dtype_row_size(act_type, n);
@@ -427,4 +435,5 @@ const struct kern_ops kern_generic_ops = {
 	},
 	.dot_f32 = dot_f32,
 	.axpy_f32 = axpy_f32,
+	.silu_mul_f32 = silu_mul_f32,
 };

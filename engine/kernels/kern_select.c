@@ -140,6 +140,8 @@ static void merge_one(struct kern_ops *m, const struct kern_ops *under, const st
 		m->dot_f32 = v->dot_f32;
 	if (v->axpy_f32)
 		m->axpy_f32 = v->axpy_f32;
+	if (v->silu_mul_f32)
+		m->silu_mul_f32 = v->silu_mul_f32;
 	if (v->read_stream)
 		m->read_stream = v->read_stream;
 	if (!m->read_stream)

@@ -1738,6 +1738,29 @@ static void test_variant_f32_helpers(void)
 		}
 		CHECK_MSG(!bad, "%s axpy n=%lld: %d bad", V_name, (long long)n, bad);
 		CHECK(y[n] == 12345.0f);
+
+		/* silu_mul: against x / (1 + exp(-x)) * u in double, over the
+		 * whole float range of x (exp saturating at both ends) */
+		for (int64_t i = 0; i < n; i++) {
+			a[i] = (float)(rng_normal() * (i % 7 == 6 ? 60.0 : 4.0));
+			b[i] = (float)rng_normal();
+		}
+		if (n > 3) {
+			a[0] = 0.0f;
+			a[1] = -200.0f;
+			a[2] = 200.0f;
+			a[3] = -87.0f;
+		}
+		memcpy(y, a, (size_t)n * sizeof(float));
+		y[n] = 12345.0f;
+		V->silu_mul_f32(n, y, b);
+		bad = 0;
+		for (int64_t i = 0; i < n; i++) {
+			double x = a[i], e = x / (1.0 + exp(-x)) * b[i];
+			bad += !(fabs(y[i] - e) <= 6e-7 * fabs(e) + 1e-30); /* tiny: denormals */
+		}
+		CHECK_MSG(!bad, "%s silu_mul n=%lld: %d bad", V_name, (long long)n, bad);
+		CHECK(y[n] == 12345.0f);
 		free(a);
 		free(b);
 		free(y);
