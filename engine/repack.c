@@ -146,6 +146,10 @@ int engine_model_repack(engine_model *m, int mode, struct cm_err *err)
 	m->info.n_x16_tensors = (uint32_t)n_w;
 	m->info.x16_bytes = bytes;
 done:
+	/* auto: a failure before the first write leaves the file's layout,
+	 * which is slower but right; on asked for it, it is an error */
+	if (r && mode == 0)
+		r = 0;
 	if (j.scratch)
 		for (int t = 0; t < nth; t++)
 			cm_free(j.scratch[t]);
