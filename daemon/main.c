@@ -134,7 +134,7 @@ static int load_model(struct daemon *d, engine_model **ret_m, engine_ctx **ret_c
 	};
 	/* Refuse before anything big is allocated or read: the mapping is
 	 * still untouched, the KV cache not yet allocated. */
-	uint64_t kv = engine_model_kv_bytes_per_token(m) * cp.n_ctx * cp.n_seq;
+	uint64_t kv = engine_model_kv_bytes_per_token(m, cp.kv_type) * cp.n_ctx * cp.n_seq;
 	r = tuning_memory_fit_check(&d->treport, file_size(c->model), kv, err);
 	if (r) {
 		engine_model_free(m);
@@ -560,7 +560,8 @@ int main(int argc, char **argv)
 	if (d->cfg.ctx_size == 0 || d->cfg.ctx_size > d->minfo.n_ctx)
 		d->cfg.ctx_size = d->minfo.n_ctx;
 	{
-		uint64_t kv = engine_model_kv_bytes_per_token(d->model) * d->cfg.ctx_size *
+		uint64_t kv = engine_model_kv_bytes_per_token(d->model, engine_ctx_kv_type(d->ctx)) *
+			      d->cfg.ctx_size *
 			      d->cfg.parallel;
 		log_info("model %s: %s, %u layers, %u ctx x %u sequences (%.1f MiB of KV), "
 			 "kernels %s, %d threads",

@@ -393,6 +393,69 @@ static void axpy_f32(int64_t n, float a, const float *x, float *y)
 		y[i] += a * x[i];
 }
 
+/* ---- attention over F16 / Q8_0 KV caches (contract in kern.h) ------------- */
+
+static void attn_score_f16(int hd, int n, const void *vq, const void *k, size_t stride,
+			   float scale, float *s)
+{
+	const float *q = vq;
+	for (int i = 0; i < n; i++) {
+		const uint8_t *r = (const uint8_t *)k + (size_t)i * stride;
+		double sum = 0.0;
+		for (int j = 0; j < hd; j++)
+			sum += (double)q[j] * (double)load_f16(r + 2 * j);
+		s[i] = (float)sum * scale;
+	}
+}
+
+static void attn_score_q8_0(int hd, int n, const void *vq, const void *k, size_t stride,
+			    float scale, float *s)
+{
+	const struct block_q8_0 *q = vq;
+	int nb = (hd + QK8_0 - 1) / QK8_0;
+	for (int i = 0; i < n; i++) {
+		const struct block_q8_0 *r =
+			(const struct block_q8_0 *)((const uint8_t *)k + (size_t)i * stride);
+		float sum = 0.0f;
+		for (int b = 0; b < nb; b++) {
+			/* |isum| <= 32 * 128 * 128 = 2^19: exact */
+			int32_t isum = 0;
+			for (int j = 0; j < QK8_0; j++)
+				isum += (int32_t)q[b].qs[j] * (int32_t)r[b].qs[j];
+			sum += (block_d(&q[b].d) * block_d(&r[b].d)) * (float)isum;
+		}
+		s[i] = sum * scale;
+	}
+}
+
+static void attn_vsum_f16(int hd, int n, const float *w, const void *v, size_t stride, float *o)
+{
+	for (int j = 0; j < hd; j++)
+		o[j] = 0.0f;
+	for (int i = 0; i < n; i++) {
+		const uint8_t *r = (const uint8_t *)v + (size_t)i * stride;
+		float c = w[i];
+		for (int j = 0; j < hd; j++)
+			o[j] += c * load_f16(r + 2 * j);
+	}
+}
+
+static void attn_vsum_q8_0(int hd, int n, const float *w, const void *v, size_t stride, float *o)
+{
+	for (int j = 0; j < hd; j++)
+		o[j] = 0.0f;
+	for (int i = 0; i < n; i++) {
+		const struct block_q8_0 *r =
+			(const struct block_q8_0 *)((const uint8_t *)v + (size_t)i * stride);
+		for (int j0 = 0, b = 0; j0 < hd; j0 += QK8_0, b++) {
+			float c = w[i] * block_d(&r[b].d);
+			int m = hd - j0 < QK8_0 ? hd - j0 : QK8_0;
+			for (int j = 0; j < m; j++)
+				o[j0 + j] += c * (float)r[b].qs[j];
+		}
+	}
+}
+
 size_t kern_act_row_size(uint32_t act_type, int64_t n)
 {
 	return dtype_row_size(act_type, n);
@@ -427,4 +490,8 @@ const struct kern_ops kern_generic_ops = {
 	},
 	.dot_f32 = dot_f32,
 	.axpy_f32 = axpy_f32,
+	.attn_score_f16 = attn_score_f16,
+	.attn_score_q8_0 = attn_score_q8_0,
+	.attn_vsum_f16 = attn_vsum_f16,
+	.attn_vsum_q8_0 = attn_vsum_q8_0,
 };
