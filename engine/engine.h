@@ -75,13 +75,14 @@ int engine_model_relocate(engine_model *m, void *buf, size_t len, struct cm_err 
 
 /* ---- KV cache types ------------------------------------------------------ */
 
-/* What the KV cache stores (docs/engine.md, "The KV cache"): f32 (the
- * default); f16 (half the bytes); q8_0 (32-element blocks with an f16
+/* What the KV cache stores (docs/engine.md, "The KV cache"): f32; f16
+ * (half the bytes, the same greedy output on the reference tests: the
+ * default); q8_0 (32-element blocks with an f16
  * scale, per head row, zero-padded to whole blocks: about a quarter of
  * f32 for head dimensions that are multiples of 32). Attention reads the
  * cache in its type; a query meets a q8_0 K cache quantized to Q8_0 too. */
 enum engine_kv_type {
-	ENGINE_KV_DEFAULT = 0, /* ENGINE_KV_F32 */
+	ENGINE_KV_DEFAULT = 0, /* ENGINE_KV_F16 */
 	ENGINE_KV_F32,
 	ENGINE_KV_F16,
 	ENGINE_KV_Q8_0,
@@ -104,7 +105,7 @@ struct engine_ctx_params {
 	uint32_t n_seq;   /* sequences (KV slots), >= 1 */
 	uint32_t n_batch; /* max tokens per engine_decode call, 0 = 512; engine_eval
 			   * feeds longer inputs in chunks of n_batch */
-	enum engine_kv_type kv_type; /* 0: ENGINE_KV_DEFAULT (f32) */
+	enum engine_kv_type kv_type; /* 0: ENGINE_KV_DEFAULT (f16) */
 };
 
 int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ctx **ret_ctx,
