@@ -478,7 +478,8 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
 /* ==== attention over F16 / Q8_0 KV caches ====================================
  * (Kept apart from the matmul kernels above; contracts in kern.h.)
  * - score_f16: per cached row, 16 lanes x 2 accumulators of f32 FMAs, a
- *   masked tail, one reduction (the reference's budget, not its bits).
+ *   masked tail; four rows reduced together (the reference's budget, not
+ *   its bits).
  * - score_q8_0 (VNNI): 16 rows at a time, one row per lane, as the decode
  *   kernel does: per block, each row's codes go unsigned (k ^ 0x80 = k +
  *   128) through one vpdpbusd against the query's signed codes, the 16
@@ -499,34 +500,61 @@ static inline __mmask16 attn_mask(int k)
 	return (__mmask16)((1u << k) - 1);
 }
 
+/* q . row over hd elements into one vector of 16 partial sums. */
+static inline __m512 score_f16_row_512(int hd, __mmask16 tm, const float *q, const uint16_t *r)
+{
+	__m512 a0 = _mm512_setzero_ps(), a1 = a0;
+	int j = 0;
+	for (; j + 32 <= hd; j += 32) {
+		a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + j),
+				     _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + j))), a0);
+		a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + j + 16),
+				     _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + j + 16))),
+				     a1);
+	}
+	if (j + 16 <= hd) {
+		a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + j),
+				     _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + j))), a0);
+		j += 16;
+	}
+	if (tm)
+		a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, q + j),
+				     _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tm, r + j)), a1);
+	return _mm512_add_ps(a0, a1);
+}
+
+/* Rows four at a time: their four vectors of partial sums are reduced
+ * together (interleave, add, fold the 128-bit lanes), a third of the
+ * shuffles of four separate reductions. */
 static void attn_score_f16_512(int hd, int n, const void *vq, const void *k, size_t stride,
 			       float scale, float *s)
 {
 	const float *q = vq;
+	const uint8_t *kb = k;
 	const __mmask16 tm = attn_mask(hd % 16);
-	for (int i = 0; i < n; i++) {
-		const uint16_t *r = (const uint16_t *)((const uint8_t *)k + (size_t)i * stride);
-		__m512 a0 = _mm512_setzero_ps(), a1 = a0;
-		int j = 0;
-		for (; j + 32 <= hd; j += 32) {
-			a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + j),
-					     _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + j))),
-					     a0);
-			a1 = _mm512_fmadd_ps(
-				_mm512_loadu_ps(q + j + 16),
-				_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + j + 16))), a1);
-		}
-		if (j + 16 <= hd) {
-			a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + j),
-					     _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + j))),
-					     a0);
-			j += 16;
-		}
-		if (tm)
-			a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, q + j),
-					     _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tm, r + j)), a1);
-		s[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * scale;
+	int i = 0;
+	for (; i + 4 <= n; i += 4) {
+		__m512 r0 = score_f16_row_512(hd, tm, q, (const uint16_t *)(kb + (size_t)i * stride));
+		__m512 r1 = score_f16_row_512(hd, tm, q,
+					      (const uint16_t *)(kb + (size_t)(i + 1) * stride));
+		__m512 r2 = score_f16_row_512(hd, tm, q,
+					      (const uint16_t *)(kb + (size_t)(i + 2) * stride));
+		__m512 r3 = score_f16_row_512(hd, tm, q,
+					      (const uint16_t *)(kb + (size_t)(i + 3) * stride));
+		/* per 128-bit lane: [r0 r1 r0 r1] + ..., then [r0 r1 r2 r3] */
+		__m512 t01 = _mm512_add_ps(_mm512_unpacklo_ps(r0, r1), _mm512_unpackhi_ps(r0, r1));
+		__m512 t23 = _mm512_add_ps(_mm512_unpacklo_ps(r2, r3), _mm512_unpackhi_ps(r2, r3));
+		__m512 u = _mm512_add_ps(
+			_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t01), _mm512_castps_pd(t23))),
+			_mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t01), _mm512_castps_pd(t23))));
+		__m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+		__m128 v = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+		_mm_storeu_ps(s + i, _mm_mul_ps(v, _mm_set1_ps(scale)));
 	}
+	for (; i < n; i++)
+		s[i] = _mm512_reduce_add_ps(score_f16_row_512(
+			       hd, tm, q, (const uint16_t *)(kb + (size_t)i * stride))) *
+		       scale;
 }
 
 /* o[j0 .. j0 + 16 NA) over all rows, NA accumulators; the last one only
