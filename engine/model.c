@@ -679,9 +679,10 @@ int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ct
 	}
 	c->kv_type = kv_type_resolve(p ? p->kv_type : ENGINE_KV_DEFAULT);
 	if (!kv_type_valid(c->kv_type)) {
+		int t = (int)c->kv_type;
 		engine_ctx_free(c);
-		return cm_err_set(err, -EINVAL, "ctx: KV cache type %d unknown (%s)",
-				  (int)c->kv_type, engine_kv_type_list());
+		return cm_err_set(err, -EINVAL, "ctx: KV cache type %d unknown (%s)", t,
+				  engine_kv_type_list());
 	}
 	size_t kvd = (size_t)hp->n_head_kv * hp->head_dim;
 	size_t nbh = (hp->head_dim + QK8_0 - 1) / QK8_0; /* Q8_0 blocks per head row */
