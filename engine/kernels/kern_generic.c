@@ -395,15 +395,22 @@ static void axpy_f32(int64_t n, float a, const float *x, float *y)
 
 /* ---- attention over F16 / Q8_0 KV caches (contract in kern.h) ------------- */
 
+/* The f16 kernels look halves up in quant_fp16_table (the same values as
+ * fp16_to_f32, without its branches: 3x faster here, and these run on
+ * every cached position); quant_init() is a no-op after its first call. */
 static void attn_score_f16(int hd, int n, const void *vq, const void *k, size_t stride,
 			   float scale, float *s)
 {
 	const float *q = vq;
+	quant_init();
 	for (int i = 0; i < n; i++) {
 		const uint8_t *r = (const uint8_t *)k + (size_t)i * stride;
 		double sum = 0.0;
-		for (int j = 0; j < hd; j++)
-			sum += (double)q[j] * (double)load_f16(r + 2 * j);
+		for (int j = 0; j < hd; j++) {
+			uint16_t h;
+			memcpy(&h, r + 2 * j, 2);
+			sum += (double)q[j] * (double)quant_fp16_table[h];
+		}
 		s[i] = (float)sum * scale;
 	}
 }
@@ -430,13 +437,17 @@ static void attn_score_q8_0(int hd, int n, const void *vq, const void *k, size_t
 
 static void attn_vsum_f16(int hd, int n, const float *w, const void *v, size_t stride, float *o)
 {
+	quant_init();
 	for (int j = 0; j < hd; j++)
 		o[j] = 0.0f;
 	for (int i = 0; i < n; i++) {
 		const uint8_t *r = (const uint8_t *)v + (size_t)i * stride;
 		float c = w[i];
-		for (int j = 0; j < hd; j++)
-			o[j] += c * load_f16(r + 2 * j);
+		for (int j = 0; j < hd; j++) {
+			uint16_t h;
+			memcpy(&h, r + 2 * j, 2);
+			o[j] += c * quant_fp16_table[h];
+		}
 	}
 }
 
