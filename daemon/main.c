@@ -116,6 +116,7 @@ static int load_model(struct daemon *d, engine_model **ret_m, engine_ctx **ret_c
 		.ctx_max = c->ctx_size,
 		.isa = strcmp(c->isa, "auto") == 0 ? NULL : c->isa,
 	};
+	(void)engine_repack_parse(c->repack, &ep.repack); /* the config table checked it */
 	engine_model *m = NULL;
 	engine_ctx *cx = NULL;
 	if (c->tuning)
@@ -580,6 +581,10 @@ int main(int argc, char **argv)
 			 d->model_name, d->minfo.arch, d->minfo.n_layer, d->cfg.ctx_size,
 			 d->cfg.parallel, (double)kv / (1 << 20), engine_kv_type_name(kvt),
 			 d->minfo.isa, d->minfo.n_threads);
+		if (d->minfo.n_x16_tensors)
+			log_info("repack: %u tensors in the kernels' x16 layout, %.1f MiB of private "
+				 "memory (repack=off keeps the file's pages shared)",
+				 d->minfo.n_x16_tensors, (double)d->minfo.x16_bytes / (1 << 20));
 	}
 	if (d->cfg.tuning && d->cfg.hugepages)
 		copy_to_hugepages(d);

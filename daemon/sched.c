@@ -627,12 +627,18 @@ static int add_prefill(struct sched *s, int n, int budget)
 			pre[j - 1] = t;
 		}
 	/* Shortest remaining first, each taking what it needs: a short prompt
-	 * that arrives during a long prefill is done in one step, and the long
-	 * one gets what is left (it pauses for that step at worst). */
-	int added = 0;
+	 * that arrives during a long prefill is done in one step. A step that
+	 * completes prompts carries no partial chunk of a longer one: the
+	 * short request's first token then costs about what it costs on an
+	 * idle daemon, and the long prompt pauses for that one step. */
+	int added = 0, completed = 0;
 	for (int i = 0; i < np && budget > 0; i++) {
 		struct daemon_request *r = pre[i];
-		int take = CM_MIN(r->n_prompt - r->n_fed, budget);
+		int left = r->n_prompt - r->n_fed;
+		if (left > budget && completed > 0)
+			break;
+		int take = CM_MIN(left, budget);
+		completed += take == left;
 		struct slot *sl = &s->slots[r->slot];
 		for (int k = 0; k < take; k++) {
 			int p = r->n_fed + k;
@@ -1296,7 +1302,11 @@ static void handle_info(struct daemon *d, ipc_call *call)
 	struct ipc_reply rep = {.op = IPC_OP_INFO, .retry_after_ms = -1};
 	struct ipc_info_reply *in = &rep.u.info;
 	char kernels[128];
-	snprintf(kernels, sizeof(kernels), "%s", mi.isa);
+	if (mi.n_x16_tensors)
+		snprintf(kernels, sizeof(kernels), "%s, %u tensors repacked x16 (%.1f MiB)", mi.isa,
+			 mi.n_x16_tensors, (double)mi.x16_bytes / (1 << 20));
+	else
+		snprintf(kernels, sizeof(kernels), "%s", mi.isa);
 	in->version = EDGELM_VERSION;
 	in->model = d->model_name;
 	in->architecture = mi.arch;

@@ -32,6 +32,11 @@ struct engine_params {
 	uint32_t ctx_max;     /* cap on the context length, 0 = the file's */
 	const char *isa;      /* force a kernel variant ("scalar", ...), NULL = best */
 	bool vocab_only;      /* load only the tokenizer (vocab GGUFs) */
+	/* Load-time repacking of Q4_0/Q8_0 weights into the kernels'
+	 * interleaved layout: 0 auto (when the kernel variant has kernels for
+	 * it and the copy takes at most half of the RAM), 1 on, -1 off. The
+	 * repacked tensors become private memory of the process (x16_bytes). */
+	int repack;
 };
 
 struct engine_model_info {
@@ -47,7 +52,13 @@ struct engine_model_info {
 	int n_threads;
 	uint32_t type_counts[40];    /* tensors per ggml type */
 	int n_fallback;              /* tensors kept wider than requested (quantizer) */
+	uint32_t n_x16_tensors;      /* tensors repacked at load (engine_params.repack) */
+	uint64_t x16_bytes;          /* their bytes, now private memory */
 };
+
+/* engine_params.repack from "auto", "on" or "off" (NULL: auto); -EINVAL
+ * for anything else. */
+int engine_repack_parse(const char *s, int *ret_mode);
 
 int engine_model_load(const char *path, const struct engine_params *p, engine_model **ret_model,
 		      struct cm_err *err);

@@ -38,6 +38,10 @@ static const struct {
 	{"llama", ARCH_LLAMA, ROPE_NORM},
 	{"qwen2", ARCH_QWEN2, ROPE_NEOX},
 	{"qwen3", ARCH_QWEN3, ROPE_NEOX},
+	{"phi3", ARCH_PHI3, ROPE_NEOX},
+	{"gemma", ARCH_GEMMA, ROPE_NEOX},
+	{"gemma2", ARCH_GEMMA2, ROPE_NEOX},
+	{"gemma3", ARCH_GEMMA3, ROPE_NEOX},
 };
 
 /* ---- loading ------------------------------------------------------------- */
@@ -177,6 +181,83 @@ static int load_vector(struct loader *L, const char *name, int64_t n, bool requi
 	return 0;
 }
 
+/* phi3: one sliding window on every layer; 0 means none (Phi-4). Files from
+ * before the key existed get llama.cpp's values for the Phi-3 shapes. */
+static int phi3_window(struct loader *L)
+{
+	struct hparams *hp = &L->m->hp;
+	char key[128];
+	snprintf(key, sizeof(key), "%s.attention.sliding_window", L->arch);
+	if (gguf_find_kv(L->f, key))
+		return hp_u32(L, "attention.sliding_window", true, 0, &hp->n_swa);
+	if (hp->n_ctx_train == 4096 && (hp->n_layer == 32 || hp->n_layer == 40))
+		hp->n_swa = 2047; /* mini, medium 4k */
+	else if (hp->n_ctx_train == 131072 && hp->n_layer == 32)
+		hp->n_swa = 262144; /* mini 128k */
+	else if (hp->n_ctx_train == 131072 && hp->n_layer == 40)
+		hp->n_swa = 131072; /* medium 128k */
+	else
+		return cm_err_set(L->err, -EPROTO,
+				  "model: missing key '%s' (no default for %u layers, context %u)",
+				  key, hp->n_layer, hp->n_ctx_train);
+	return 0;
+}
+
+/* What phi3 and the gemmas add to the llama hyperparameters
+ * (gguf-formats §4.4). The defaults are llama's. */
+static int load_hparams_arch(struct loader *L)
+{
+	struct hparams *hp = &L->m->hp;
+	int r;
+	hp->act = FFN_SILU;
+	hp->embd_scale = 1.0f;
+	hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+	hp->attn_softcap = hp->final_softcap = 0;
+	hp->n_swa = 0;
+	hp->rope_base_local = 0;
+	if (hp->arch == ARCH_PHI3)
+		return phi3_window(L);
+	if (hp->arch != ARCH_GEMMA && hp->arch != ARCH_GEMMA2 && hp->arch != ARCH_GEMMA3)
+		return 0;
+	/* The files store the norms' 1 + w already: plain RMSNorm multiplies. */
+	hp->act = FFN_GELU;
+	hp->embd_scale = sqrtf((float)hp->n_embd);
+	/* The 27B models scale queries by n_embd / n_head rather than the head
+	 * dimension; llama.cpp tells them by their layer count (46 for gemma2
+	 * as the formats doc says; 62 for gemma3, which it does not list). */
+	if ((hp->arch == ARCH_GEMMA2 && hp->n_layer == 46) ||
+	    (hp->arch == ARCH_GEMMA3 && hp->n_layer == 62))
+		hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+	if (hp->arch == ARCH_GEMMA2) {
+		if ((r = hp_f32(L, "attn_logit_softcapping", false, 50.0f, &hp->attn_softcap)) ||
+		    (r = hp_f32(L, "final_logit_softcapping", false, 30.0f, &hp->final_softcap)) ||
+		    (r = hp_u32(L, "attention.sliding_window", false, 4096, &hp->n_swa)))
+			return r;
+		if (!(hp->attn_softcap > 0) || !(hp->final_softcap > 0))
+			return cm_err_set(L->err, -EPROTO,
+					  "model: gemma2 logit soft-capping values must be positive");
+	} else if (hp->arch == ARCH_GEMMA3) {
+		if ((r = hp_u32(L, "attention.sliding_window", true, 0, &hp->n_swa)))
+			return r;
+		hp->rope_base_local = 10000.0f; /* sliding layers: fixed base, no scaling */
+	}
+	if (hp->arch != ARCH_GEMMA && hp->n_swa == 0)
+		return cm_err_set(L->err, -EPROTO, "model: key '%s.attention.sliding_window' is 0",
+				  L->arch);
+	return 0;
+}
+
+/* The sliding window of layer il (gguf-formats §4.4), 0: full attention. */
+static uint32_t layer_window(const struct hparams *hp, uint32_t il)
+{
+	switch (hp->arch) {
+	case ARCH_PHI3: return hp->n_swa;                            /* every layer */
+	case ARCH_GEMMA2: return il % 2 == 0 ? hp->n_swa : 0;        /* even layers */
+	case ARCH_GEMMA3: return (il + 1) % 6 != 0 ? hp->n_swa : 0;  /* 5 of each 6 */
+	default: return 0;
+	}
+}
+
 static int load_hparams(struct loader *L)
 {
 	struct hparams *hp = &L->m->hp;
@@ -236,13 +317,15 @@ static int load_hparams(struct loader *L)
 	 * architectures. */
 	float factor = 0;
 	char key[128];
-	struct gguf_str stype;
+	struct gguf_str stype = {0};
 	snprintf(key, sizeof(key), "%s.rope.scaling.type", L->arch);
 	r = gguf_get_str(L->f, key, &stype, L->err);
 	if (r && r != -ENOENT)
 		return r;
 	bool scaled = r == 0 && !gguf_str_eq(stype, "none");
-	if (scaled && !gguf_str_eq(stype, "linear"))
+	/* phi3's longrope: its factor tensors and attn_factor, in rope_tables() */
+	bool longrope = scaled && hp->arch == ARCH_PHI3 && gguf_str_eq(stype, "longrope");
+	if (scaled && !longrope && !gguf_str_eq(stype, "linear"))
 		return cm_err_set(L->err, -ENOTSUP, "model: rope scaling type '%.*s' not supported",
 				  (int)CM_MIN(stype.len, 32), stype.ptr);
 	if ((r = hp_f32(L, "rope.scaling.factor", false, 0, &factor)))
@@ -252,6 +335,44 @@ static int load_hparams(struct loader *L)
 	hp->rope_freq_scale = (factor > 0 && (scaled || r == 0)) ? 1.0f / factor : 1.0f;
 	if (r == 0 && stype.ptr && gguf_str_eq(stype, "none"))
 		hp->rope_freq_scale = 1.0f;
+	if ((r = hp_f32(L, "rope.scaling.attn_factor", false, 1.0f, &hp->rope_attn_factor)) ||
+	    (r = hp_u32(L, "rope.scaling.original_context_length", false, hp->n_ctx_train,
+			&hp->n_ctx_orig)))
+		return r;
+	if (!(hp->rope_attn_factor > 0))
+		return cm_err_set(L->err, -EPROTO, "model: rope.scaling.attn_factor not positive");
+	return load_hparams_arch(L);
+}
+
+/* Rows [first, first + n) of w as a matrix of their own: phi3's fused
+ * attn_qkv and ffn_up become the usual Q, K, V and gate, up weights. */
+static struct weight weight_rows(const struct weight *w, int64_t first, int64_t n)
+{
+	struct weight v = *w;
+	v.data = (const uint8_t *)w->data + (size_t)first * w->row_bytes;
+	v.n_out = n;
+	return v;
+}
+
+/* phi3 longrope: divisors of the rope frequencies, both or neither. */
+static int load_rope_factors(struct loader *L)
+{
+	engine_model *m = L->m;
+	int64_t n = m->hp.n_rot / 2;
+	int r;
+	if ((r = load_vector(L, "rope_factors_long.weight", n, false, &m->rope_long)) ||
+	    (r = load_vector(L, "rope_factors_short.weight", n, false, &m->rope_short)))
+		return r;
+	if (!m->rope_long != !m->rope_short)
+		return cm_err_set(L->err, -EPROTO, "model: missing tensor '%s'",
+				  m->rope_long ? "rope_factors_short.weight"
+					       : "rope_factors_long.weight");
+	for (int64_t i = 0; m->rope_long && i < n; i++)
+		if (!(m->rope_long[i] > 0) || !(m->rope_short[i] > 0) ||
+		    !isfinite(m->rope_long[i]) || !isfinite(m->rope_short[i]))
+			return cm_err_set(L->err, -EPROTO,
+					  "model: rope factor %lld is not a positive number",
+					  (long long)i);
 	return 0;
 }
 
@@ -261,17 +382,22 @@ static int load_tensors(struct loader *L)
 	const struct hparams *hp = &m->hp;
 	int64_t E = hp->n_embd, V = hp->n_vocab, F = hp->n_ff;
 	int64_t QD = (int64_t)hp->head_dim * hp->n_head, KD = (int64_t)hp->head_dim * hp->n_head_kv;
+	bool phi3 = hp->arch == ARCH_PHI3;
+	bool gemma = hp->arch == ARCH_GEMMA || hp->arch == ARCH_GEMMA2 || hp->arch == ARCH_GEMMA3;
 	bool bias_req = hp->arch == ARCH_QWEN2;
 	char name[GGUF_MAX_NAME + 16];
 	int r;
 
 	if ((r = load_matrix(L, "token_embd.weight", E, V, true, &m->tok_embd)) ||
 	    (r = load_vector(L, "output_norm.weight", E, true, &m->output_norm)) ||
-	    (r = load_matrix(L, "output.weight", E, V, false, &m->output)))
+	    (r = load_matrix(L, "output.weight", E, V, phi3, &m->output)))
 		return r;
 	if (!m->output.data)
 		m->output = m->tok_embd; /* tied embeddings */
-	if ((r = load_vector(L, "rope_freqs.weight", hp->n_rot / 2, false, &m->rope_freqs)))
+	if (phi3 && (r = load_rope_factors(L)))
+		return r;
+	if (!phi3 && !gemma &&
+	    (r = load_vector(L, "rope_freqs.weight", hp->n_rot / 2, false, &m->rope_freqs)))
 		return r;
 
 	m->layers = cm_calloc(hp->n_layer, sizeof(*m->layers));
@@ -280,27 +406,62 @@ static int load_tensors(struct loader *L)
 	for (uint32_t i = 0; i < hp->n_layer; i++) {
 		struct layer *l = &m->layers[i];
 #define NAME(s) (snprintf(name, sizeof(name), "blk.%u." s, i), name)
-		if ((r = load_vector(L, NAME("attn_norm.weight"), E, true, &l->attn_norm)) ||
-		    (r = load_matrix(L, NAME("attn_q.weight"), E, QD, true, &l->wq)) ||
-		    (r = load_matrix(L, NAME("attn_k.weight"), E, KD, true, &l->wk)) ||
-		    (r = load_matrix(L, NAME("attn_v.weight"), E, KD, true, &l->wv)) ||
-		    (r = load_matrix(L, NAME("attn_output.weight"), QD, E, true, &l->wo)) ||
-		    (r = load_vector(L, NAME("attn_q.bias"), QD, bias_req, &l->bq)) ||
-		    (r = load_vector(L, NAME("attn_k.bias"), KD, bias_req, &l->bk)) ||
-		    (r = load_vector(L, NAME("attn_v.bias"), KD, bias_req, &l->bv)) ||
-		    (r = load_vector(L, NAME("attn_output.bias"), E, false, &l->bo)) ||
-		    (r = load_vector(L, NAME("ffn_norm.weight"), E, true, &l->ffn_norm)) ||
-		    (r = load_matrix(L, NAME("ffn_gate.weight"), E, F, true, &l->w_gate)) ||
-		    (r = load_matrix(L, NAME("ffn_up.weight"), E, F, true, &l->w_up)) ||
-		    (r = load_matrix(L, NAME("ffn_down.weight"), F, E, true, &l->w_down)))
+		/* phi3 fuses Q, K, V (rows in that order); llama.cpp also takes
+		 * them separate, with optional biases as llama */
+		bool fused = phi3 && !gguf_find_tensor(L->f, NAME("attn_q.weight"));
+		if ((r = load_vector(L, NAME("attn_norm.weight"), E, true, &l->attn_norm)))
 			return r;
-		if (hp->arch == ARCH_QWEN3) {
+		if (fused) {
+			struct weight qkv;
+			if ((r = load_matrix(L, NAME("attn_qkv.weight"), E, QD + 2 * KD, true, &qkv)))
+				return r;
+			l->wq = weight_rows(&qkv, 0, QD);
+			l->wk = weight_rows(&qkv, QD, KD);
+			l->wv = weight_rows(&qkv, QD + KD, KD);
+		} else if ((r = load_matrix(L, NAME("attn_q.weight"), E, QD, true, &l->wq)) ||
+			   (r = load_matrix(L, NAME("attn_k.weight"), E, KD, true, &l->wk)) ||
+			   (r = load_matrix(L, NAME("attn_v.weight"), E, KD, true, &l->wv))) {
+			return r;
+		}
+		if ((r = load_matrix(L, NAME("attn_output.weight"), QD, E, true, &l->wo)))
+			return r;
+		if (!gemma && !fused &&
+		    ((r = load_vector(L, NAME("attn_q.bias"), QD, bias_req, &l->bq)) ||
+		     (r = load_vector(L, NAME("attn_k.bias"), KD, bias_req, &l->bk)) ||
+		     (r = load_vector(L, NAME("attn_v.bias"), KD, bias_req, &l->bv)) ||
+		     (r = load_vector(L, NAME("attn_output.bias"), E, false, &l->bo))))
+			return r;
+		if ((r = load_vector(L, NAME("ffn_norm.weight"), E, true, &l->ffn_norm)))
+			return r;
+		if (phi3) {
+			/* fused: the first n_ff rows are the gate, the next n_ff up */
+			struct weight up;
+			if ((r = load_matrix(L, NAME("ffn_up.weight"), E, 2 * F, true, &up)))
+				return r;
+			l->w_gate = weight_rows(&up, 0, F);
+			l->w_up = weight_rows(&up, F, F);
+		} else if ((r = load_matrix(L, NAME("ffn_gate.weight"), E, F, true, &l->w_gate)) ||
+			   (r = load_matrix(L, NAME("ffn_up.weight"), E, F, true, &l->w_up))) {
+			return r;
+		}
+		if ((r = load_matrix(L, NAME("ffn_down.weight"), F, E, true, &l->w_down)))
+			return r;
+		if (hp->arch == ARCH_QWEN3 || hp->arch == ARCH_GEMMA3) {
 			if ((r = load_vector(L, NAME("attn_q_norm.weight"), hp->head_dim, true,
 					     &l->q_norm)) ||
 			    (r = load_vector(L, NAME("attn_k_norm.weight"), hp->head_dim, true,
 					     &l->k_norm)))
 				return r;
 		}
+		if (hp->arch == ARCH_GEMMA2 || hp->arch == ARCH_GEMMA3) {
+			if ((r = load_vector(L, NAME("post_attention_norm.weight"), E, true,
+					     &l->post_attn_norm)) ||
+			    (r = load_vector(L, NAME("post_ffw_norm.weight"), E, true,
+					     &l->post_ffn_norm)))
+				return r;
+		}
+		l->n_swa = layer_window(hp, i);
+		l->rope_local = hp->rope_base_local > 0 && l->n_swa > 0;
 #undef NAME
 	}
 	for (uint64_t i = 0; i < L->f->n_tensors; i++)
@@ -314,6 +475,25 @@ static int load_tensors(struct loader *L)
 static uint64_t weight_bytes(const struct weight *w)
 {
 	return w->data ? (uint64_t)w->row_bytes * (uint64_t)w->n_out : 0;
+}
+
+int engine_model_matrices(engine_model *m, struct weight ***ret)
+{
+	int cap = (int)m->hp.n_layer * 7 + 1, n = 0;
+	struct weight **v = cm_calloc((size_t)cap, sizeof(*v));
+	*ret = v;
+	if (!v)
+		return 0;
+	for (uint32_t i = 0; i < m->hp.n_layer; i++) {
+		struct layer *l = &m->layers[i];
+		struct weight *lw[] = {&l->wq, &l->wk, &l->wv, &l->wo,
+				       &l->w_gate, &l->w_up, &l->w_down};
+		for (size_t k = 0; k < CM_ARRAY_LEN(lw); k++)
+			if (lw[k]->data)
+				v[n++] = lw[k];
+	}
+	v[n++] = &m->output;
+	return n;
 }
 
 static void fill_info(engine_model *m)
@@ -335,13 +515,11 @@ static void fill_info(engine_model *m)
 	in->isa = m->kern ? m->kern->name : "none";
 	in->n_threads = m->pool ? pool_size(m->pool) : 0;
 	uint64_t per_tok = 0;
-	for (uint32_t i = 0; i < hp->n_layer; i++) {
-		const struct layer *l = &m->layers[i];
-		per_tok += weight_bytes(&l->wq) + weight_bytes(&l->wk) + weight_bytes(&l->wv) +
-			   weight_bytes(&l->wo) + weight_bytes(&l->w_gate) +
-			   weight_bytes(&l->w_up) + weight_bytes(&l->w_down);
-	}
-	per_tok += weight_bytes(&m->output);
+	struct weight **mats = NULL;
+	int n_mats = engine_model_matrices(m, &mats);
+	for (int i = 0; i < n_mats; i++)
+		per_tok += weight_bytes(mats[i]);
+	cm_free(mats);
 	in->weight_bytes_token = per_tok;
 	const struct gguf_file *f = m->file;
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
@@ -397,7 +575,7 @@ int engine_model_load(const char *path, const struct engine_params *p, engine_mo
 	if (ai == CM_ARRAY_LEN(archs)) {
 		r = cm_err_set(err, -ENOTSUP,
 			       "model: architecture '%.*s' is not supported (supported: llama, "
-			       "qwen2, qwen3)",
+			       "qwen2, qwen3, phi3, gemma, gemma2, gemma3)",
 			       (int)CM_MIN(arch.len, 64), arch.ptr);
 		goto fail;
 	}
@@ -453,6 +631,8 @@ int engine_model_load(const char *path, const struct engine_params *p, engine_mo
 	if ((r = pool_new(nt, p->cpus, p->n_cpus, &m->pool, err)))
 		goto fail;
 	fill_info(m);
+	if ((r = engine_model_repack(m, p->repack, err)))
+		goto fail;
 	*ret_model = m;
 	return 0;
 fail:
@@ -518,6 +698,8 @@ int engine_model_relocate(engine_model *m, void *buf, size_t len, struct cm_err 
 	RB(m->output.data);
 	RB(m->output_norm);
 	RB(m->rope_freqs);
+	RB(m->rope_long);
+	RB(m->rope_short);
 	for (uint32_t i = 0; i < m->hp.n_layer; i++) {
 		struct layer *l = &m->layers[i];
 		RB(l->attn_norm);
@@ -528,6 +710,8 @@ int engine_model_relocate(engine_model *m, void *buf, size_t len, struct cm_err 
 		RB(l->bo);
 		RB(l->q_norm);
 		RB(l->k_norm);
+		RB(l->post_attn_norm);
+		RB(l->post_ffn_norm);
 		RB(l->wq.data);
 		RB(l->wk.data);
 		RB(l->wv.data);
@@ -641,21 +825,40 @@ static int ctx_alloc_bytes(uint8_t **p, size_t n)
 	return 0;
 }
 
-static void rope_tables(engine_ctx *c)
+/* cos and sin of p theta_i for every position p, theta_i = base^(-2i/n_rot)
+ * / div[i] (if given) * freq_scale, both times mscale (gguf-formats §4.3). */
+static void rope_fill(const engine_ctx *c, float base, const float *div, float freq_scale,
+		      float mscale, float *cosv, float *sinv)
 {
 	const struct hparams *hp = &c->m->hp;
 	uint32_t half = hp->n_rot / 2;
 	for (uint32_t i = 0; i < half; i++) {
-		double inv = pow((double)hp->rope_base, -2.0 * (double)i / (double)hp->n_rot);
-		if (c->m->rope_freqs)
-			inv /= (double)c->m->rope_freqs[i];
-		inv *= (double)hp->rope_freq_scale;
+		double inv = pow((double)base, -2.0 * (double)i / (double)hp->n_rot);
+		if (div)
+			inv /= (double)div[i];
+		inv *= (double)freq_scale;
 		for (uint32_t p = 0; p < c->n_ctx; p++) {
 			double th = (double)p * inv;
-			c->rope_cos[(size_t)p * half + i] = (float)cos(th);
-			c->rope_sin[(size_t)p * half + i] = (float)sin(th);
+			cosv[(size_t)p * half + i] = (float)(cos(th) * mscale);
+			sinv[(size_t)p * half + i] = (float)(sin(th) * mscale);
 		}
 	}
+}
+
+static void rope_tables(engine_ctx *c)
+{
+	const engine_model *m = c->m;
+	const struct hparams *hp = &m->hp;
+	/* divisors: Llama 3's rope_freqs, or phi3 longrope's long factors when
+	 * a sequence may outgrow the original context, else its short ones */
+	const float *div = m->rope_freqs;
+	if (m->rope_long)
+		div = c->n_ctx > hp->n_ctx_orig ? m->rope_long : m->rope_short;
+	rope_fill(c, hp->rope_base, div, hp->rope_freq_scale, hp->rope_attn_factor, c->rope_cos,
+		  c->rope_sin);
+	if (c->rope_cos_local)
+		rope_fill(c, hp->rope_base_local, NULL, 1.0f, 1.0f, c->rope_cos_local,
+			  c->rope_sin_local);
 }
 
 int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ctx **ret_ctx,
@@ -713,10 +916,14 @@ int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ct
 	    ctx_alloc(&c->logits, B * hp->n_vocab) ||
 	    ctx_alloc(&c->rope_cos, (size_t)c->n_ctx * hp->n_rot / 2) ||
 	    ctx_alloc(&c->rope_sin, (size_t)c->n_ctx * hp->n_rot / 2) ||
+	    (hp->rope_base_local > 0 &&
+	     (ctx_alloc(&c->rope_cos_local, (size_t)c->n_ctx * hp->n_rot / 2) ||
+	      ctx_alloc(&c->rope_sin_local, (size_t)c->n_ctx * hp->n_rot / 2))) ||
 	    !(c->act = cm_aligned_alloc(c->act_cap)) ||
 	    !(c->seq_len = cm_calloc(c->n_seq, sizeof(int32_t))) ||
 	    !(c->logit_row = cm_calloc(B, sizeof(int32_t))) ||
-	    !(c->zero_seq = cm_calloc(B, sizeof(int32_t)))) {
+	    !(c->zero_seq = cm_calloc(B, sizeof(int32_t))) ||
+	    !(c->embd_row = cm_malloc(m->tok_embd.row_bytes))) {
 		engine_ctx_free(c);
 		return cm_err_set(err, -ENOMEM,
 				  "ctx: cannot allocate KV cache and buffers (%llu MiB of %s KV)",
@@ -750,10 +957,13 @@ void engine_ctx_free(engine_ctx *c)
 	cm_free(c->logits);
 	cm_free(c->rope_cos);
 	cm_free(c->rope_sin);
+	cm_free(c->rope_cos_local);
+	cm_free(c->rope_sin_local);
 	cm_free(c->act);
 	cm_free(c->seq_len);
 	cm_free(c->logit_row);
 	cm_free(c->zero_seq);
+	cm_free(c->embd_row);
 	cm_free(c);
 }
 
@@ -813,12 +1023,93 @@ static void rmsnorm(float *o, const float *x, const float *w, int64_t n, float e
 		o[i] = x[i] * scale * w[i];
 }
 
-static void rope_apply(const engine_ctx *c, float *v, int n_heads, int pos)
+/* ---- element-wise work of a batch, on the pool ----------------------------
+ * The matmuls are parallel; with a prefill batch, the per-token norms and
+ * the FFN activation (T x n_ff expf) would otherwise run on one thread
+ * between them. Chunks are claimed from a counter like the matmul rows;
+ * each element is computed the same way whoever computes it, so results
+ * do not change. Small batches (decode) stay on the calling thread, where
+ * waking the pool would cost more than the work. */
+enum { PAR_MIN = 1 << 15 }; /* elements below which a job stays serial */
+
+struct par_job {
+	engine_ctx *c;
+	void (*fn)(engine_ctx *c, int64_t i0, int64_t i1, const void *arg);
+	const void *arg;
+	int64_t n, chunk;
+	_Alignas(64) atomic_long next;
+};
+
+static void par_worker(void *varg, int ith, int nth)
+{
+	struct par_job *j = varg;
+	(void)ith;
+	(void)nth;
+	for (;;) {
+		int64_t k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+		int64_t i0 = k * j->chunk;
+		if (i0 >= j->n)
+			break;
+		j->fn(j->c, i0, CM_MIN(i0 + j->chunk, j->n), j->arg);
+	}
+}
+
+/* fn over [0, n) in chunks of `chunk` items of `weight` elements each */
+static void par_for(engine_ctx *c, int64_t n, int64_t chunk, int64_t weight,
+		    void (*fn)(engine_ctx *c, int64_t i0, int64_t i1, const void *arg),
+		    const void *arg)
+{
+	if (n * weight < PAR_MIN || pool_size(c->m->pool) < 2) {
+		fn(c, 0, n, arg);
+		return;
+	}
+	struct par_job j = {.c = c, .fn = fn, .arg = arg, .n = n, .chunk = chunk};
+	atomic_store_explicit(&j.next, 0, memory_order_relaxed);
+	pool_run(c->m->pool, par_worker, &j);
+}
+
+struct norm_arg {
+	float *o;
+	const float *x, *w;
+	int64_t n;
+	float eps;
+};
+
+static void norm_rows(engine_ctx *c, int64_t t0, int64_t t1, const void *varg)
+{
+	const struct norm_arg *a = varg;
+	(void)c;
+	for (int64_t t = t0; t < t1; t++)
+		rmsnorm(a->o + t * a->n, a->x + t * a->n, a->w, a->n, a->eps);
+}
+
+/* o[t] = rmsnorm(x[t]) * w for T rows of n */
+static void rmsnorm_rows(engine_ctx *c, float *o, const float *x, const float *w, int T,
+			 int64_t n, float eps)
+{
+	struct norm_arg a = {o, x, w, n, eps};
+	par_for(c, T, 4, n, norm_rows, &a);
+}
+
+static float gelu(float x);
+
+static void act_range(engine_ctx *c, int64_t i0, int64_t i1, const void *varg)
+{
+	(void)varg;
+	if (c->m->hp.act == FFN_GELU)
+		for (int64_t i = i0; i < i1; i++)
+			c->hb[i] = gelu(c->hb[i]) * c->hb2[i];
+	else
+		c->m->kern->silu_mul_f32(i1 - i0, c->hb + i0, c->hb2 + i0);
+}
+
+/* local: gemma3's sliding layers, with their own tables */
+static void rope_apply(const engine_ctx *c, float *v, int n_heads, int pos, bool local)
 {
 	const struct hparams *hp = &c->m->hp;
 	int half = (int)hp->n_rot / 2;
-	const float *cs = c->rope_cos + (size_t)pos * half;
-	const float *sn = c->rope_sin + (size_t)pos * half;
+	const float *cs = (local ? c->rope_cos_local : c->rope_cos) + (size_t)pos * half;
+	const float *sn = (local ? c->rope_sin_local : c->rope_sin) + (size_t)pos * half;
 	for (int h = 0; h < n_heads; h++) {
 		float *x = v + (size_t)h * hp->head_dim;
 		for (int i = 0; i < half; i++) {
@@ -915,7 +1206,14 @@ static void attn_values(engine_ctx *c, const float *w, const uint8_t *vc, int n,
 struct attn_task {
 	engine_ctx *c;
 	int layer;
+	int n_swa; /* sliding window of the layer, 0: full causal */
 };
+
+/* gemma2's soft-capping of attention scores and logits */
+static float softcap(float s, float cap)
+{
+	return cap * tanhf(s / cap);
+}
 
 static void attn_worker(void *arg, int ith, int nth)
 {
@@ -924,7 +1222,7 @@ static void attn_worker(void *arg, int ith, int nth)
 	const struct hparams *hp = &c->m->hp;
 	int hd = (int)hp->head_dim, nh = (int)hp->n_head;
 	int group = (int)(hp->n_head / hp->n_head_kv);
-	float scale = 1.0f / sqrtf((float)hd);
+	float scale = hp->attn_scale, cap = hp->attn_softcap;
 	float *sc = c->scores + (size_t)ith * c->n_ctx;
 	(void)nth;
 	for (;;) {
@@ -936,29 +1234,57 @@ static void attn_worker(void *arg, int ith, int nth)
 		const float *q = c->q + (size_t)t * nh * hd + (size_t)h * hd;
 		size_t base = (size_t)seq * c->kv_seq_stride + (size_t)at->layer * c->kv_layer_stride +
 			      (size_t)kvh * c->kv_head_bytes;
-		const uint8_t *kc = c->k_cache + base;
-		const uint8_t *vc = c->v_cache + base;
-		attn_scores(c, ith, q, kc, pos + 1, scale, sc);
+		/* sliding window: only the last n_swa keys (the cache keeps all) */
+		int p0 = at->n_swa > 0 && pos >= at->n_swa ? pos - at->n_swa + 1 : 0;
+		const uint8_t *kc = c->k_cache + base + (size_t)p0 * c->kv_row_bytes;
+		const uint8_t *vc = c->v_cache + base + (size_t)p0 * c->kv_row_bytes;
+		attn_scores(c, ith, q, kc, pos - p0 + 1, scale, sc + p0);
 		float mx = -INFINITY;
-		for (int p = 0; p <= pos; p++)
+		for (int p = p0; p <= pos; p++) {
+			if (cap > 0)
+				sc[p] = softcap(sc[p], cap);
 			if (sc[p] > mx)
 				mx = sc[p];
+		}
 		float sum = 0;
-		for (int p = 0; p <= pos; p++) {
+		for (int p = p0; p <= pos; p++) {
 			sc[p] = expf(sc[p] - mx);
 			sum += sc[p];
 		}
 		float inv = 1.0f / sum;
-		for (int p = 0; p <= pos; p++)
+		for (int p = p0; p <= pos; p++)
 			sc[p] *= inv;
 		float *o = c->att + (size_t)t * nh * hd + (size_t)h * hd;
-		attn_values(c, sc, vc, pos + 1, o);
+		attn_values(c, sc + p0, vc, pos - p0 + 1, o);
 	}
 }
 
-static float silu(float x)
+
+/* tanh GELU; beyond |x| >= 10 it is x or 0 to float precision (ggml
+ * takes the same shortcut) */
+static float gelu(float x)
 {
-	return x / (1.0f + expf(-x));
+	if (x >= 10.0f)
+		return x;
+	if (x <= -10.0f)
+		return 0.0f;
+	return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+}
+
+/* gemma2/3: x += RMSNorm(W a) post, the sublayer's output normed before the
+ * residual add (through xb, free by then). */
+static void add_post_normed(engine_ctx *c, const struct weight *w, const float *a,
+			    size_t a_stride, int T, const float *post)
+{
+	const struct hparams *hp = &c->m->hp;
+	size_t E = hp->n_embd;
+	engine_matmul(c, w, a, a_stride, T, c->xb, E, NULL, false);
+	for (int t = 0; t < T; t++) {
+		float *y = c->xb + t * E, *x = c->x + t * E;
+		rmsnorm(y, y, post, (int64_t)E, hp->eps);
+		for (size_t i = 0; i < E; i++)
+			x[i] += y[i];
+	}
 }
 
 static int check_batch(engine_ctx *c, const struct engine_batch *b, struct cm_err *err)
@@ -1012,15 +1338,23 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 	size_t KD = hd * hp->n_head_kv, FF = hp->n_ff;
 
 	for (int t = 0; t < T; t++) {
-		const uint8_t *row = (const uint8_t *)m->tok_embd.data +
-				     (size_t)b->tokens[t] * m->tok_embd.row_bytes;
-		dequantize_row(m->tok_embd.type, row, c->x + (size_t)t * E, (int64_t)E);
+		const struct weight *te = &m->tok_embd;
+		int64_t tok = b->tokens[t];
+		const uint8_t *row = (const uint8_t *)te->data + (size_t)tok * te->row_bytes;
+		if (tok < te->n_x16) { /* a repacked tied output: out of its panel */
+			kern_x16_unpack_row(te->type, row - (size_t)(tok % KERN_X16_ROWS) * te->row_bytes,
+					    te->n_in, (int)(tok % KERN_X16_ROWS), c->embd_row);
+			row = c->embd_row;
+		}
+		dequantize_row(te->type, row, c->x + (size_t)t * E, (int64_t)E);
+		if (hp->embd_scale != 1.0f) /* gemma */
+			for (size_t i = 0; i < E; i++)
+				c->x[(size_t)t * E + i] *= hp->embd_scale;
 	}
 
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
 		const struct layer *L = &m->layers[l];
-		for (int t = 0; t < T; t++)
-			rmsnorm(c->xb + t * E, c->x + t * E, L->attn_norm, (int64_t)E, hp->eps);
+		rmsnorm_rows(c, c->xb, c->x, L->attn_norm, T, (int64_t)E, hp->eps);
 		struct engine_mm qkv[3] = {{&L->wq, c->q, QD, L->bq, false},
 					   {&L->wk, c->k, KD, L->bk, false},
 					   {&L->wv, c->v, KD, L->bv, false}};
@@ -1035,26 +1369,30 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 					rmsnorm(k + h * hd, k + h * hd, L->k_norm, (int64_t)hd,
 						hp->eps);
 			}
-			rope_apply(c, q, (int)hp->n_head, c->pos[t]);
-			rope_apply(c, k, (int)hp->n_head_kv, c->pos[t]);
+			rope_apply(c, q, (int)hp->n_head, c->pos[t], L->rope_local);
+			rope_apply(c, k, (int)hp->n_head_kv, c->pos[t], L->rope_local);
 			size_t off = (size_t)c->seq[t] * c->kv_seq_stride + l * c->kv_layer_stride +
 				     (size_t)c->pos[t] * c->kv_row_bytes;
 			kv_store(c, c->k_cache + off, k);
 			kv_store(c, c->v_cache + off, c->v + t * KD);
 		}
-		struct attn_task at = {c, (int)l};
+		struct attn_task at = {c, (int)l, (int)CM_MIN(L->n_swa, (uint32_t)INT32_MAX)};
 		atomic_store(&c->chunk, 0);
 		pool_run(m->pool, attn_worker, &at);
-		engine_matmul(c, &L->wo, c->att, QD, T, c->x, E, L->bo, true);
+		if (L->post_attn_norm)
+			add_post_normed(c, &L->wo, c->att, QD, T, L->post_attn_norm);
+		else
+			engine_matmul(c, &L->wo, c->att, QD, T, c->x, E, L->bo, true);
 
-		for (int t = 0; t < T; t++)
-			rmsnorm(c->xb + t * E, c->x + t * E, L->ffn_norm, (int64_t)E, hp->eps);
+		rmsnorm_rows(c, c->xb, c->x, L->ffn_norm, T, (int64_t)E, hp->eps);
 		struct engine_mm gate_up[2] = {{&L->w_gate, c->hb, FF, NULL, false},
 					       {&L->w_up, c->hb2, FF, NULL, false}};
 		engine_matmul_multi(c, c->xb, E, T, gate_up, 2);
-		for (size_t i = 0; i < (size_t)T * FF; i++)
-			c->hb[i] = silu(c->hb[i]) * c->hb2[i];
-		engine_matmul(c, &L->w_down, c->hb, FF, T, c->x, E, NULL, true);
+		par_for(c, (int64_t)T * (int64_t)FF, 4096, 1, act_range, NULL);
+		if (L->post_ffn_norm)
+			add_post_normed(c, &L->w_down, c->hb, FF, T, L->post_ffn_norm);
+		else
+			engine_matmul(c, &L->w_down, c->hb, FF, T, c->x, E, NULL, true);
 	}
 
 	/* Logits for the requested tokens only: gather their normed rows. */
@@ -1071,6 +1409,9 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 	c->n_logits = n_out;
 	if (n_out > 0)
 		engine_matmul(c, &m->output, c->xb, E, n_out, c->logits, hp->n_vocab, NULL, false);
+	if (hp->final_softcap > 0) /* gemma2 */
+		for (size_t i = 0; i < (size_t)n_out * hp->n_vocab; i++)
+			c->logits[i] = softcap(c->logits[i], hp->final_softcap);
 	for (int i = 0; i < T; i++) {
 		int s = c->seq[i];
 		if (b->pos[i] + 1 > c->seq_len[s])

@@ -42,6 +42,8 @@ static void usage(FILE *o)
 		"  -m, --model FILE     GGUF model (e.g. from `edgelm-gguf mkmodel`)\n"
 		"  -t, --threads N      worker threads (default: one per usable CPU)\n"
 		"      --isa NAME       force a kernel variant (also EDGELM_ISA)\n"
+		"      --repack MODE    repack Q4_0/Q8_0 weights at load: auto, on, off\n"
+		"                       (also EDGELM_REPACK; default auto)\n"
 		"      --prompts LIST   prefill prompt lengths (default 128,512)\n"
 		"      --contexts LIST  decode context depths (default 0,512)\n"
 		"  -n, --n-gen N        tokens per decode run (default 32)\n"
@@ -187,9 +189,10 @@ int main(int argc, char **argv)
 		{"reps", required_argument, NULL, 'r'},  {"bw-mib", required_argument, NULL, 'W'},
 		{"json", no_argument, NULL, 'j'},        {"help", no_argument, NULL, 'h'},
 		{"batch", required_argument, NULL, 'B'}, {"kv-type", required_argument, NULL, 'K'},
+		{"repack", required_argument, NULL, 'R'},
 		{NULL, 0, NULL, 0},
 	};
-	const char *model = NULL, *isa = getenv("EDGELM_ISA");
+	const char *model = NULL, *isa = getenv("EDGELM_ISA"), *repack = getenv("EDGELM_REPACK");
 	int threads = 0, n_gen = 32, reps = 3, bw_mib = 1024, n_batch = 512;
 	enum engine_kv_type kv_type = ENGINE_KV_DEFAULT;
 	int prompts[8] = {128, 512}, n_prompts = 2, ctxs[8] = {0, 512}, n_ctxs = 2;
@@ -200,6 +203,7 @@ int main(int argc, char **argv)
 		case 'm': model = optarg; break;
 		case 't': threads = atoi(optarg); break;
 		case 'I': isa = optarg; break;
+		case 'R': repack = optarg; break;
 		case 'P': n_prompts = parse_list(optarg, prompts, 8); break;
 		case 'C': n_ctxs = parse_list(optarg, ctxs, 8); break;
 		case 'n': n_gen = atoi(optarg); break;
@@ -228,6 +232,10 @@ int main(int argc, char **argv)
 	engine_model *m = NULL;
 	engine_ctx *cx = NULL;
 	struct engine_params ep = {.n_threads = threads, .isa = isa};
+	if (engine_repack_parse(repack, &ep.repack) != 0) {
+		fprintf(stderr, "edgelm-bench: --repack: expected auto, on or off, not '%s'\n", repack);
+		return EXIT_USAGE;
+	}
 	if (engine_model_load(model, &ep, &m, &err) != 0) {
 		fprintf(stderr, "edgelm-bench: %s: %s\n", model, err.msg);
 		return EXIT_INPUT;
@@ -295,9 +303,11 @@ int main(int argc, char **argv)
 	if (json) {
 		printf("{\"model\":\"%s\",\"arch\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
 		       "\"kv_type\":\"%s\",\"batch\":%d,"
+		       "\"repacked_tensors\":%u,\"repacked_bytes\":%llu,"
 		       "\"weight_bytes_per_token\":%.0f,\"read_bandwidth_gbs\":%.3f,\"prefill\":[",
 		       info.name, info.arch, info.isa, info.n_threads,
-		       engine_kv_type_name(engine_ctx_kv_type(cx)), n_batch, wb, bw / 1e9);
+		       engine_kv_type_name(engine_ctx_kv_type(cx)), n_batch, info.n_x16_tensors,
+		       (unsigned long long)info.x16_bytes, wb, bw / 1e9);
 		for (int i = 0; i < n_prompts; i++)
 			printf("%s{\"tokens\":%d,\"tok_s\":%.2f}", i ? "," : "", prompts[i], pre[i]);
 		printf("],\"decode\":[");
@@ -309,7 +319,11 @@ int main(int argc, char **argv)
 	} else {
 		printf("model        %s (%s), %.1f MiB of weights read per token\n",
 		       info.name[0] ? info.name : model, info.arch, wb / (1 << 20));
-		printf("kernels      %s, %d threads\n", info.isa, info.n_threads);
+		printf("kernels      %s, %d threads", info.isa, info.n_threads);
+		if (info.n_x16_tensors)
+			printf(", %u tensors repacked x16 (%.1f MiB)", info.n_x16_tensors,
+			       (double)info.x16_bytes / (1 << 20));
+		printf("\n");
 		printf("kv cache     %s, %.1f KiB per token; prefill in chunks of %d\n",
 		       engine_kv_type_name(engine_ctx_kv_type(cx)),
 		       (double)engine_model_kv_bytes_per_token(m, engine_ctx_kv_type(cx)) / 1024,

@@ -59,6 +59,8 @@ static void usage(FILE *o)
 		"                         the scratch memory grows with N, the speed barely)\n"
 		"      --kv-type TYPE     KV cache type: %s (default %s)\n"
 		"      --isa NAME         force a kernel variant (scalar, ...; also EDGELM_ISA)\n"
+		"      --repack MODE      repack Q4_0/Q8_0 weights at load: auto, on, off\n"
+		"                         (also EDGELM_REPACK; default auto)\n"
 		"      --json             one JSON object per generated token\n"
 		"      --top-logits K     top logits per token in --json mode (default 8)\n"
 		"      --tokenize         print the prompt's token ids as JSON and exit\n"
@@ -84,6 +86,7 @@ enum {
 	OPT_LASTN,
 	OPT_SEED,
 	OPT_ISA,
+	OPT_REPACK,
 	OPT_JSON,
 	OPT_TOPL,
 	OPT_TOKENIZE,
@@ -113,6 +116,7 @@ static const struct option long_opts[] = {
 	{"penalty-last-n", required_argument, NULL, OPT_LASTN},
 	{"seed", required_argument, NULL, OPT_SEED},
 	{"isa", required_argument, NULL, OPT_ISA},
+	{"repack", required_argument, NULL, OPT_REPACK},
 	{"json", no_argument, NULL, OPT_JSON},
 	{"top-logits", required_argument, NULL, OPT_TOPL},
 	{"tokenize", no_argument, NULL, OPT_TOKENIZE},
@@ -352,7 +356,7 @@ int main(int argc, char **argv)
 	const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL;
 	const char *chat_file = NULL, *chat_tmpl = NULL;
 	struct out_text ot = {.n_stop = 0};
-	const char *isa = getenv("EDGELM_ISA");
+	const char *isa = getenv("EDGELM_ISA"), *repack = getenv("EDGELM_REPACK");
 	long n_predict = 128, n_threads = 0, ctx = 0, top_n = 8, lastn = 64, n_batch = DEFAULT_BATCH;
 	enum engine_kv_type kv_type = ENGINE_KV_DEFAULT;
 	bool json = false, tokenize_only = false, special = false, quiet = false, seed_set = false;
@@ -399,6 +403,7 @@ int main(int argc, char **argv)
 			break;
 		}
 		case OPT_ISA: isa = optarg; break;
+		case OPT_REPACK: repack = optarg; break;
 		case OPT_JSON: json = true; break;
 		case OPT_TOPL: bad = parse_long(optarg, 0, 1 << 20, &top_n); break;
 		case OPT_TOKENIZE: tokenize_only = true; break;
@@ -469,6 +474,10 @@ int main(int argc, char **argv)
 		.isa = isa,
 		.vocab_only = tokenize_only,
 	};
+	if (engine_repack_parse(repack, &ep.repack) != 0) {
+		fprintf(stderr, "edgelm-run: --repack: expected auto, on or off, not '%s'\n", repack);
+		return EXIT_USAGE;
+	}
 	double t0 = cm_now();
 	if (engine_model_load(model_path, &ep, &m, &err) != 0) {
 		fprintf(stderr, "edgelm-run: %s: %s\n", model_path, err.msg);
@@ -547,6 +556,9 @@ int main(int argc, char **argv)
 			info.name[0] ? info.name : model_path, info.arch, info.n_layer, info.n_ctx,
 			engine_kv_type_name(engine_ctx_kv_type(cx)), info.n_threads, info.isa,
 			(unsigned long long)sp.seed);
+	if (!quiet && info.n_x16_tensors)
+		fprintf(stderr, "edgelm-run: repacked %u tensors (%.1f MiB) into the x16 layout\n",
+			info.n_x16_tensors, (double)info.x16_bytes / (1 << 20));
 	for (int i = 0; i < n_ids; i++)
 		engine_sampler_accept(smp, ids[i]);
 

@@ -73,6 +73,14 @@ struct kern_type_ops {
 	 * results bit for bit (a token's logits may not depend on how many
 	 * tokens share its step). NULL: vec_dot, or gemm when there is one. */
 	kern_gemm_fn gemv;
+	/* The tile kernel over weights repacked by kern_x16_pack() (below):
+	 * `w` is the panel of 16 rows, nr a multiple of 16, consecutive panels
+	 * 16 * w_stride bytes apart (w_stride: the native row size). Any nt,
+	 * one token included: per (row, token) the float operations are one
+	 * fixed sequence, so results are bit-identical whatever nt, nr and the
+	 * tiling. NULL: the variant does not read the repacked layout, and the
+	 * model keeps the file's layout. */
+	kern_gemm_fn gemm_x16;
 };
 
 /* CPU features the dispatcher looks at (filled by tuning/ or by
@@ -94,6 +102,10 @@ struct kern_ops {
 	float (*dot_f32)(int64_t n, const float *a, const float *b);
 	/* y += a * x */
 	void (*axpy_f32)(int64_t n, float a, const float *x, float *y);
+	/* g[i] = silu(g[i]) * u[i], the SwiGLU activation: the generic one
+	 * with libm's expf, the SIMD ones with a polynomial exp (relative
+	 * error under 3e-7, tested against the generic one) */
+	void (*silu_mul_f32)(int64_t n, float *g, const float *u);
 	/* Streaming read of n bytes (p 64-byte aligned, n a multiple of 256)
 	 * with the widest loads the variant has; returns a value that depends
 	 * on every byte so the reads cannot be elided. edgelm-bench measures
@@ -119,6 +131,38 @@ size_t kern_act_row_size(uint32_t act_type, int64_t n);
  * and take the offset off exactly once per block. */
 size_t kern_act_aux_len(uint32_t act_type, int64_t n);
 void kern_act_aux(uint32_t act_type, const void *a, int64_t n, float *aux);
+
+/* ---- the x16 repacked layout ----------------------------------------------
+ * Load-time repacking (model.c) turns each group of 16 rows of a Q4_0 or
+ * Q8_0 matrix into one panel of the same size, laid out the way a vpdpbusd
+ * (or sdot) kernel reads it: one 64-byte vector holds 4 consecutive
+ * elements of each of the 16 rows, so a decode kernel streams the panel
+ * front to back with no transpose and no horizontal sums. For nb blocks:
+ *   Q4_0: codes nb x 256 bytes, then scales nb x 16 f16. Block b, chunk j
+ *         (0..3), byte 4r + i at b*256 + j*64 + 4r + i is byte 4j + i of
+ *         row r's block (low nibble: element 4j + i, high: 16 + 4j + i).
+ *   Q8_0: codes nb x 512 bytes, then scales nb x 16 f16. Block b, group g
+ *         (0..7), byte b*512 + g*64 + 4r + i is element 4g + i of row r,
+ *         stored as an unsigned code q + 128.
+ *   scales: f16 at codes_bytes + b*32 + 2r: row r's block b scale.
+ * A panel is exactly 16 native rows long, so a matrix is repacked in place
+ * panel by panel; rows past the last full group of 16 stay native. */
+#define KERN_X16_ROWS 16
+bool kern_x16_supported(uint32_t type);
+/* Pack 16 native rows (`rows`, row_stride bytes apart, n elements each)
+ * into `panel` (16 * row size bytes; must not overlap `rows`). */
+void kern_x16_pack(uint32_t type, const void *rows, size_t row_stride, int64_t n, void *panel);
+/* The inverse, for tests and tools. */
+void kern_x16_unpack(uint32_t type, const void *panel, int64_t n, void *rows, size_t row_stride);
+/* Row r (0..15) of a panel in the native layout: an embedding lookup in a
+ * matrix that is repacked because it is also the (tied) output. */
+void kern_x16_unpack_row(uint32_t type, const void *panel, int64_t n, int r, void *row);
+/* The scalar reference of gemm_x16 (the oracle for the variants' kernels):
+ * exact integer block dots, then per block acc += (float)isum * (d_w * d_a),
+ * blocks in order, which is the sequence every gemm_x16 follows. */
+void kern_gemm_x16_ref(uint32_t type, int64_t n, int nr, int nt, const void *w,
+		       size_t w_stride, const void *a, size_t a_stride, const float *aux,
+		       size_t aux_stride, float *s, size_t s_stride);
 
 /* Portable streaming read (8 independent 64-bit lanes). */
 uint64_t kern_read_stream_generic(const void *p, size_t n);

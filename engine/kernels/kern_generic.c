@@ -15,6 +15,8 @@
 
 #include "engine/quant.h"
 
+#include <math.h>
+
 static inline float load_f16(const uint8_t *p)
 {
 	uint16_t h;
@@ -467,6 +469,12 @@ static void attn_vsum_q8_0(int hd, int n, const float *w, const void *v, size_t 
 	}
 }
 
+static void silu_mul_f32(int64_t n, float *g, const float *u)
+{
+	for (int64_t i = 0; i < n; i++)
+		g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
 size_t kern_act_row_size(uint32_t act_type, int64_t n)
 {
 	return dtype_row_size(act_type, n);
@@ -505,4 +513,5 @@ const struct kern_ops kern_generic_ops = {
 	.attn_score_q8_0 = attn_score_q8_0,
 	.attn_vsum_f16 = attn_vsum_f16,
 	.attn_vsum_q8_0 = attn_vsum_q8_0,
+	.silu_mul_f32 = silu_mul_f32,
 };

@@ -18,6 +18,7 @@
 #include "engine/quant.h"
 
 #include <arm_neon.h>
+#include <string.h>
 
 #define DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
 
@@ -362,6 +363,108 @@ static void attn_vsum_q8_0(int hd, int n, const float *w, const void *v, size_t 
 	}
 }
 
+/* ---- dotprod: the x16 repacked layout (kern.h) -----------------------------
+ * A 64-byte vector of the layout is 4 quarters of 16 bytes, rows 0-3, 4-7,
+ * 8-11, 12-15, each 32-bit lane one row's 4 elements: exactly what sdot
+ * by lane wants (vdotq_laneq_s32 multiplies each lane by the same 4
+ * activation bytes). Codes are made signed (Q4_0: nibble - 8; Q8_0: code ^
+ * 0x80), so the integer block dot comes out with the offset already off;
+ * it is exact, and the float step is the reference's fma(isum, d_w * d_a,
+ * acc): bit-identical to kern_gemm_x16_ref() for any token count. Per
+ * block, each quarter's codes are unpacked once for up to 4 tokens. */
+#define X16N_TOKENS 4
+
+static inline __attribute__((always_inline)) DOTPROD void
+x16_panel_dp(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
+	     const float *aux, size_t aux_stride, float *s, size_t s_stride)
+{
+	const size_t cb = q4 ? 256 : 512;
+	const uint8_t *scales = panel + (size_t)nb * cb;
+	float32x4_t acc[X16N_TOKENS][4];
+	for (int t = 0; t < NT; t++)
+		for (int qr = 0; qr < 4; qr++)
+			acc[t][qr] = vdupq_n_f32(0);
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pb = panel + (size_t)b * cb;
+		const uint16_t *pd = (const uint16_t *)(const void *)(scales + 32 * b);
+		for (int qr = 0; qr < 4; qr++) {
+			int8x16_t c[8];
+			if (q4) {
+				for (int j = 0; j < 4; j++) {
+					uint8x16_t v = vld1q_u8(pb + 64 * j + 16 * qr);
+					c[j] = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f))),
+							vdupq_n_s8(8));
+					c[j + 4] = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)),
+							    vdupq_n_s8(8));
+				}
+			} else {
+				for (int g = 0; g < 8; g++)
+					c[g] = vreinterpretq_s8_u8(
+						veorq_u8(vld1q_u8(pb + 64 * g + 16 * qr), vdupq_n_u8(0x80)));
+			}
+			uint16_t dh[4];
+			memcpy(dh, pd + 4 * qr, sizeof(dh));
+			float32x4_t dw = {half(dh[0]), half(dh[1]), half(dh[2]), half(dh[3])};
+			for (int t = 0; t < NT; t++) {
+				const int8_t *q =
+					((const struct block_q8_0 *)(a + (size_t)t * a_stride))[b].qs;
+				int8x16_t a0 = vld1q_s8(q), a1 = vld1q_s8(q + 16);
+				int32x4_t i0 = vdupq_n_s32(0), i1 = i0;
+				i0 = vdotq_laneq_s32(i0, c[0], a0, 0);
+				i1 = vdotq_laneq_s32(i1, c[1], a0, 1);
+				i0 = vdotq_laneq_s32(i0, c[2], a0, 2);
+				i1 = vdotq_laneq_s32(i1, c[3], a0, 3);
+				i0 = vdotq_laneq_s32(i0, c[4], a1, 0);
+				i1 = vdotq_laneq_s32(i1, c[5], a1, 1);
+				i0 = vdotq_laneq_s32(i0, c[6], a1, 2);
+				i1 = vdotq_laneq_s32(i1, c[7], a1, 3);
+				float da = aux[(size_t)t * aux_stride + 2 * b];
+				acc[t][qr] = vfmaq_f32(acc[t][qr], vcvtq_f32_s32(vaddq_s32(i0, i1)),
+						       vmulq_n_f32(dw, da));
+			}
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		for (int qr = 0; qr < 4; qr++)
+			vst1q_f32(s + (size_t)t * s_stride + 4 * qr, acc[t][qr]);
+}
+
+static inline __attribute__((always_inline)) DOTPROD void
+x16_gemm_dp(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, const void *va,
+	    size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride)
+{
+	const uint8_t *w = vw, *a = va;
+	int64_t nb = n / 32;
+	for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {
+		const uint8_t *panel = w + (size_t)r0 * w_stride;
+		for (int t = 0; t < nt; t += X16N_TOKENS) {
+			const uint8_t *at = a + (size_t)t * a_stride;
+			const float *xt = aux + (size_t)t * aux_stride;
+			float *st = s + (size_t)t * s_stride + r0;
+			switch (nt - t) {
+			case 1: x16_panel_dp(q4, nb, 1, panel, at, a_stride, xt, aux_stride, st, s_stride); break;
+			case 2: x16_panel_dp(q4, nb, 2, panel, at, a_stride, xt, aux_stride, st, s_stride); break;
+			case 3: x16_panel_dp(q4, nb, 3, panel, at, a_stride, xt, aux_stride, st, s_stride); break;
+			default: x16_panel_dp(q4, nb, 4, panel, at, a_stride, xt, aux_stride, st, s_stride); break;
+			}
+		}
+	}
+}
+
+static DOTPROD void gemm_x16_q4_0_dp(int64_t n, int nr, int nt, const void *w, size_t w_stride,
+				     const void *a, size_t a_stride, const float *aux,
+				     size_t aux_stride, float *s, size_t s_stride)
+{
+	x16_gemm_dp(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+}
+
+static DOTPROD void gemm_x16_q8_0_dp(int64_t n, int nr, int nt, const void *w, size_t w_stride,
+				     const void *a, size_t a_stride, const float *aux,
+				     size_t aux_stride, float *s, size_t s_stride)
+{
+	x16_gemm_dp(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+}
+
 /* ---- tables -------------------------------------------------------------- */
 
 const struct kern_ops kern_neon_ops = {
@@ -390,9 +493,9 @@ const struct kern_ops kern_neon_dotprod_ops = {
 	.name = "neon-dotprod",
 	.t = {
 		[ENGINE_DTYPE_Q8_0] = { .act_type = ENGINE_DTYPE_Q8_0,
-					.vec_dot = vec_dot_q8_0_q8_0_dp },
+					.vec_dot = vec_dot_q8_0_q8_0_dp, .gemm_x16 = gemm_x16_q8_0_dp },
 		[ENGINE_DTYPE_Q4_0] = { .act_type = ENGINE_DTYPE_Q8_0,
-					.vec_dot = vec_dot_q4_0_q8_0_dp },
+					.vec_dot = vec_dot_q4_0_q8_0_dp, .gemm_x16 = gemm_x16_q4_0_dp },
 	},
 	.attn_score_q8_0 = attn_score_q8_0_dp,
 };

@@ -149,6 +149,51 @@ static void test_quant_act_exact(void)
 	}
 }
 
+/* The x16 repacked layout: pack/unpack restore the rows byte for byte; the
+ * scalar reference agrees with vec_dot to the integer formats' budget; a
+ * variant's gemm_x16 equals the reference bit for bit (the same operation
+ * sequence, kern.h), for every token count and for one token at a time:
+ * decode and prefill give a token the same logits. nr rows: one panel of
+ * 16 packed, the rest are the native tail that matmul.c runs on vec_dot. */
+static void check_x16(const struct kern_ops *k, uint32_t type, int64_t n, const uint8_t *w,
+		      size_t wrs, const uint8_t *a, size_t ars, const float *aux, size_t aux_len,
+		      int nr, int nt, const float *dots, const double *bound)
+{
+	const int P = KERN_X16_ROWS;
+	uint8_t *panel = xmalloc(wrs * P), *back = xmalloc(wrs * P);
+	float *ref = xmalloc(sizeof(float) * P * nt), *got = xmalloc(sizeof(float) * P * nt);
+	float one[KERN_X16_ROWS];
+	kern_x16_pack(type, w, wrs, n, panel);
+	kern_x16_unpack(type, panel, n, back, wrs);
+	CHECK_MSG(memcmp(back, w, wrs * P) == 0, "%s x16 pack/unpack not lossless (n %lld)",
+		  dtype_name(type), (long long)n);
+	kern_gemm_x16_ref(type, n, P, nt, panel, wrs, a, ars, aux, aux_len, ref, P);
+	for (int t = 0; t < nt; t++)
+		for (int r = 0; r < P; r++)
+			CHECK_MSG(fabs((double)ref[t * P + r] - (double)dots[t * nr + r]) <=
+					  2 * bound[t * nr + r],
+				  "%s x16 reference n %lld row %d tok %d: %.9g vs vec_dot %.9g",
+				  dtype_name(type), (long long)n, r, t, ref[t * P + r],
+				  dots[t * nr + r]);
+	if (k->t[type].gemm_x16) {
+		k->t[type].gemm_x16(n, P, nt, panel, wrs, a, ars, aux, aux_len, got, P);
+		CHECK_MSG(memcmp(ref, got, sizeof(float) * P * nt) == 0,
+			  "%s %s gemm_x16 differs from the reference (n %lld)", k->name,
+			  dtype_name(type), (long long)n);
+		for (int t = 0; t < nt; t++) {
+			k->t[type].gemm_x16(n, P, 1, panel, wrs, a + t * ars, ars,
+					    aux + t * aux_len, aux_len, one, P);
+			CHECK_MSG(memcmp(one, got + t * P, sizeof(one)) == 0,
+				  "%s %s gemm_x16: token %d alone differs from its batch", k->name,
+				  dtype_name(type), t);
+		}
+	}
+	free(panel);
+	free(back);
+	free(ref);
+	free(got);
+}
+
 /* One weight type, one variant: vec_dot over rows against the reference,
  * and the tile kernel (if any) against the variant's vec_dot. */
 static void check_type(const struct kern_ops *k, uint32_t type, int64_t nblocks, int mode)
@@ -261,6 +306,8 @@ static void check_type(const struct kern_ops *k, uint32_t type, int64_t nblocks,
 			  (long long)n);
 		free(s2);
 	}
+	if (kern_x16_supported(type))
+		check_x16(k, type, n, w, wrs, a, ars, aux, aux_len, nr, nt, dots, bound);
 out:
 	free(wf);
 	free(af);
