@@ -924,11 +924,11 @@ int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ct
 	    !(c->logit_row = cm_calloc(B, sizeof(int32_t))) ||
 	    !(c->zero_seq = cm_calloc(B, sizeof(int32_t))) ||
 	    !(c->embd_row = cm_malloc(m->tok_embd.row_bytes))) {
+		enum engine_kv_type t = c->kv_type;
 		engine_ctx_free(c);
 		return cm_err_set(err, -ENOMEM,
 				  "ctx: cannot allocate KV cache and buffers (%llu MiB of %s KV)",
-				  (unsigned long long)(kv_bytes * 2 >> 20),
-				  engine_kv_type_name(c->kv_type));
+				  (unsigned long long)(kv_bytes * 2 >> 20), engine_kv_type_name(t));
 	}
 	rope_tables(c);
 	*ret_ctx = c;

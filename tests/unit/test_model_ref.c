@@ -483,6 +483,43 @@ static void test_kv_bytes_and_copy(void)
 	}
 }
 
+/* Every allocation of engine_ctx_new may fail: -ENOMEM with a message
+ * naming the KV type, nothing leaked or read after free (ASan), for each
+ * type (regression: the message read the freed context). */
+static void test_ctx_alloc_failures(void)
+{
+	const char *model = "models/stories260K-f32.gguf";
+	if (!test_file_exists(test_data_path(model))) {
+		TEST_SKIP_DATA("%s not found under $EDGELM_TESTDATA", model);
+		return;
+	}
+	engine_model *m = load_model(model, 1, NULL);
+	CHECK(m != NULL);
+	for (size_t k = 0; m && k < CM_ARRAY_LEN(kv_types); k++) {
+		struct engine_ctx_params cp = {.n_ctx = 32, .n_seq = 2, .n_batch = 8,
+					       .kv_type = kv_types[k]};
+		int after = 0, r = -ENOMEM;
+		for (; after < 100 && r == -ENOMEM; after++) {
+			engine_ctx *c = NULL;
+			struct cm_err err = {0};
+			cm_alloc_fail_reset(after);
+			r = engine_ctx_new(m, &cp, &c, &err);
+			cm_alloc_fail_reset(-1);
+			if (r == -ENOMEM && after == 0) /* the context itself */
+				CHECK_STREQ(err.msg, "ctx: out of memory");
+			else if (r == -ENOMEM)
+				CHECK_MSG(strstr(err.msg, engine_kv_type_name(kv_types[k])) != NULL,
+					  "%s", err.msg);
+			else
+				CHECK_OK(r);
+			engine_ctx_free(c);
+		}
+		CHECK_MSG(r == 0 && after > 10, "%s KV: %d allocations", engine_kv_type_name(kv_types[k]),
+			  after);
+	}
+	engine_model_free(m);
+}
+
 /* Weights copied elsewhere (the huge-page option) compute the same logits. */
 static void test_relocated(void)
 {
@@ -568,6 +605,7 @@ int main(void)
 	TEST_RUN(test_batch_invariant_q4_k_m);
 	TEST_RUN(test_relocated);
 	TEST_RUN(test_kv_bytes_and_copy);
+	TEST_RUN(test_ctx_alloc_failures);
 	TEST_RUN(test_bad_batches);
 	return test_finish();
 }
