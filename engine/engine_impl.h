@@ -111,9 +111,18 @@ int engine_model_repack(engine_model *m, int mode, struct cm_err *err);
 struct engine_ctx {
 	engine_model *m;
 	uint32_t n_ctx, n_seq, n_batch;
-	/* KV cache, f32: [seq][layer][pos][n_head_kv * head_dim] */
-	float *k_cache, *v_cache;
-	size_t kv_seq_stride, kv_layer_stride; /* in floats */
+	/* KV cache: [seq][layer][pos][n_head_kv][head row], a head row being
+	 * head_dim elements of kv_type (f32, f16) or ceil(head_dim / 32) Q8_0
+	 * blocks, zero-padded (engine_kv_type) */
+	enum engine_kv_type kv_type;
+	uint8_t *k_cache, *v_cache;
+	size_t kv_head_bytes;                  /* one head row */
+	size_t kv_row_bytes;                   /* one position of one layer */
+	size_t kv_seq_stride, kv_layer_stride; /* in bytes */
+	float *kv_pad;  /* Q8_0 with head_dim % 32: a zero-padded head row */
+	void *attn_q8;  /* Q8_0 K: [n_threads] the query head as Q8_0 */
+	float *attn_qpad; /* [n_threads] the query head zero-padded to whole blocks */
+	int32_t *eval_pos; /* engine_eval's positions, n_batch */
 	int32_t *seq_len;
 	float *rope_cos, *rope_sin; /* [n_ctx][n_rot/2] */
 	float *rope_cos_local, *rope_sin_local; /* the same for gemma3's sliding layers */

@@ -20,6 +20,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -728,14 +729,74 @@ int engine_model_relocate(engine_model *m, void *buf, size_t len, struct cm_err 
 	return 0;
 }
 
-uint64_t engine_model_kv_bytes_per_token(const engine_model *m)
+/* ---- KV cache types -------------------------------------------------------- */
+
+/* The default: f16 halves the cache and its reads, and keeps every greedy
+ * token of the reference tests (logits within 0.014; top-1 agreement with
+ * an f32 cache 99.9% teacher-forced: docs/engine.md, "The KV cache"). */
+#define KV_TYPE_DEFAULT ENGINE_KV_F16
+
+static const char *const kv_type_names[] = {
+	[ENGINE_KV_F32] = "f32",
+	[ENGINE_KV_F16] = "f16",
+	[ENGINE_KV_Q8_0] = "q8_0",
+};
+
+static enum engine_kv_type kv_type_resolve(enum engine_kv_type t)
 {
-	return 2ull * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * sizeof(float);
+	return t == ENGINE_KV_DEFAULT ? KV_TYPE_DEFAULT : t;
+}
+
+static bool kv_type_valid(enum engine_kv_type t)
+{
+	return t == ENGINE_KV_F32 || t == ENGINE_KV_F16 || t == ENGINE_KV_Q8_0;
+}
+
+const char *engine_kv_type_name(enum engine_kv_type t)
+{
+	t = kv_type_resolve(t);
+	return kv_type_valid(t) ? kv_type_names[t] : "?";
+}
+
+int engine_kv_type_from_name(const char *name, enum engine_kv_type *ret)
+{
+	for (size_t i = 0; name && i < CM_ARRAY_LEN(kv_type_names); i++)
+		if (kv_type_names[i] && strcasecmp(name, kv_type_names[i]) == 0) {
+			*ret = (enum engine_kv_type)i;
+			return 0;
+		}
+	return -ENOENT;
+}
+
+const char *engine_kv_type_list(void)
+{
+	return "f32|f16|q8_0";
+}
+
+/* Bytes of one cached head row (head_dim elements) in type t: Q8_0 rows are
+ * zero-padded to whole blocks, so a block never spans two heads. */
+static size_t kv_head_bytes(enum engine_kv_type t, uint32_t head_dim)
+{
+	switch (kv_type_resolve(t)) {
+	case ENGINE_KV_F32:
+		return (size_t)head_dim * sizeof(float);
+	case ENGINE_KV_F16:
+		return (size_t)head_dim * sizeof(uint16_t);
+	case ENGINE_KV_Q8_0:
+		return (size_t)(head_dim + QK8_0 - 1) / QK8_0 * sizeof(struct block_q8_0);
+	default:
+		return 0;
+	}
+}
+
+uint64_t engine_model_kv_bytes_per_token(const engine_model *m, enum engine_kv_type t)
+{
+	return 2ull * m->hp.n_layer * m->hp.n_head_kv * kv_head_bytes(t, m->hp.head_dim);
 }
 
 int engine_ctx_regions(const engine_ctx *c, struct engine_region *ret, int max)
 {
-	size_t bytes = c->kv_seq_stride * c->n_seq * sizeof(float);
+	size_t bytes = c->kv_seq_stride * c->n_seq;
 	int n = 0;
 	if (n < max)
 		ret[n++] = (struct engine_region){c->k_cache, bytes, "KV cache (K)"};
@@ -752,6 +813,15 @@ static int ctx_alloc(float **p, size_t n)
 	if (!*p)
 		return -ENOMEM;
 	memset(*p, 0, n * sizeof(float));
+	return 0;
+}
+
+static int ctx_alloc_bytes(uint8_t **p, size_t n)
+{
+	*p = cm_aligned_alloc(n);
+	if (!*p)
+		return -ENOMEM;
+	memset(*p, 0, n);
 	return 0;
 }
 
@@ -810,21 +880,35 @@ int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ct
 		engine_ctx_free(c);
 		return cm_err_set(err, -EINVAL, "ctx: n_seq or n_batch out of range");
 	}
+	c->kv_type = kv_type_resolve(p ? p->kv_type : ENGINE_KV_DEFAULT);
+	if (!kv_type_valid(c->kv_type)) {
+		int t = (int)c->kv_type;
+		engine_ctx_free(c);
+		return cm_err_set(err, -EINVAL, "ctx: KV cache type %d unknown (%s)", t,
+				  engine_kv_type_list());
+	}
 	size_t kvd = (size_t)hp->n_head_kv * hp->head_dim;
-	c->kv_layer_stride = (size_t)c->n_ctx * kvd;
-	c->kv_seq_stride = c->kv_layer_stride * hp->n_layer;
-	uint64_t kv_floats;
-	if (cm_mul_overflow_u64(c->kv_seq_stride, c->n_seq, &kv_floats) ||
-	    kv_floats > (UINT64_MAX / 8)) {
+	size_t nbh = (hp->head_dim + QK8_0 - 1) / QK8_0; /* Q8_0 blocks per head row */
+	c->kv_head_bytes = kv_head_bytes(c->kv_type, hp->head_dim);
+	c->kv_row_bytes = c->kv_head_bytes * hp->n_head_kv;
+	uint64_t kv_bytes, layer_bytes;
+	if (cm_mul_overflow_u64(c->kv_row_bytes, c->n_ctx, &layer_bytes) ||
+	    cm_mul_overflow_u64(layer_bytes, hp->n_layer, &kv_bytes) ||
+	    cm_mul_overflow_u64(kv_bytes, c->n_seq, &kv_bytes) || kv_bytes > (SIZE_MAX / 4)) {
 		engine_ctx_free(c);
 		return cm_err_set(err, -ENOMEM, "ctx: KV cache size overflows");
 	}
+	c->kv_layer_stride = (size_t)layer_bytes;
+	c->kv_seq_stride = c->kv_layer_stride * hp->n_layer;
 	size_t B = c->n_batch, E = hp->n_embd, QD = (size_t)hp->n_head * hp->head_dim;
 	size_t FF = hp->n_ff, maxd = CM_MAX(CM_MAX(E, QD), FF);
 	int nt = pool_size(m->pool);
 	c->act_cap = B * kern_act_row_size(ENGINE_DTYPE_F32, (int64_t)maxd);
 	int r = 0;
-	if (ctx_alloc(&c->k_cache, kv_floats) || ctx_alloc(&c->v_cache, kv_floats) ||
+	if (ctx_alloc_bytes(&c->k_cache, kv_bytes) || ctx_alloc_bytes(&c->v_cache, kv_bytes) ||
+	    ctx_alloc(&c->kv_pad, nbh * QK8_0) || ctx_alloc(&c->attn_qpad, (size_t)nt * nbh * QK8_0) ||
+	    !(c->attn_q8 = cm_aligned_alloc((size_t)nt * nbh * sizeof(struct block_q8_0))) ||
+	    !(c->eval_pos = cm_calloc(B, sizeof(int32_t))) ||
 	    ctx_alloc(&c->x, B * E) || ctx_alloc(&c->xb, B * maxd) || ctx_alloc(&c->q, B * QD) ||
 	    ctx_alloc(&c->k, B * kvd) || ctx_alloc(&c->v, B * kvd) || ctx_alloc(&c->att, B * QD) ||
 	    ctx_alloc(&c->hb, B * FF) || ctx_alloc(&c->hb2, B * FF) ||
@@ -840,10 +924,11 @@ int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ct
 	    !(c->logit_row = cm_calloc(B, sizeof(int32_t))) ||
 	    !(c->zero_seq = cm_calloc(B, sizeof(int32_t))) ||
 	    !(c->embd_row = cm_malloc(m->tok_embd.row_bytes))) {
+		enum engine_kv_type t = c->kv_type;
 		engine_ctx_free(c);
 		return cm_err_set(err, -ENOMEM,
-				  "ctx: cannot allocate KV cache and buffers (%llu MiB of KV)",
-				  (unsigned long long)(kv_floats * 8 >> 20));
+				  "ctx: cannot allocate KV cache and buffers (%llu MiB of %s KV)",
+				  (unsigned long long)(kv_bytes * 2 >> 20), engine_kv_type_name(t));
 	}
 	rope_tables(c);
 	*ret_ctx = c;
@@ -856,6 +941,10 @@ void engine_ctx_free(engine_ctx *c)
 		return;
 	cm_free(c->k_cache);
 	cm_free(c->v_cache);
+	cm_free(c->kv_pad);
+	cm_free(c->attn_q8);
+	cm_free(c->attn_qpad);
+	cm_free(c->eval_pos);
 	cm_free(c->x);
 	cm_free(c->xb);
 	cm_free(c->q);
@@ -876,6 +965,16 @@ void engine_ctx_free(engine_ctx *c)
 	cm_free(c->zero_seq);
 	cm_free(c->embd_row);
 	cm_free(c);
+}
+
+enum engine_kv_type engine_ctx_kv_type(const engine_ctx *c)
+{
+	return c->kv_type;
+}
+
+uint32_t engine_ctx_n_ctx(const engine_ctx *c)
+{
+	return c->n_ctx;
 }
 
 void engine_seq_truncate(engine_ctx *c, int seq, int pos)
@@ -902,12 +1001,11 @@ int engine_seq_copy(engine_ctx *c, int dst, int src, int n)
 		c->seq_len[dst] = n;
 		return 0;
 	}
-	size_t kvd = (size_t)c->m->hp.n_head_kv * c->m->hp.head_dim;
 	for (uint32_t l = 0; l < c->m->hp.n_layer; l++) {
-		size_t so = src * c->kv_seq_stride + l * c->kv_layer_stride;
-		size_t d0 = dst * c->kv_seq_stride + l * c->kv_layer_stride;
-		memcpy(c->k_cache + d0, c->k_cache + so, (size_t)n * kvd * sizeof(float));
-		memcpy(c->v_cache + d0, c->v_cache + so, (size_t)n * kvd * sizeof(float));
+		size_t so = (size_t)src * c->kv_seq_stride + l * c->kv_layer_stride;
+		size_t d0 = (size_t)dst * c->kv_seq_stride + l * c->kv_layer_stride;
+		memcpy(c->k_cache + d0, c->k_cache + so, (size_t)n * c->kv_row_bytes);
+		memcpy(c->v_cache + d0, c->v_cache + so, (size_t)n * c->kv_row_bytes);
 	}
 	c->seq_len[dst] = n;
 	return 0;
@@ -1024,6 +1122,87 @@ static void rope_apply(const engine_ctx *c, float *v, int n_heads, int pos, bool
 	}
 }
 
+/* One token's K and V rows into the cache, in the cache's type. */
+static void kv_store(engine_ctx *c, uint8_t *dst, const float *x)
+{
+	const struct hparams *hp = &c->m->hp;
+	size_t hd = hp->head_dim, kvd = hd * hp->n_head_kv;
+	switch (c->kv_type) {
+	case ENGINE_KV_F16:
+		quantize_row_f16_ref(x, dst, (int64_t)kvd);
+		break;
+	case ENGINE_KV_Q8_0: {
+		kern_quant_fn quant = c->m->kern->quant_act[ENGINE_DTYPE_Q8_0];
+		if (hd % QK8_0 == 0) {
+			quant(x, dst, (int64_t)kvd);
+			break;
+		}
+		int64_t padded = (int64_t)(c->kv_head_bytes / sizeof(struct block_q8_0)) * QK8_0;
+		for (uint32_t h = 0; h < hp->n_head_kv; h++) {
+			memcpy(c->kv_pad, x + h * hd, hd * sizeof(float)); /* the tail stays 0 */
+			quant(c->kv_pad, dst + h * c->kv_head_bytes, padded);
+		}
+		break;
+	}
+	default:
+		memcpy(dst, x, kvd * sizeof(float));
+		break;
+	}
+}
+
+/* sc[p] = q . k_p * scale for the n cached rows of one KV head at kc. */
+static void attn_scores(engine_ctx *c, int ith, const float *q, const uint8_t *kc, int n,
+			float scale, float *sc)
+{
+	const struct kern_ops *k = c->m->kern;
+	int hd = (int)c->m->hp.head_dim;
+	size_t stride = c->kv_row_bytes;
+	switch (c->kv_type) {
+	case ENGINE_KV_F16:
+		k->attn_score_f16(hd, n, q, kc, stride, scale, sc);
+		break;
+	case ENGINE_KV_Q8_0: {
+		/* the query meets K in its own format: exact int8 block sums */
+		int nbh = (int)(c->kv_head_bytes / sizeof(struct block_q8_0));
+		void *q8 = (uint8_t *)c->attn_q8 + (size_t)ith * c->kv_head_bytes;
+		const float *qs = q;
+		if (hd % QK8_0) {
+			float *pad = c->attn_qpad + (size_t)ith * nbh * QK8_0;
+			memcpy(pad, q, (size_t)hd * sizeof(float)); /* the tail stays 0 */
+			qs = pad;
+		}
+		k->quant_act[ENGINE_DTYPE_Q8_0](qs, q8, (int64_t)nbh * QK8_0);
+		k->attn_score_q8_0(hd, n, q8, kc, stride, scale, sc);
+		break;
+	}
+	default:
+		for (int p = 0; p < n; p++)
+			sc[p] = k->dot_f32(hd, q, (const float *)(kc + (size_t)p * stride)) * scale;
+		break;
+	}
+}
+
+/* o = sum_p w[p] v_p over the n cached rows of one KV head at vc. */
+static void attn_values(engine_ctx *c, const float *w, const uint8_t *vc, int n, float *o)
+{
+	const struct kern_ops *k = c->m->kern;
+	int hd = (int)c->m->hp.head_dim;
+	size_t stride = c->kv_row_bytes;
+	switch (c->kv_type) {
+	case ENGINE_KV_F16:
+		k->attn_vsum_f16(hd, n, w, vc, stride, o);
+		break;
+	case ENGINE_KV_Q8_0:
+		k->attn_vsum_q8_0(hd, n, w, vc, stride, o);
+		break;
+	default:
+		memset(o, 0, (size_t)hd * sizeof(float));
+		for (int p = 0; p < n; p++)
+			k->axpy_f32(hd, w[p], (const float *)(vc + (size_t)p * stride), o);
+		break;
+	}
+}
+
 struct attn_task {
 	engine_ctx *c;
 	int layer;
@@ -1041,10 +1220,8 @@ static void attn_worker(void *arg, int ith, int nth)
 	struct attn_task *at = arg;
 	engine_ctx *c = at->c;
 	const struct hparams *hp = &c->m->hp;
-	const struct kern_ops *k = c->m->kern;
 	int hd = (int)hp->head_dim, nh = (int)hp->n_head;
 	int group = (int)(hp->n_head / hp->n_head_kv);
-	size_t kvd = (size_t)hp->n_head_kv * hd;
 	float scale = hp->attn_scale, cap = hp->attn_softcap;
 	float *sc = c->scores + (size_t)ith * c->n_ctx;
 	(void)nth;
@@ -1055,19 +1232,19 @@ static void attn_worker(void *arg, int ith, int nth)
 		int t = i / nh, h = i % nh, kvh = h / group;
 		int pos = c->pos[t], seq = c->seq[t];
 		const float *q = c->q + (size_t)t * nh * hd + (size_t)h * hd;
-		size_t base = (size_t)seq * c->kv_seq_stride + (size_t)at->layer * c->kv_layer_stride;
-		const float *kc = c->k_cache + base + (size_t)kvh * hd;
-		const float *vc = c->v_cache + base + (size_t)kvh * hd;
+		size_t base = (size_t)seq * c->kv_seq_stride + (size_t)at->layer * c->kv_layer_stride +
+			      (size_t)kvh * c->kv_head_bytes;
 		/* sliding window: only the last n_swa keys (the cache keeps all) */
 		int p0 = at->n_swa > 0 && pos >= at->n_swa ? pos - at->n_swa + 1 : 0;
+		const uint8_t *kc = c->k_cache + base + (size_t)p0 * c->kv_row_bytes;
+		const uint8_t *vc = c->v_cache + base + (size_t)p0 * c->kv_row_bytes;
+		attn_scores(c, ith, q, kc, pos - p0 + 1, scale, sc + p0);
 		float mx = -INFINITY;
 		for (int p = p0; p <= pos; p++) {
-			float s = k->dot_f32(hd, q, kc + (size_t)p * kvd) * scale;
 			if (cap > 0)
-				s = softcap(s, cap);
-			sc[p] = s;
-			if (s > mx)
-				mx = s;
+				sc[p] = softcap(sc[p], cap);
+			if (sc[p] > mx)
+				mx = sc[p];
 		}
 		float sum = 0;
 		for (int p = p0; p <= pos; p++) {
@@ -1075,10 +1252,10 @@ static void attn_worker(void *arg, int ith, int nth)
 			sum += sc[p];
 		}
 		float inv = 1.0f / sum;
-		float *o = c->att + (size_t)t * nh * hd + (size_t)h * hd;
-		memset(o, 0, (size_t)hd * sizeof(float));
 		for (int p = p0; p <= pos; p++)
-			k->axpy_f32(hd, sc[p] * inv, vc + (size_t)p * kvd, o);
+			sc[p] *= inv;
+		float *o = c->att + (size_t)t * nh * hd + (size_t)h * hd;
+		attn_values(c, sc + p0, vc, pos - p0 + 1, o);
 	}
 }
 
@@ -1195,9 +1372,9 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 			rope_apply(c, q, (int)hp->n_head, c->pos[t], L->rope_local);
 			rope_apply(c, k, (int)hp->n_head_kv, c->pos[t], L->rope_local);
 			size_t off = (size_t)c->seq[t] * c->kv_seq_stride + l * c->kv_layer_stride +
-				     (size_t)c->pos[t] * KD;
-			memcpy(c->k_cache + off, k, KD * sizeof(float));
-			memcpy(c->v_cache + off, c->v + t * KD, KD * sizeof(float));
+				     (size_t)c->pos[t] * c->kv_row_bytes;
+			kv_store(c, c->k_cache + off, k);
+			kv_store(c, c->v_cache + off, c->v + t * KD);
 		}
 		struct attn_task at = {c, (int)l, (int)CM_MIN(L->n_swa, (uint32_t)INT32_MAX)};
 		atomic_store(&c->chunk, 0);
@@ -1255,13 +1432,12 @@ const float *engine_get_logits(const engine_ctx *c, int i)
 
 int engine_eval(engine_ctx *c, const int32_t *tokens, int n, int pos, struct cm_err *err)
 {
-	int32_t posv[512];
 	int done = 0;
 	while (done < n) {
-		int chunk = CM_MIN(n - done, (int)CM_MIN(c->n_batch, CM_ARRAY_LEN(posv)));
+		int chunk = CM_MIN(n - done, (int)c->n_batch);
 		for (int i = 0; i < chunk; i++)
-			posv[i] = pos + done + i;
-		struct engine_batch b = {.n = chunk, .tokens = tokens + done, .pos = posv};
+			c->eval_pos[i] = pos + done + i;
+		struct engine_batch b = {.n = chunk, .tokens = tokens + done, .pos = c->eval_pos};
 		int r = engine_decode(c, &b, err);
 		if (r)
 			return r;

@@ -48,9 +48,12 @@ static void usage(FILE *o)
 		"      --contexts LIST  decode context depths (default 0,512)\n"
 		"  -n, --n-gen N        tokens per decode run (default 32)\n"
 		"      --reps N         repetitions, best kept (default 3)\n"
+		"  -b, --batch N        prefill chunk, tokens per engine call (default 512)\n"
+		"      --kv-type TYPE   KV cache type: %s (default %s)\n"
 		"      --bw-mib N       bandwidth buffer size in MiB (default 1024)\n"
 		"      --json           one JSON object instead of a table\n"
-		"  -h, --help\n");
+		"  -h, --help\n",
+		engine_kv_type_list(), engine_kv_type_name(ENGINE_KV_DEFAULT));
 }
 
 /* ---- read bandwidth ------------------------------------------------------ */
@@ -183,17 +186,19 @@ int main(int argc, char **argv)
 		{"model", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
 		{"isa", required_argument, NULL, 'I'},   {"prompts", required_argument, NULL, 'P'},
 		{"contexts", required_argument, NULL, 'C'}, {"n-gen", required_argument, NULL, 'n'},
-		{"reps", required_argument, NULL, 'r'},  {"bw-mib", required_argument, NULL, 'b'},
+		{"reps", required_argument, NULL, 'r'},  {"bw-mib", required_argument, NULL, 'W'},
 		{"json", no_argument, NULL, 'j'},        {"help", no_argument, NULL, 'h'},
+		{"batch", required_argument, NULL, 'B'}, {"kv-type", required_argument, NULL, 'K'},
 		{"repack", required_argument, NULL, 'R'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *model = NULL, *isa = getenv("EDGELM_ISA"), *repack = getenv("EDGELM_REPACK");
-	int threads = 0, n_gen = 32, reps = 3, bw_mib = 1024;
+	int threads = 0, n_gen = 32, reps = 3, bw_mib = 1024, n_batch = 512;
+	enum engine_kv_type kv_type = ENGINE_KV_DEFAULT;
 	int prompts[8] = {128, 512}, n_prompts = 2, ctxs[8] = {0, 512}, n_ctxs = 2;
 	bool json = false;
 	int c;
-	while ((c = getopt_long(argc, argv, "m:t:n:r:jh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "m:t:n:r:b:jh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'm': model = optarg; break;
 		case 't': threads = atoi(optarg); break;
@@ -203,14 +208,23 @@ int main(int argc, char **argv)
 		case 'C': n_ctxs = parse_list(optarg, ctxs, 8); break;
 		case 'n': n_gen = atoi(optarg); break;
 		case 'r': reps = atoi(optarg); break;
-		case 'b': bw_mib = atoi(optarg); break;
+		case 'W': bw_mib = atoi(optarg); break;
+		case 'b':
+		case 'B': n_batch = atoi(optarg); break;
+		case 'K':
+			if (engine_kv_type_from_name(optarg, &kv_type) != 0) {
+				fprintf(stderr, "edgelm-bench: --kv-type: '%s' is not one of %s\n",
+					optarg, engine_kv_type_list());
+				return EXIT_USAGE;
+			}
+			break;
 		case 'j': json = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return EXIT_USAGE;
 		}
 	}
 	if (!model || optind < argc || n_prompts < 0 || n_ctxs < 0 || threads < 0 || n_gen < 1 ||
-	    reps < 1 || bw_mib < 16) {
+	    reps < 1 || bw_mib < 16 || n_batch < 1 || n_batch > 65536) {
 		usage(stderr);
 		return EXIT_USAGE;
 	}
@@ -239,7 +253,12 @@ int main(int argc, char **argv)
 		engine_model_free(m);
 		return EXIT_USAGE;
 	}
-	struct engine_ctx_params cp = {.n_ctx = (uint32_t)max_ctx, .n_seq = 1, .n_batch = 512};
+	struct engine_ctx_params cp = {
+		.n_ctx = (uint32_t)max_ctx,
+		.n_seq = 1,
+		.n_batch = (uint32_t)n_batch,
+		.kv_type = kv_type,
+	};
 	if (engine_ctx_new(m, &cp, &cx, &err) != 0) {
 		fprintf(stderr, "edgelm-bench: %s\n", err.msg);
 		engine_model_free(m);
@@ -283,9 +302,11 @@ int main(int argc, char **argv)
 
 	if (json) {
 		printf("{\"model\":\"%s\",\"arch\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
+		       "\"kv_type\":\"%s\",\"batch\":%d,"
 		       "\"repacked_tensors\":%u,\"repacked_bytes\":%llu,"
 		       "\"weight_bytes_per_token\":%.0f,\"read_bandwidth_gbs\":%.3f,\"prefill\":[",
-		       info.name, info.arch, info.isa, info.n_threads, info.n_x16_tensors,
+		       info.name, info.arch, info.isa, info.n_threads,
+		       engine_kv_type_name(engine_ctx_kv_type(cx)), n_batch, info.n_x16_tensors,
 		       (unsigned long long)info.x16_bytes, wb, bw / 1e9);
 		for (int i = 0; i < n_prompts; i++)
 			printf("%s{\"tokens\":%d,\"tok_s\":%.2f}", i ? "," : "", prompts[i], pre[i]);
@@ -303,6 +324,10 @@ int main(int argc, char **argv)
 			printf(", %u tensors repacked x16 (%.1f MiB)", info.n_x16_tensors,
 			       (double)info.x16_bytes / (1 << 20));
 		printf("\n");
+		printf("kv cache     %s, %.1f KiB per token; prefill in chunks of %d\n",
+		       engine_kv_type_name(engine_ctx_kv_type(cx)),
+		       (double)engine_model_kv_bytes_per_token(m, engine_ctx_kv_type(cx)) / 1024,
+		       n_batch);
 		printf("read bw      %.2f GB/s (streaming read, %d threads)\n", bw / 1e9,
 		       info.n_threads);
 		for (int i = 0; i < n_prompts; i++)

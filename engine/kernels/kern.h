@@ -38,6 +38,31 @@ typedef void (*kern_gemm_fn)(int64_t n, int nr, int nt, const void *w, size_t w_
 			     const void *a, size_t a_stride, const float *aux, size_t aux_stride,
 			     float *s, size_t s_stride);
 
+/* Attention over a KV cache (model.c), per KV head: n cached rows of hd
+ * elements, row i at (const uint8_t *)k + i * stride. An F16 row is hd
+ * halves; a Q8_0 row is ceil(hd / 32) blocks, the last one zero-padded.
+ *
+ * score: s[i] = dot(q, k_i) * scale, i < n. For F16 rows q is hd floats;
+ * for Q8_0 rows q is a Q8_0 row like the cache's (the query quantized,
+ * zero-padded). Budgets (tests/kernels/test_kern_attn.c): F16, the
+ * reference rounds the exact dot once (double sum) and variants may sum in
+ * f32 in any order, within (hd + 8) 2^-24 scale sum_j |q_j k_ij|; Q8_0,
+ * every block sum is an exact integer and the float steps are the
+ * reference's, in its order (sum += (d_q d_k) isum_b over blocks, then one
+ * multiply by scale): every variant gives the reference's result bit for
+ * bit.
+ *
+ * vsum: o[j] = sum_i w[i] v_ij for j < hd (o is overwritten). Every
+ * variant takes the reference's steps in its order, lane by lane: o starts
+ * at 0, then for i = 0 .. n-1, o[j] = o[j] + c * v_ij, a product then a sum
+ * (no FMA), with c = w[i] (F16) or c = w[i] * d_ib (Q8_0, d_ib the row's
+ * block scale) and v_ij exact in f32: bit for bit the same everywhere, so
+ * the weighted sum never depends on the variant's vector width. */
+typedef void (*kern_attn_score_fn)(int hd, int n, const void *q, const void *k, size_t stride,
+				   float scale, float *s);
+typedef void (*kern_attn_vsum_fn)(int hd, int n, const float *w, const void *v, size_t stride,
+				  float *o);
+
 struct kern_type_ops {
 	uint32_t act_type;        /* ENGINE_DTYPE_* of the activation layout */
 	kern_vec_dot_fn vec_dot;  /* NULL: type not computable by this variant */
@@ -87,6 +112,10 @@ struct kern_ops {
 	 * the box's read bandwidth with it. NULL (the generic table): use
 	 * kern_read_stream_generic. */
 	uint64_t (*read_stream)(const void *p, size_t n);
+	/* Attention over F16 and Q8_0 KV caches (contract above; the F32 cache
+	 * uses dot_f32 and axpy_f32). */
+	kern_attn_score_fn attn_score_f16, attn_score_q8_0;
+	kern_attn_vsum_fn attn_vsum_f16, attn_vsum_q8_0;
 };
 
 /* The generic (scalar) table: always available, the reference. */

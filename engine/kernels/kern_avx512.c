@@ -847,6 +847,231 @@ x16_q6_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 X16K_GEMM(gemm_x16_q4_K, x16_q4_K_panel)
 X16K_GEMM(gemm_x16_q6_K, x16_q6_K_panel)
 
+/* ==== attention over F16 / Q8_0 KV caches ====================================
+ * (Kept apart from the matmul kernels above; contracts in kern.h.)
+ * - score_f16: per cached row, 16 lanes x 2 accumulators of f32 FMAs, a
+ *   masked tail; four rows reduced together (the reference's budget, not
+ *   its bits).
+ * - score_q8_0 (VNNI): 16 rows at a time, one row per lane, as the decode
+ *   kernel does: per block, each row's codes go unsigned (k ^ 0x80 = k +
+ *   128) through one vpdpbusd against the query's signed codes, the 16
+ *   partial vectors fold into one vector of exact block sums, 128 * sum(q)
+ *   comes off as an integer, then the reference's float steps per lane
+ *   ((d_q d_k) isum added to the row's sum): bit for bit the reference.
+ * - vsum_f16 / vsum_q8_0: the output in up to 8 zmm accumulators over all
+ *   rows, products then sums (no FMA): bit for bit the reference. */
+
+static inline __m128i attn_fold4(__m256i p0, __m256i p1, __m256i p2, __m256i p3)
+{
+	__m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+	return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+static inline __mmask16 attn_mask(int k)
+{
+	return (__mmask16)((1u << k) - 1);
+}
+
+/* q . row over hd elements into one vector of 16 partial sums. */
+static inline __m512 score_f16_row_512(int hd, __mmask16 tm, const float *q, const uint16_t *r)
+{
+	__m512 a0 = _mm512_setzero_ps(), a1 = a0;
+	int j = 0;
+	for (; j + 32 <= hd; j += 32) {
+		a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + j),
+				     _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + j))), a0);
+		a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + j + 16),
+				     _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + j + 16))),
+				     a1);
+	}
+	if (j + 16 <= hd) {
+		a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + j),
+				     _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + j))), a0);
+		j += 16;
+	}
+	if (tm)
+		a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, q + j),
+				     _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tm, r + j)), a1);
+	return _mm512_add_ps(a0, a1);
+}
+
+/* Rows four at a time: their four vectors of partial sums are reduced
+ * together (interleave, add, fold the 128-bit lanes), a third of the
+ * shuffles of four separate reductions. */
+static void attn_score_f16_512(int hd, int n, const void *vq, const void *k, size_t stride,
+			       float scale, float *s)
+{
+	const float *q = vq;
+	const uint8_t *kb = k;
+	const __mmask16 tm = attn_mask(hd % 16);
+	int i = 0;
+	for (; i + 4 <= n; i += 4) {
+		__m512 r0 = score_f16_row_512(hd, tm, q, (const uint16_t *)(kb + (size_t)i * stride));
+		__m512 r1 = score_f16_row_512(hd, tm, q,
+					      (const uint16_t *)(kb + (size_t)(i + 1) * stride));
+		__m512 r2 = score_f16_row_512(hd, tm, q,
+					      (const uint16_t *)(kb + (size_t)(i + 2) * stride));
+		__m512 r3 = score_f16_row_512(hd, tm, q,
+					      (const uint16_t *)(kb + (size_t)(i + 3) * stride));
+		/* per 128-bit lane: [r0 r1 r0 r1] + ..., then [r0 r1 r2 r3] */
+		__m512 t01 = _mm512_add_ps(_mm512_unpacklo_ps(r0, r1), _mm512_unpackhi_ps(r0, r1));
+		__m512 t23 = _mm512_add_ps(_mm512_unpacklo_ps(r2, r3), _mm512_unpackhi_ps(r2, r3));
+		__m512 u = _mm512_add_ps(
+			_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t01), _mm512_castps_pd(t23))),
+			_mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t01), _mm512_castps_pd(t23))));
+		__m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+		__m128 v = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+		_mm_storeu_ps(s + i, _mm_mul_ps(v, _mm_set1_ps(scale)));
+	}
+	for (; i < n; i++)
+		s[i] = _mm512_reduce_add_ps(score_f16_row_512(
+			       hd, tm, q, (const uint16_t *)(kb + (size_t)i * stride))) *
+		       scale;
+}
+
+/* o[j0 .. j0 + 16 NA) over all rows, NA accumulators; the last one only
+ * on the lanes of `last`. */
+static inline __attribute__((always_inline)) void
+vsum_f16_chunk_512(const int NA, __mmask16 last, int j0, int n, const float *w, const uint8_t *v,
+		   size_t stride, float *o)
+{
+	__m512 acc[8];
+	_Pragma("GCC unroll 8") for (int a = 0; a < NA; a++)
+		acc[a] = _mm512_setzero_ps();
+	for (int i = 0; i < n; i++) {
+		const uint16_t *r = (const uint16_t *)(v + (size_t)i * stride) + j0;
+		__m512 c = _mm512_set1_ps(w[i]);
+		_Pragma("GCC unroll 8") for (int a = 0; a < NA; a++) {
+			__m256i h = a == NA - 1 && last != 0xffff
+					    ? _mm256_maskz_loadu_epi16(last, r + 16 * a)
+					    : _mm256_loadu_si256((const __m256i *)(r + 16 * a));
+			acc[a] = _mm512_add_ps(acc[a], _mm512_mul_ps(c, _mm512_cvtph_ps(h)));
+		}
+	}
+	_Pragma("GCC unroll 8") for (int a = 0; a < NA; a++)
+		_mm512_mask_storeu_ps(o + j0 + 16 * a, a == NA - 1 ? last : 0xffff, acc[a]);
+}
+
+static void attn_vsum_f16_512(int hd, int n, const float *w, const void *v, size_t stride,
+			      float *o)
+{
+	const uint8_t *vb = v;
+	int j0 = 0;
+	for (; j0 + 128 <= hd; j0 += 128)
+		vsum_f16_chunk_512(8, 0xffff, j0, n, w, vb, stride, o);
+	if (j0 + 64 <= hd) {
+		vsum_f16_chunk_512(4, 0xffff, j0, n, w, vb, stride, o);
+		j0 += 64;
+	}
+	if (j0 + 32 <= hd) {
+		vsum_f16_chunk_512(2, 0xffff, j0, n, w, vb, stride, o);
+		j0 += 32;
+	}
+	if (j0 + 16 <= hd) {
+		vsum_f16_chunk_512(1, 0xffff, j0, n, w, vb, stride, o);
+		j0 += 16;
+	}
+	if (j0 < hd)
+		vsum_f16_chunk_512(1, attn_mask(hd - j0), j0, n, w, vb, stride, o);
+}
+
+/* 16 codes of a Q8_0 block as floats. */
+static inline __m512 q8_f32_512(const int8_t *qs)
+{
+	return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)qs)));
+}
+
+/* Blocks [b0, b0 + NB) of every row; the last block stores only `m` of
+ * its 32 elements (m = 32: whole). A padded block still holds 32 codes
+ * (zeros past the head), so reading it whole stays inside the row. */
+static inline __attribute__((always_inline)) void
+vsum_q8_0_chunk_512(const int NB, int m, int b0, int n, const float *w, const uint8_t *v,
+		    size_t stride, float *o)
+{
+	__m512 acc[8];
+	_Pragma("GCC unroll 8") for (int a = 0; a < 2 * NB; a++)
+		acc[a] = _mm512_setzero_ps();
+	for (int i = 0; i < n; i++) {
+		const struct block_q8_0 *r = (const struct block_q8_0 *)(v + (size_t)i * stride) + b0;
+		_Pragma("GCC unroll 4") for (int b = 0; b < NB; b++) {
+			__m512 c = _mm512_set1_ps(w[i] * half(r[b].d));
+			acc[2 * b] = _mm512_add_ps(acc[2 * b], _mm512_mul_ps(c, q8_f32_512(r[b].qs)));
+			acc[2 * b + 1] =
+				_mm512_add_ps(acc[2 * b + 1], _mm512_mul_ps(c, q8_f32_512(r[b].qs + 16)));
+		}
+	}
+	_Pragma("GCC unroll 8") for (int a = 0; a < 2 * NB; a++) {
+		__mmask16 k = 0xffff;
+		if (a >= 2 * NB - 2 && m < 32)
+			k = a == 2 * NB - 2 ? attn_mask(m < 16 ? m : 16)
+					    : attn_mask(m > 16 ? m - 16 : 0);
+		_mm512_mask_storeu_ps(o + 32 * b0 + 16 * a, k, acc[a]);
+	}
+}
+
+static void attn_vsum_q8_0_512(int hd, int n, const float *w, const void *v, size_t stride,
+			       float *o)
+{
+	const uint8_t *vb = v;
+	int nb = (hd + QK8_0 - 1) / QK8_0, b = 0;
+	int m = hd - QK8_0 * (nb - 1); /* elements of the last block */
+	for (; b + 4 < nb || (b + 4 == nb && m == 32); b += 4)
+		vsum_q8_0_chunk_512(4, 32, b, n, w, vb, stride, o);
+	for (; b + 1 < nb; b++)
+		vsum_q8_0_chunk_512(1, 32, b, n, w, vb, stride, o);
+	if (b < nb)
+		vsum_q8_0_chunk_512(1, m, b, n, w, vb, stride, o);
+}
+
+static VNNI void attn_score_q8_0_vnni(int hd, int n, const void *vq, const void *k,
+				      size_t stride, float scale, float *s)
+{
+	const struct block_q8_0 *q = vq;
+	const uint8_t *kb = k;
+	int nb = (hd + QK8_0 - 1) / QK8_0;
+	const __m256i flip = _mm256_set1_epi8((char)0x80);
+	for (int i0 = 0; i0 < n; i0 += 16) {
+		int rows = n - i0 < 16 ? n - i0 : 16;
+		const uint8_t *rp[16];
+		int32_t off[16];
+		for (int r = 0; r < 16; r++) {
+			rp[r] = kb + (size_t)(i0 + (r < rows ? r : 0)) * stride; /* pad: a real row */
+			off[r] = (int32_t)(rp[r] - rp[0]);
+		}
+		const __m512i idx = _mm512_loadu_si512(off);
+		__m512 acc = _mm512_setzero_ps();
+		for (int b = 0; b < nb; b++) {
+			size_t o = (size_t)b * sizeof(struct block_q8_0);
+			__m256i qv = _mm256_loadu_si256((const __m256i *)q[b].qs);
+			int32_t qsum = 0;
+			for (int j = 0; j < QK8_0; j++)
+				qsum += q[b].qs[j];
+			__m256i p[16];
+			_Pragma("GCC unroll 16") for (int r = 0; r < 16; r++)
+				p[r] = _mm256_dpbusd_epi32(
+					_mm256_setzero_si256(),
+					_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(rp[r] + o + 2)),
+							 flip),
+					qv);
+			__m512i is = _mm512_inserti64x4(
+				_mm512_castsi256_si512(_mm256_inserti128_si256(
+					_mm256_castsi128_si256(attn_fold4(p[0], p[1], p[2], p[3])),
+					attn_fold4(p[4], p[5], p[6], p[7]), 1)),
+				_mm256_inserti128_si256(
+					_mm256_castsi128_si256(attn_fold4(p[8], p[9], p[10], p[11])),
+					attn_fold4(p[12], p[13], p[14], p[15]), 1),
+				1);
+			is = _mm512_sub_epi32(is, _mm512_set1_epi32(128 * qsum));
+			__m512i d32 = _mm512_i32gather_epi32(idx, rp[0] + o, 1);
+			__m512 dk = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d32));
+			acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(half(q[b].d)), dk),
+							       _mm512_cvtepi32_ps(is)));
+		}
+		_mm512_mask_storeu_ps(s + i0, attn_mask(rows),
+				      _mm512_mul_ps(acc, _mm512_set1_ps(scale)));
+	}
+}
+
 /* ---- tables -------------------------------------------------------------- */
 
 const struct kern_ops kern_avx512_ops = {
@@ -858,6 +1083,9 @@ const struct kern_ops kern_avx512_ops = {
 	.dot_f32 = dot_f32,
 	.silu_mul_f32 = silu_mul_f32,
 	.read_stream = read_stream,
+	.attn_score_f16 = attn_score_f16_512,
+	.attn_vsum_f16 = attn_vsum_f16_512,
+	.attn_vsum_q8_0 = attn_vsum_q8_0_512,
 };
 
 const struct kern_ops kern_avx512vnni_ops = {
@@ -874,4 +1102,5 @@ const struct kern_ops kern_avx512vnni_ops = {
 					.vec_dot = vec_dot_q4_0_q8_0, .gemm = gemm_q4_0,
 					.gemv = gemv_q4_0, .gemm_x16 = gemm_x16_q4_0 },
 	},
+	.attn_score_q8_0 = attn_score_q8_0_vnni,
 };

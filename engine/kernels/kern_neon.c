@@ -220,6 +220,149 @@ static DOTPROD void vec_dot_q4_0_q8_0_dp(int64_t n, float *s, const void *vw, co
 	*s = vaddvq_f32(vaddq_f32(acc0, acc1));
 }
 
+/* ---- attention over F16 / Q8_0 KV caches ----------------------------------
+ * Contracts in kern.h: score_f16 sums in f32 (two accumulators, a scalar
+ * tail); score_q8_0 (exact int32 block sums, then the reference's float
+ * steps) and both vsums (products then sums, vmulq + vaddq, no fused
+ * multiply-add) give the reference's results bit for bit. */
+
+static void attn_score_f16(int hd, int n, const void *vq, const void *k, size_t stride,
+			   float scale, float *s)
+{
+	const float *q = vq;
+	for (int i = 0; i < n; i++) {
+		const uint16_t *r = (const uint16_t *)((const uint8_t *)k + (size_t)i * stride);
+		float32x4_t a0 = vdupq_n_f32(0), a1 = a0;
+		int j = 0;
+		for (; j + 8 <= hd; j += 8) {
+			a0 = vfmaq_f32(a0, vld1q_f32(q + j),
+				       vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(r + j))));
+			a1 = vfmaq_f32(a1, vld1q_f32(q + j + 4),
+				       vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(r + j + 4))));
+		}
+		if (j + 4 <= hd) {
+			a0 = vfmaq_f32(a0, vld1q_f32(q + j),
+				       vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(r + j))));
+			j += 4;
+		}
+		float t = vaddvq_f32(vaddq_f32(a0, a1));
+		for (; j < hd; j++)
+			t += q[j] * half(r[j]);
+		s[i] = t * scale;
+	}
+}
+
+static inline __attribute__((always_inline)) void
+vsum_f16_chunk(const int NA, int j0, int n, const float *w, const uint8_t *v, size_t stride,
+	       float *o)
+{
+	float32x4_t acc[8];
+	for (int a = 0; a < NA; a++)
+		acc[a] = vdupq_n_f32(0);
+	for (int i = 0; i < n; i++) {
+		const uint16_t *r = (const uint16_t *)(v + (size_t)i * stride) + j0;
+		float c = w[i];
+		for (int a = 0; a < NA; a++) {
+			float32x4_t x = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(r + 4 * a)));
+			acc[a] = vaddq_f32(acc[a], vmulq_n_f32(x, c));
+		}
+	}
+	for (int a = 0; a < NA; a++)
+		vst1q_f32(o + j0 + 4 * a, acc[a]);
+}
+
+static void attn_vsum_f16(int hd, int n, const float *w, const void *v, size_t stride, float *o)
+{
+	const uint8_t *vb = v;
+	int j0 = 0;
+	for (; j0 + 32 <= hd; j0 += 32)
+		vsum_f16_chunk(8, j0, n, w, vb, stride, o);
+	for (; j0 + 4 <= hd; j0 += 4)
+		vsum_f16_chunk(1, j0, n, w, vb, stride, o);
+	for (int j = j0; j < hd; j++) {
+		float acc = 0.0f;
+		for (int i = 0; i < n; i++)
+			acc += w[i] * half(((const uint16_t *)(vb + (size_t)i * stride))[j]);
+		o[j] = acc;
+	}
+}
+
+static void attn_score_q8_0(int hd, int n, const void *vq, const void *k, size_t stride,
+			    float scale, float *s)
+{
+	const struct block_q8_0 *q = vq;
+	int nb = (hd + QK8_0 - 1) / QK8_0;
+	for (int i = 0; i < n; i++) {
+		const struct block_q8_0 *r =
+			(const struct block_q8_0 *)((const uint8_t *)k + (size_t)i * stride);
+		float sum = 0.0f;
+		for (int b = 0; b < nb; b++) {
+			int32x4_t p = dot16(vdupq_n_s32(0), vld1q_s8(r[b].qs), vld1q_s8(q[b].qs));
+			p = dot16(p, vld1q_s8(r[b].qs + 16), vld1q_s8(q[b].qs + 16));
+			sum += (half(q[b].d) * half(r[b].d)) * (float)vaddvq_s32(p);
+		}
+		s[i] = sum * scale;
+	}
+}
+
+static DOTPROD void attn_score_q8_0_dp(int hd, int n, const void *vq, const void *k,
+				       size_t stride, float scale, float *s)
+{
+	const struct block_q8_0 *q = vq;
+	int nb = (hd + QK8_0 - 1) / QK8_0;
+	for (int i = 0; i < n; i++) {
+		const struct block_q8_0 *r =
+			(const struct block_q8_0 *)((const uint8_t *)k + (size_t)i * stride);
+		float sum = 0.0f;
+		for (int b = 0; b < nb; b++) {
+			int32x4_t p = vdotq_s32(vdupq_n_s32(0), vld1q_s8(r[b].qs), vld1q_s8(q[b].qs));
+			p = vdotq_s32(p, vld1q_s8(r[b].qs + 16), vld1q_s8(q[b].qs + 16));
+			sum += (half(q[b].d) * half(r[b].d)) * (float)vaddvq_s32(p);
+		}
+		s[i] = sum * scale;
+	}
+}
+
+/* acc[0..8) += c * the 32 codes of a block. */
+static inline void vsum_q8_block(float32x4_t acc[8], float c, const int8_t *qs)
+{
+	for (int h = 0; h < 2; h++) {
+		int8x16_t x = vld1q_s8(qs + 16 * h);
+		int16x8_t lo = vmovl_s8(vget_low_s8(x)), hi = vmovl_s8(vget_high_s8(x));
+		int32x4_t e[4] = {vmovl_s16(vget_low_s16(lo)), vmovl_s16(vget_high_s16(lo)),
+				  vmovl_s16(vget_low_s16(hi)), vmovl_s16(vget_high_s16(hi))};
+		for (int g = 0; g < 4; g++)
+			acc[4 * h + g] =
+				vaddq_f32(acc[4 * h + g], vmulq_n_f32(vcvtq_f32_s32(e[g]), c));
+	}
+}
+
+static void attn_vsum_q8_0(int hd, int n, const float *w, const void *v, size_t stride, float *o)
+{
+	const uint8_t *vb = v;
+	int nb = (hd + QK8_0 - 1) / QK8_0;
+	for (int b = 0; b < nb; b++) {
+		float32x4_t acc[8];
+		for (int a = 0; a < 8; a++)
+			acc[a] = vdupq_n_f32(0);
+		for (int i = 0; i < n; i++) {
+			const struct block_q8_0 *r =
+				(const struct block_q8_0 *)(vb + (size_t)i * stride) + b;
+			vsum_q8_block(acc, w[i] * half(r->d), r->qs);
+		}
+		int m = hd - QK8_0 * b < QK8_0 ? hd - QK8_0 * b : QK8_0;
+		if (m == QK8_0) {
+			for (int a = 0; a < 8; a++)
+				vst1q_f32(o + QK8_0 * b + 4 * a, acc[a]);
+		} else { /* the padded last block: its first m elements */
+			float t[QK8_0];
+			for (int a = 0; a < 8; a++)
+				vst1q_f32(t + 4 * a, acc[a]);
+			memcpy(o + QK8_0 * b, t, (size_t)m * sizeof(float));
+		}
+	}
+}
+
 /* ---- dotprod: the x16 repacked layout (kern.h) -----------------------------
  * A 64-byte vector of the layout is 4 quarters of 16 bytes, rows 0-3, 4-7,
  * 8-11, 12-15, each 32-bit lane one row's 4 elements: exactly what sdot
@@ -340,6 +483,10 @@ const struct kern_ops kern_neon_ops = {
 	.dot_f32 = dot_f32,
 	.axpy_f32 = axpy_f32,
 	.read_stream = read_stream,
+	.attn_score_f16 = attn_score_f16,
+	.attn_score_q8_0 = attn_score_q8_0,
+	.attn_vsum_f16 = attn_vsum_f16,
+	.attn_vsum_q8_0 = attn_vsum_q8_0,
 };
 
 const struct kern_ops kern_neon_dotprod_ops = {
@@ -350,4 +497,5 @@ const struct kern_ops kern_neon_dotprod_ops = {
 		[ENGINE_DTYPE_Q4_0] = { .act_type = ENGINE_DTYPE_Q8_0,
 					.vec_dot = vec_dot_q4_0_q8_0_dp, .gemm_x16 = gemm_x16_q4_0_dp },
 	},
+	.attn_score_q8_0 = attn_score_q8_0_dp,
 };

@@ -144,6 +144,14 @@ static void merge_one(struct kern_ops *m, const struct kern_ops *under, const st
 		m->silu_mul_f32 = v->silu_mul_f32;
 	if (v->read_stream)
 		m->read_stream = v->read_stream;
+	if (v->attn_score_f16)
+		m->attn_score_f16 = v->attn_score_f16;
+	if (v->attn_score_q8_0)
+		m->attn_score_q8_0 = v->attn_score_q8_0;
+	if (v->attn_vsum_f16)
+		m->attn_vsum_f16 = v->attn_vsum_f16;
+	if (v->attn_vsum_q8_0)
+		m->attn_vsum_q8_0 = v->attn_vsum_q8_0;
 	if (!m->read_stream)
 		m->read_stream = kern_read_stream_generic;
 }

@@ -393,8 +393,14 @@ static void test_read_stream(void)
 
 /* ---- whole models ------------------------------------------------------------ */
 
-static int greedy(const char *path, const char *isa, int n_threads, int n_gen, int32_t *out,
-		  float *logits_copy, int n_copy)
+/* kv: the KV cache type. The matmul checks below use f32: with a lossy
+ * cache, a 1e-7 difference between variants can flip one f16 rounding of
+ * K or V, and with quantized weights the next layer's Q8_0 activations
+ * turn that into a jump of 1/127 of a block (measured: logits 0.09 apart on
+ * stories3M Q4_0/Q8_0 with f16 KV, 1e-6 with f32 KV), which says nothing
+ * about the kernels. */
+static int greedy_kv(const char *path, const char *isa, enum engine_kv_type kv, int n_threads,
+		     int n_gen, int32_t *out, float *logits_copy, int n_copy)
 {
 	struct engine_params ep = {.n_threads = n_threads, .isa = isa};
 	struct cm_err err = {0};
@@ -406,7 +412,7 @@ static int greedy(const char *path, const char *isa, int n_threads, int n_gen, i
 	}
 	struct engine_model_info info;
 	engine_model_get_info(m, &info);
-	struct engine_ctx_params cp = {.n_ctx = 128, .n_seq = 1, .n_batch = 32};
+	struct engine_ctx_params cp = {.n_ctx = 128, .n_seq = 1, .n_batch = 32, .kv_type = kv};
 	if (engine_ctx_new(m, &cp, &c, &err) != 0) {
 		engine_model_free(m);
 		return -1;
@@ -432,6 +438,12 @@ static int greedy(const char *path, const char *isa, int n_threads, int n_gen, i
 	return r;
 }
 
+static int greedy(const char *path, const char *isa, int n_threads, int n_gen, int32_t *out,
+		  float *logits_copy, int n_copy)
+{
+	return greedy_kv(path, isa, ENGINE_KV_F32, n_threads, n_gen, out, logits_copy, n_copy);
+}
+
 static bool have(const char *p)
 {
 	FILE *f = fopen(p, "rb");
@@ -441,7 +453,8 @@ static bool have(const char *p)
 }
 
 /* The must-show: scalar and the best variant pick the same greedy tokens on
- * stories260K (float weights: both accumulate in double). */
+ * stories260K (float weights: both accumulate in double), with the f32 and
+ * the default (f16) KV cache. */
 static void test_greedy_scalar_vs_best(void)
 {
 	static const char *const models[] = {"models/stories260K-f32.gguf",
@@ -457,6 +470,10 @@ static void test_greedy_scalar_vs_best(void)
 		CHECK_OK(greedy(p, NULL, 2, 32, b, NULL, 0));
 		CHECK_MSG(memcmp(a, b, sizeof(a)) == 0, "%s: greedy tokens differ (scalar vs best)",
 			  models[i]);
+		CHECK_OK(greedy_kv(p, "scalar", ENGINE_KV_DEFAULT, 2, 32, a, NULL, 0));
+		CHECK_OK(greedy_kv(p, NULL, ENGINE_KV_DEFAULT, 2, 32, b, NULL, 0));
+		CHECK_MSG(memcmp(a, b, sizeof(a)) == 0,
+			  "%s, default KV: greedy tokens differ (scalar vs best)", models[i]);
 	}
 	if (!found)
 		TEST_SKIP_DATA("no stories260K models under $EDGELM_TESTDATA/models");
@@ -486,7 +503,8 @@ static void test_logits_q4_0_scalar_vs_best(void)
 	CHECK_MSG(md <= 1e-3 * mx, "max |logit diff| %.3g of max |logit| %.3g", md, mx);
 }
 
-/* Logits do not depend on the thread count, prefill (tile kernels) or not. */
+/* Logits do not depend on the thread count, prefill (tile kernels) or not,
+ * whatever the KV cache type. */
 static void test_threads_bitwise(void)
 {
 	const char *p = test_data_path("models/stories3M-q4_0.gguf");
@@ -495,14 +513,17 @@ static void test_threads_bitwise(void)
 		return;
 	}
 	enum { NL = 512 };
-	static float l1[NL], l2[NL], l3[NL];
-	int32_t t1[4], t2[4], t3[4];
-	CHECK_OK(greedy(p, NULL, 1, 4, t1, l1, NL));
-	CHECK_OK(greedy(p, NULL, 2, 4, t2, l2, NL));
-	CHECK_OK(greedy(p, NULL, 3, 4, t3, l3, NL));
-	CHECK(memcmp(l1, l2, sizeof(l1)) == 0);
-	CHECK(memcmp(l1, l3, sizeof(l1)) == 0);
-	CHECK(memcmp(t1, t2, sizeof(t1)) == 0 && memcmp(t1, t3, sizeof(t1)) == 0);
+	static const enum engine_kv_type kvs[] = {ENGINE_KV_F32, ENGINE_KV_F16, ENGINE_KV_Q8_0};
+	for (size_t k = 0; k < CM_ARRAY_LEN(kvs); k++) {
+		static float l1[NL], l2[NL], l3[NL];
+		int32_t t1[4], t2[4], t3[4];
+		CHECK_OK(greedy_kv(p, NULL, kvs[k], 1, 4, t1, l1, NL));
+		CHECK_OK(greedy_kv(p, NULL, kvs[k], 2, 4, t2, l2, NL));
+		CHECK_OK(greedy_kv(p, NULL, kvs[k], 3, 4, t3, l3, NL));
+		CHECK_MSG(memcmp(l1, l2, sizeof(l1)) == 0, "%s KV", engine_kv_type_name(kvs[k]));
+		CHECK_MSG(memcmp(l1, l3, sizeof(l1)) == 0, "%s KV", engine_kv_type_name(kvs[k]));
+		CHECK(memcmp(t1, t2, sizeof(t1)) == 0 && memcmp(t1, t3, sizeof(t1)) == 0);
+	}
 }
 
 int main(void)
