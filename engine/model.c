@@ -1246,11 +1246,7 @@ static void attn_worker(void *arg, int ith, int nth)
 			if (sc[p] > mx)
 				mx = sc[p];
 		}
-		float sum = 0;
-		for (int p = p0; p <= pos; p++) {
-			sc[p] = expf(sc[p] - mx);
-			sum += sc[p];
-		}
+		float sum = c->m->kern->exp_sum_f32(pos - p0 + 1, sc + p0, mx);
 		float inv = 1.0f / sum;
 		for (int p = p0; p <= pos; p++)
 			sc[p] *= inv;

@@ -106,6 +106,9 @@ struct kern_ops {
 	 * with libm's expf, the SIMD ones with a polynomial exp (relative
 	 * error under 3e-7, tested against the generic one) */
 	void (*silu_mul_f32)(int64_t n, float *g, const float *u);
+	/* x[i] = exp(x[i] - mx), returns their sum: the softmax numerator
+	 * (same exp as silu_mul_f32; the sum's order is fixed per variant) */
+	float (*exp_sum_f32)(int64_t n, float *x, float mx);
 	/* Streaming read of n bytes (p 64-byte aligned, n a multiple of 256)
 	 * with the widest loads the variant has; returns a value that depends
 	 * on every byte so the reads cannot be elided. edgelm-bench measures

@@ -131,6 +131,19 @@ static void silu_mul_f32(int64_t n, float *g, const float *u)
 	}
 }
 
+static float exp_sum_f32(int64_t n, float *x, float mx)
+{
+	const __m512 m = _mm512_set1_ps(mx);
+	__m512 sum = _mm512_setzero_ps();
+	for (int64_t i = 0; i < n; i += 16) {
+		__mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+		__m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m));
+		_mm512_mask_storeu_ps(x + i, k, e);
+		sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
+	}
+	return _mm512_reduce_add_ps(sum);
+}
+
 static uint64_t read_stream(const void *p, size_t n)
 {
 	const __m512i *v = p;
@@ -1082,6 +1095,7 @@ const struct kern_ops kern_avx512_ops = {
 	},
 	.dot_f32 = dot_f32,
 	.silu_mul_f32 = silu_mul_f32,
+	.exp_sum_f32 = exp_sum_f32,
 	.read_stream = read_stream,
 	.attn_score_f16 = attn_score_f16_512,
 	.attn_vsum_f16 = attn_vsum_f16_512,

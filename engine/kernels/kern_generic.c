@@ -475,6 +475,16 @@ static void silu_mul_f32(int64_t n, float *g, const float *u)
 		g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+static float exp_sum_f32(int64_t n, float *x, float mx)
+{
+	float sum = 0.0f;
+	for (int64_t i = 0; i < n; i++) {
+		x[i] = expf(x[i] - mx);
+		sum += x[i];
+	}
+	return sum;
+}
+
 size_t kern_act_row_size(uint32_t act_type, int64_t n)
 {
 	return dtype_row_size(act_type, n);
@@ -514,4 +524,5 @@ const struct kern_ops kern_generic_ops = {
 	.attn_vsum_f16 = attn_vsum_f16,
 	.attn_vsum_q8_0 = attn_vsum_q8_0,
 	.silu_mul_f32 = silu_mul_f32,
+	.exp_sum_f32 = exp_sum_f32,
 };

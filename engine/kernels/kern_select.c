@@ -142,6 +142,8 @@ static void merge_one(struct kern_ops *m, const struct kern_ops *under, const st
 		m->axpy_f32 = v->axpy_f32;
 	if (v->silu_mul_f32)
 		m->silu_mul_f32 = v->silu_mul_f32;
+	if (v->exp_sum_f32)
+		m->exp_sum_f32 = v->exp_sum_f32;
 	if (v->read_stream)
 		m->read_stream = v->read_stream;
 	if (v->attn_score_f16)

@@ -1761,6 +1761,24 @@ static void test_variant_f32_helpers(void)
 		}
 		CHECK_MSG(!bad, "%s silu_mul n=%lld: %d bad", V_name, (long long)n, bad);
 		CHECK(y[n] == 12345.0f);
+
+		/* exp_sum: softmax numerators (arguments <= 0) and their sum */
+		float mx = -INFINITY;
+		for (int64_t i = 0; i < n; i++)
+			mx = a[i] > mx ? a[i] : mx;
+		memcpy(y, a, (size_t)n * sizeof(float));
+		float got = V->exp_sum_f32(n, y, mx);
+		double want = 0;
+		bad = 0;
+		for (int64_t i = 0; i < n; i++) {
+			double e = exp((double)a[i] - mx);
+			want += e;
+			bad += !(fabs(y[i] - e) <= 6e-7 * e + 1e-30);
+		}
+		CHECK_MSG(!bad, "%s exp_sum n=%lld: %d bad", V_name, (long long)n, bad);
+		CHECK_MSG(fabs(got - want) <= 1e-6 * want * (double)(n + 1) + 1e-30,
+			  "%s exp_sum n=%lld: sum %.9g vs %.9g", V_name, (long long)n, got, want);
+		CHECK(y[n] == 12345.0f);
 		free(a);
 		free(b);
 		free(y);
