@@ -80,6 +80,8 @@ static const struct opt options[] = {
 	  "worker threads; 0: one per usable physical core (big cores first)" },
 	{ "isa", OPT_STRING, FIELD(isa), "auto", 0, 0, 0, NULL, NULL, 0, NULL,
 	  "kernel variant: auto (best this CPU has), scalar, avx2, avx512, ... (EDGELM_ISA overrides)" },
+	{ "repack", OPT_STRING, FIELD(repack), "auto", 0, 0, 0, "auto|on|off", NULL, 0, NULL,
+	  "repack Q4_0/Q8_0 weights at load into the kernels' interleaved layout (faster decode and prefill; the repacked tensors become private memory): auto (when the kernels read it and it takes at most half the RAM), on, off" },
 	{ "ctx_size", OPT_UINT, FIELD(ctx_size), "0", 0, 1048576, 0, NULL, NULL, 0, NULL,
 	  "tokens per sequence; 0: the model's context, capped by kv_budget_mib" },
 	{ "parallel", OPT_UINT, FIELD(parallel), "4", 1, 256, 0, NULL, NULL, 0, NULL,
@@ -89,7 +91,9 @@ static const struct opt options[] = {
 	{ "prefill_chunk", OPT_UINT, FIELD(prefill_chunk), "256", 1, 65536, 0, NULL, NULL, 0, NULL,
 	  "most prompt tokens per step, so running decodes never stall behind a long prompt" },
 	{ "kv_budget_mib", OPT_UINT, FIELD(kv_budget_mib), "0", 0, 16777216, 0, NULL, NULL, 0, NULL,
-	  "KV cache memory budget in MiB; 0: no cap" },
+	  "KV cache memory budget in MiB (all sequences, K and V); 0: no cap" },
+	{ "kv_type", OPT_STRING, FIELD(kv_type), "f16", 0, 0, 0, "f32|f16|q8_0", NULL, 0, NULL,
+	  "KV cache type: f16 (half the bytes of f32, the same greedy tokens in the reference tests), q8_0 (27% of f32's bytes; logits move more) or f32" },
 	{ "prefix_cache", OPT_BOOL, FIELD(prefix_cache), "yes", 0, 0, 0, NULL, NULL, 0, NULL,
 	  "keep finished sequences' KV cache to reuse shared prompt prefixes" },
 
@@ -657,6 +661,32 @@ int daemon_config_validate(const struct daemon_config *c, struct cm_err *err)
 		return cm_err_set(err, -EINVAL,
 		                  "max_tokens_default (%u) is larger than max_tokens_limit (%u)",
 		                  c->max_tokens_default, c->max_tokens_limit);
+	return 0;
+}
+
+int daemon_config_fit_kv_budget(const struct daemon_config *c, uint64_t kv_bytes_per_token,
+				uint32_t *n_ctx, struct cm_err *err)
+{
+	if (c->kv_budget_mib == 0 || kv_bytes_per_token == 0)
+		return 0;
+	uint64_t budget = (uint64_t)c->kv_budget_mib << 20;
+	uint64_t per_pos = kv_bytes_per_token * (c->parallel ? c->parallel : 1);
+	uint64_t fit = budget / per_pos;
+	if (fit >= *n_ctx)
+		return 0;
+	if (c->ctx_size != 0)
+		return cm_err_set(err, -ENOMEM,
+		                  "ctx_size %u x parallel %u needs %.1f MiB of %s KV cache, over "
+		                  "kv_budget_mib %u (it fits %llu tokens per sequence)",
+		                  *n_ctx, c->parallel, (double)(per_pos * *n_ctx) / (1 << 20),
+		                  c->kv_type, c->kv_budget_mib, (unsigned long long)fit);
+	if (fit == 0)
+		return cm_err_set(err, -ENOMEM,
+		                  "kv_budget_mib %u does not hold one token of %u sequences (%s KV, "
+		                  "%llu bytes per token and sequence)",
+		                  c->kv_budget_mib, c->parallel, c->kv_type,
+		                  (unsigned long long)kv_bytes_per_token);
+	*n_ctx = (uint32_t)fit;
 	return 0;
 }
 

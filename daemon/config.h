@@ -23,11 +23,13 @@ struct daemon_config {
 	char model[4096];      /* GGUF path (required) */
 	int threads;           /* 0: the tuning plan decides */
 	char isa[32];          /* "" or "auto": best; "scalar", "avx2", ... */
+	char repack[8];        /* "auto", "on", "off" (engine_repack_parse) */
 	uint32_t ctx_size;     /* tokens per sequence; 0: the model's, capped by kv budget */
 	uint32_t parallel;     /* sequences decoded together (KV slots) */
 	uint32_t batch_size;   /* max tokens per engine step */
 	uint32_t prefill_chunk; /* max prompt tokens per step, so decodes never stall */
 	uint32_t kv_budget_mib; /* KV cache memory budget; 0: no cap */
+	char kv_type[8];        /* KV cache element type: f32, f16, q8_0 (engine names) */
 	bool prefix_cache;      /* keep finished sequences' KV for prompt reuse */
 
 	/* requests */
@@ -91,6 +93,14 @@ int daemon_config_validate(const struct daemon_config *c, struct cm_err *err);
 /* `key value` lines with comments (default marked), loadable again. With
  * doc = true, a Markdown table of every key (docs/configuration.md). */
 void daemon_config_print(FILE *f, const struct daemon_config *c, bool doc);
+/* The positions per sequence to allocate, given *n_ctx (ctx_size, or the
+ * model's context when ctx_size is 0, already capped by the model's) and
+ * the KV bytes per token of kv_type: with kv_budget_mib set, n_ctx x
+ * parallel sequences must fit the budget. A ctx_size of 0 is lowered to
+ * what fits; an explicit ctx_size that does not fit is -ENOMEM with a
+ * message naming both keys. */
+int daemon_config_fit_kv_budget(const struct daemon_config *c, uint64_t kv_bytes_per_token,
+				uint32_t *n_ctx, struct cm_err *err);
 /* After a reload: copy reloadable keys from `nc` into `c`; returns a bitmask
  * of what else differs: 1 = the model (path), 2 = a key that needs a restart
  * (its name in *ret_key). */

@@ -116,6 +116,7 @@ static int load_model(struct daemon *d, engine_model **ret_m, engine_ctx **ret_c
 		.ctx_max = c->ctx_size,
 		.isa = strcmp(c->isa, "auto") == 0 ? NULL : c->isa,
 	};
+	(void)engine_repack_parse(c->repack, &ep.repack); /* the config table checked it */
 	engine_model *m = NULL;
 	engine_ctx *cx = NULL;
 	if (c->tuning)
@@ -132,9 +133,21 @@ static int load_model(struct daemon *d, engine_model **ret_m, engine_ctx **ret_c
 		.n_seq = c->parallel,
 		.n_batch = c->batch_size + c->parallel,
 	};
+	/* the table admits only the engine's names */
+	if (engine_kv_type_from_name(c->kv_type, &cp.kv_type) != 0) {
+		engine_model_free(m);
+		return cm_err_set(err, -EINVAL, "kv_type '%s' unknown (%s)", c->kv_type,
+				  engine_kv_type_list());
+	}
 	/* Refuse before anything big is allocated or read: the mapping is
 	 * still untouched, the KV cache not yet allocated. */
-	uint64_t kv = engine_model_kv_bytes_per_token(m) * cp.n_ctx * cp.n_seq;
+	uint64_t kv_tok = engine_model_kv_bytes_per_token(m, cp.kv_type);
+	r = daemon_config_fit_kv_budget(c, kv_tok, &cp.n_ctx, err);
+	if (r) {
+		engine_model_free(m);
+		return r;
+	}
+	uint64_t kv = kv_tok * cp.n_ctx * cp.n_seq;
 	r = tuning_memory_fit_check(&d->treport, file_size(c->model), kv, err);
 	if (r) {
 		engine_model_free(m);
@@ -557,16 +570,21 @@ int main(int argc, char **argv)
 		goto out_stop;
 	}
 	engine_model_get_info(d->model, &d->minfo);
-	if (d->cfg.ctx_size == 0 || d->cfg.ctx_size > d->minfo.n_ctx)
-		d->cfg.ctx_size = d->minfo.n_ctx;
+	/* what the context holds: ctx_size, or the model's, capped by kv_budget_mib */
+	d->cfg.ctx_size = engine_ctx_n_ctx(d->ctx);
 	{
-		uint64_t kv = engine_model_kv_bytes_per_token(d->model) * d->cfg.ctx_size *
+		enum engine_kv_type kvt = engine_ctx_kv_type(d->ctx);
+		uint64_t kv = engine_model_kv_bytes_per_token(d->model, kvt) * d->cfg.ctx_size *
 			      d->cfg.parallel;
-		log_info("model %s: %s, %u layers, %u ctx x %u sequences (%.1f MiB of KV), "
+		log_info("model %s: %s, %u layers, %u ctx x %u sequences (%.1f MiB of %s KV), "
 			 "kernels %s, %d threads",
 			 d->model_name, d->minfo.arch, d->minfo.n_layer, d->cfg.ctx_size,
-			 d->cfg.parallel, (double)kv / (1 << 20), d->minfo.isa,
-			 d->minfo.n_threads);
+			 d->cfg.parallel, (double)kv / (1 << 20), engine_kv_type_name(kvt),
+			 d->minfo.isa, d->minfo.n_threads);
+		if (d->minfo.n_x16_tensors)
+			log_info("repack: %u tensors in the kernels' x16 layout, %.1f MiB of private "
+				 "memory (repack=off keeps the file's pages shared)",
+				 d->minfo.n_x16_tensors, (double)d->minfo.x16_bytes / (1 << 20));
 	}
 	if (d->cfg.tuning && d->cfg.hugepages)
 		copy_to_hugepages(d);

@@ -34,6 +34,10 @@
 
 #define MAX_STOP 16
 #define PREFILL_CHUNK_MIN 8 /* prompt tokens per step at least, so prefill progresses */
+/* Prompts this short are fed whole in one step, whatever the chunk */
+#define SHORT_PROMPT 32
+/* A step carrying prompt tokens may take this many plain decode steps */
+#define STEP_FACTOR 1.0
 
 struct held_poll {
 	ipc_call *call;
@@ -119,9 +123,11 @@ struct sched {
 	_Atomic int n_running;
 	_Atomic double tok_s;
 	uint64_t last_watchdog_ns;
-	/* step cost model, t = a + b * tokens, fitted by least squares over the
-	 * recent steps (exponential forgetting): sums of 1, n, n^2, t, n*t */
-	double cs1, csn, csnn, cst, csnt;
+	/* prompt-chunk control: t1 is the recent duration of a plain decode
+	 * step (1-2 tokens, no prompt), chunk_cur the prompt tokens a step
+	 * may carry, adjusted after every step that was limited by it */
+	double t1;
+	double chunk_cur;
 };
 
 static uint64_t now_ns(void)
@@ -606,9 +612,10 @@ static void housekeeping(struct sched *s)
 	}
 }
 
-/* Hand out `budget` prompt tokens to the prefilling sequences. Returns the
- * tokens added. */
-static int add_prefill(struct sched *s, int n, int budget)
+/* Hand out up to `budget` prompt tokens (the chunk) to the prefilling
+ * sequences, short prompts whole within `room` (the batch). Returns the
+ * tokens added; *ret_chunked tells whether a prompt was cut by the chunk. */
+static int add_prefill(struct sched *s, int n, int budget, int room, bool *ret_chunked)
 {
 	struct daemon_request *pre[256];
 	int np = 0;
@@ -627,12 +634,26 @@ static int add_prefill(struct sched *s, int n, int budget)
 			pre[j - 1] = t;
 		}
 	/* Shortest remaining first, each taking what it needs: a short prompt
-	 * that arrives during a long prefill is done in one step, and the long
-	 * one gets what is left (it pauses for that step at worst). */
-	int added = 0;
-	for (int i = 0; i < np && budget > 0; i++) {
+	 * that arrives during a long prefill is done in one step. A step that
+	 * completes prompts carries no partial chunk of a longer one: the
+	 * short request's first token then costs about what it costs on an
+	 * idle daemon, and the long prompt pauses for that one step. */
+	int added = 0, completed = 0;
+	for (int i = 0; i < np && room > 0; i++) {
 		struct daemon_request *r = pre[i];
-		int take = CM_MIN(r->n_prompt - r->n_fed, budget);
+		int left = r->n_prompt - r->n_fed;
+		/* a short prompt goes in whole, past the chunk (it costs
+		 * about what a decode token does, and its step is its first
+		 * token); a long one takes the chunk's budget */
+		int take;
+		if (left <= SHORT_PROMPT && left <= room)
+			take = left;
+		else if (completed > 0 || budget <= 0)
+			break;
+		else
+			take = CM_MIN(left, CM_MIN(budget, room));
+		completed += take == left;
+		*ret_chunked |= take < left;
 		struct slot *sl = &s->slots[r->slot];
 		for (int k = 0; k < take; k++) {
 			int p = r->n_fed + k;
@@ -647,6 +668,7 @@ static int add_prefill(struct sched *s, int n, int budget)
 		r->n_fed += take;
 		sl->n_tokens = r->n_fed;
 		budget -= take;
+		room -= take;
 		added += take;
 	}
 	return added;
@@ -823,26 +845,24 @@ static void *sched_main(void *arg)
 		}
 		n_decode = n;
 		int budget = (int)d->cfg.batch_size - n;
-		/* Prompt tokens per step: as many as keep a step within twice the
-		 * cost of a plain decode step, so that a request arriving during a
-		 * long prefill waits at most about one decode step for its turn, and
-		 * running streams slow down by at most 2x. The cost model is learnt
-		 * from the steps themselves; until it is, prefill_chunk applies. */
+		/* Prompt tokens per step: as many as keep a step within
+		 * STEP_FACTOR times a plain decode step, so that a request arriving
+		 * during a long prefill waits about half a decode step for the
+		 * running step to end (its prompt then gets a step of its own,
+		 * add_prefill), and running streams slow down by at most that
+		 * factor. A step's cost is far from linear in its tokens (a few
+		 * tokens cost what one does: the weights are read once), so the
+		 * chunk is steered by the measured step times rather than by a
+		 * cost model. Until a decode step has been seen, prefill_chunk
+		 * applies (4 x PREFILL_CHUNK_MIN beside running decodes). */
 		int chunk = (int)d->cfg.prefill_chunk;
-		double det = s->cs1 * s->csnn - s->csn * s->csn;
-		if (s->cs1 > 2 && det > 1e-9) {
-			double b = (s->cs1 * s->csnt - s->csn * s->cst) / det;
-			double a = (s->cst - b * s->csn) / s->cs1;
-			if (b > 0 && a > 0) {
-				/* the whole step within two one-token steps */
-				double cap = (2 * (a + b) - a) / b - n;
-				chunk = (int)CM_MIN((double)chunk,
-						    CM_MAX(cap, (double)PREFILL_CHUNK_MIN));
-			}
-		} else if (n > 0) { /* others are decoding */
-			chunk = CM_MIN(chunk, 4 * PREFILL_CHUNK_MIN); /* not learnt yet */
-		}
-		int n_prefill = add_prefill(s, n, CM_MIN(budget, chunk));
+		if (s->t1 > 0)
+			chunk = (int)CM_MIN((double)chunk,
+					    CM_MAX(s->chunk_cur, (double)PREFILL_CHUNK_MIN));
+		else if (n > 0)
+			chunk = CM_MIN(chunk, 4 * PREFILL_CHUNK_MIN);
+		bool chunked = false;
+		int n_prefill = add_prefill(s, n, CM_MIN(budget, chunk), budget, &chunked);
 		n += n_prefill;
 		if (n == 0)
 			continue;
@@ -873,13 +893,18 @@ static void *sched_main(void *arg)
 		}
 		pthread_mutex_unlock(&d->mu);
 		if (rc == 0) {
-			const double keep = 0.97; /* about the last 30 steps */
-			double x = n;
-			s->cs1 = keep * s->cs1 + 1;
-			s->csn = keep * s->csn + x;
-			s->csnn = keep * s->csnn + x * x;
-			s->cst = keep * s->cst + dt;
-			s->csnt = keep * s->csnt + x * dt;
+			if (n_prefill == 0 && n <= 2) { /* a plain decode step */
+				if (s->t1 <= 0) /* first seen: start small, grow */
+					s->chunk_cur = 4 * PREFILL_CHUNK_MIN;
+				s->t1 = s->t1 > 0 ? 0.8 * s->t1 + 0.2 * dt : dt;
+			}
+			if (s->t1 > 0 && chunked) {
+				/* a step the chunk limited: steer it to the target */
+				double f = STEP_FACTOR * s->t1 / dt;
+				s->chunk_cur *= CM_MAX(0.5, CM_MIN(1.25, f));
+				s->chunk_cur = CM_MAX((double)PREFILL_CHUNK_MIN,
+						      CM_MIN(s->chunk_cur, (double)d->cfg.prefill_chunk));
+			}
 		}
 		update_status(s, dt, n_decode, n_prefill);
 		watchdog_tick(s);
@@ -1296,7 +1321,11 @@ static void handle_info(struct daemon *d, ipc_call *call)
 	struct ipc_reply rep = {.op = IPC_OP_INFO, .retry_after_ms = -1};
 	struct ipc_info_reply *in = &rep.u.info;
 	char kernels[128];
-	snprintf(kernels, sizeof(kernels), "%s", mi.isa);
+	if (mi.n_x16_tensors)
+		snprintf(kernels, sizeof(kernels), "%s, %u tensors repacked x16 (%.1f MiB)", mi.isa,
+			 mi.n_x16_tensors, (double)mi.x16_bytes / (1 << 20));
+	else
+		snprintf(kernels, sizeof(kernels), "%s", mi.isa);
 	in->version = EDGELM_VERSION;
 	in->model = d->model_name;
 	in->architecture = mi.arch;

@@ -32,6 +32,11 @@ struct engine_params {
 	uint32_t ctx_max;     /* cap on the context length, 0 = the file's */
 	const char *isa;      /* force a kernel variant ("scalar", ...), NULL = best */
 	bool vocab_only;      /* load only the tokenizer (vocab GGUFs) */
+	/* Load-time repacking of Q4_0/Q8_0 weights into the kernels'
+	 * interleaved layout: 0 auto (when the kernel variant has kernels for
+	 * it and the copy takes at most half of the RAM), 1 on, -1 off. The
+	 * repacked tensors become private memory of the process (x16_bytes). */
+	int repack;
 };
 
 struct engine_model_info {
@@ -47,7 +52,13 @@ struct engine_model_info {
 	int n_threads;
 	uint32_t type_counts[40];    /* tensors per ggml type */
 	int n_fallback;              /* tensors kept wider than requested (quantizer) */
+	uint32_t n_x16_tensors;      /* tensors repacked at load (engine_params.repack) */
+	uint64_t x16_bytes;          /* their bytes, now private memory */
 };
+
+/* engine_params.repack from "auto", "on" or "off" (NULL: auto); -EINVAL
+ * for anything else. */
+int engine_repack_parse(const char *s, int *ret_mode);
 
 int engine_model_load(const char *path, const struct engine_params *p, engine_model **ret_model,
 		      struct cm_err *err);
@@ -65,26 +76,55 @@ struct engine_region {
 void engine_model_region(const engine_model *m, struct engine_region *ret);
 /* Fills up to max regions, returns how many. */
 int engine_ctx_regions(const engine_ctx *c, struct engine_region *ret, int max);
+
 /* Copy the weights into `buf` (at least the file's size; e.g. 2 MiB-aligned
  * anonymous memory, which the kernel backs with huge pages where a file
  * mapping would not be) and compute from the copy from now on. The caller
  * keeps `buf` alive until engine_model_free. Call from the owning thread,
  * between steps (no decode running). */
 int engine_model_relocate(engine_model *m, void *buf, size_t len, struct cm_err *err);
-/* Bytes of KV cache per token and sequence (all layers, K and V). */
-uint64_t engine_model_kv_bytes_per_token(const engine_model *m);
+
+/* ---- KV cache types ------------------------------------------------------ */
+
+/* What the KV cache stores (docs/engine.md, "The KV cache"): f32; f16
+ * (half the bytes, the same greedy output on the reference tests: the
+ * default); q8_0 (32-element blocks with an f16
+ * scale, per head row, zero-padded to whole blocks: about a quarter of
+ * f32 for head dimensions that are multiples of 32). Attention reads the
+ * cache in its type; a query meets a q8_0 K cache quantized to Q8_0 too. */
+enum engine_kv_type {
+	ENGINE_KV_DEFAULT = 0, /* ENGINE_KV_F16 */
+	ENGINE_KV_F32,
+	ENGINE_KV_F16,
+	ENGINE_KV_Q8_0,
+};
+/* "f32", "f16", "q8_0" (ENGINE_KV_DEFAULT: the default's name). */
+const char *engine_kv_type_name(enum engine_kv_type t);
+/* The type named `name` (as engine_kv_type_name spells it, any case), or
+ * -ENOENT. */
+int engine_kv_type_from_name(const char *name, enum engine_kv_type *ret);
+/* The accepted names, "f32|f16|q8_0", for usage texts and messages. */
+const char *engine_kv_type_list(void);
+
+/* Bytes of KV cache per token and sequence (all layers, K and V) in type t. */
+uint64_t engine_model_kv_bytes_per_token(const engine_model *m, enum engine_kv_type t);
 
 /* ---- contexts and batches ---------------------------------------------- */
 
 struct engine_ctx_params {
 	uint32_t n_ctx;   /* KV positions per sequence, 0 = model's n_ctx */
 	uint32_t n_seq;   /* sequences (KV slots), >= 1 */
-	uint32_t n_batch; /* max tokens per engine_decode call, 0 = 512 */
+	uint32_t n_batch; /* max tokens per engine_decode call, 0 = 512; engine_eval
+			   * feeds longer inputs in chunks of n_batch */
+	enum engine_kv_type kv_type; /* 0: ENGINE_KV_DEFAULT (f16) */
 };
 
 int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ctx **ret_ctx,
 		   struct cm_err *err);
 void engine_ctx_free(engine_ctx *c); /* NULL-safe */
+/* The KV cache type (never ENGINE_KV_DEFAULT) and positions per sequence. */
+enum engine_kv_type engine_ctx_kv_type(const engine_ctx *c);
+uint32_t engine_ctx_n_ctx(const engine_ctx *c);
 
 /* One batch: token i goes to sequence seq[i] at position pos[i]. Positions of
  * one sequence within a batch must be consecutive and increasing, and the
@@ -112,8 +152,9 @@ int engine_seq_len(const engine_ctx *c, int seq);
 int engine_seq_copy(engine_ctx *c, int dst, int src, int n);
 
 /* Convenience for one sequence: feed tokens[0..n) at pos.. into seq 0 in
- * chunks of n_batch, computing logits for the last one
- * (engine_get_logits_last). */
+ * chunks of n_batch (prefill in chunks: the scratch buffers are sized for
+ * n_batch tokens, whatever the prompt's length), computing logits for the
+ * last one (engine_get_logits_last). */
 int engine_eval(engine_ctx *c, const int32_t *tokens, int n, int pos, struct cm_err *err);
 
 /* ---- tokenizer ----------------------------------------------------------- */

@@ -27,8 +27,9 @@ void pool_run(struct pool *p, pool_fn fn, void *arg);
 
 /* ---- model (model.c) ----------------------------------------------------- */
 
-enum arch_kind { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3 };
+enum arch_kind { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_PHI3, ARCH_GEMMA, ARCH_GEMMA2, ARCH_GEMMA3 };
 enum rope_kind { ROPE_NORM, ROPE_NEOX };
+enum ffn_act { FFN_SILU, FFN_GELU }; /* SwiGLU, or GeGLU with tanh GELU (gemma) */
 
 /* A weight matrix or vector: a view into the mapping. */
 struct weight {
@@ -38,6 +39,9 @@ struct weight {
 	int64_t n_out; /* ne[1]: rows (1 for vectors) */
 	size_t row_bytes;
 	const char *name;
+	/* rows [0, n_x16) are repacked in the kernels' x16 layout (kern.h),
+	 * a multiple of 16; the rest keep the file's layout */
+	int64_t n_x16;
 };
 
 /* Vectors (norm weights, biases) are f32: a view into the mapping when the
@@ -45,9 +49,14 @@ struct weight {
 struct layer {
 	const float *attn_norm, *ffn_norm;
 	const float *bq, *bk, *bv, *bo; /* qwen2 (required), llama (optional) */
-	const float *q_norm, *k_norm;   /* qwen3 */
+	const float *q_norm, *k_norm;   /* qwen3, gemma3 */
+	/* gemma2/3: each half's output is normed before its residual add */
+	const float *post_attn_norm, *post_ffn_norm;
+	/* phi3's fused attn_qkv and ffn_up are split into row views here */
 	struct weight wq, wk, wv, wo;
 	struct weight w_gate, w_up, w_down;
+	uint32_t n_swa; /* sliding window (keys a query sees, itself included); 0: full */
+	bool rope_local; /* gemma3 sliding layers: the ctx's rope_*_local tables */
 };
 
 struct hparams {
@@ -56,6 +65,15 @@ struct hparams {
 	uint32_t n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff;
 	uint32_t head_dim, n_rot, n_ctx_train;
 	float eps, rope_base, rope_freq_scale;
+	float rope_attn_factor;  /* rope.scaling.attn_factor: multiplies cos and sin */
+	uint32_t n_ctx_orig;     /* phi3 longrope: long factors when n_ctx exceeds it */
+	float rope_base_local;   /* gemma3: unscaled base of sliding layers, 0: none */
+	enum ffn_act act;
+	uint32_t n_swa;          /* attention.sliding_window (layers say which use it) */
+	float embd_scale;        /* token embeddings are multiplied by it (gemma: sqrt(n_embd)) */
+	float attn_scale;        /* q.k multiplier: 1/sqrt(head_dim) unless the arch says */
+	float attn_softcap;      /* gemma2: scores become c tanh(s / c); 0: off */
+	float final_softcap;     /* gemma2: the same on the logits; 0: off */
 };
 
 struct engine_model {
@@ -63,6 +81,7 @@ struct engine_model {
 	struct hparams hp;
 	struct weight tok_embd, output;
 	const float *output_norm, *rope_freqs;
+	const float *rope_long, *rope_short; /* phi3 longrope divisors, or NULL */
 	struct layer *layers;
 	void **owned; /* converted vectors to free */
 	int n_owned, cap_owned;
@@ -75,16 +94,38 @@ struct engine_model {
 	struct engine_model_info info;
 };
 
+/* Every matmul weight of the model (layers, then the output), in a new
+ * array (*ret, cm_free it); returns the count. */
+int engine_model_matrices(engine_model *m, struct weight ***ret);
+
+/* ---- load-time repacking (repack.c) --------------------------------------
+ * Repack the Q4_0/Q8_0 matrices into the kernel variant's x16 layout, in
+ * place (the mapping's pages become private copies). mode: 0 auto (when the
+ * variant reads the layout and the repacked bytes are at most half of the
+ * RAM), 1 on (whatever the size), -1 off. Fills info.n_x16_tensors and
+ * info.x16_bytes. */
+int engine_model_repack(engine_model *m, int mode, struct cm_err *err);
+
 /* ---- context (model.c) --------------------------------------------------- */
 
 struct engine_ctx {
 	engine_model *m;
 	uint32_t n_ctx, n_seq, n_batch;
-	/* KV cache, f32: [seq][layer][pos][n_head_kv * head_dim] */
-	float *k_cache, *v_cache;
-	size_t kv_seq_stride, kv_layer_stride; /* in floats */
+	/* KV cache: [seq][layer][pos][n_head_kv][head row], a head row being
+	 * head_dim elements of kv_type (f32, f16) or ceil(head_dim / 32) Q8_0
+	 * blocks, zero-padded (engine_kv_type) */
+	enum engine_kv_type kv_type;
+	uint8_t *k_cache, *v_cache;
+	size_t kv_head_bytes;                  /* one head row */
+	size_t kv_row_bytes;                   /* one position of one layer */
+	size_t kv_seq_stride, kv_layer_stride; /* in bytes */
+	float *kv_pad;  /* Q8_0 with head_dim % 32: a zero-padded head row */
+	void *attn_q8;  /* Q8_0 K: [n_threads] the query head as Q8_0 */
+	float *attn_qpad; /* [n_threads] the query head zero-padded to whole blocks */
+	int32_t *eval_pos; /* engine_eval's positions, n_batch */
 	int32_t *seq_len;
 	float *rope_cos, *rope_sin; /* [n_ctx][n_rot/2] */
+	float *rope_cos_local, *rope_sin_local; /* the same for gemma3's sliding layers */
 	/* per-batch scratch, sized for n_batch tokens */
 	float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
 	void *act;        /* quantized activations, n_batch rows */
@@ -93,6 +134,7 @@ struct engine_ctx {
 	float *logits;    /* [n_batch][n_vocab] */
 	int32_t *logit_row; /* batch index -> row in logits, -1 if none */
 	int32_t *zero_seq;  /* n_batch zeros: the seq array when a batch has none */
+	uint8_t *embd_row;  /* one token_embd row, native layout (repacked tied output) */
 	const float *last_logits;
 	int n_logits;
 	/* the batch being processed */

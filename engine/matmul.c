@@ -10,6 +10,9 @@
  * §1). One token (decode) uses the variant's gemv over a chunk of rows, or
  * vec_dot row by row; more tokens use the variant's tile kernel (gemm) when
  * it has one, which reads a weight panel once for a tile of tokens.
+ * Weights repacked at load (weight.n_x16, kern.h's x16 layout) use the
+ * variant's gemm_x16 for every batch size, one token included, and
+ * vec_dot for the few rows past the last full panel.
  *
  * Results do not depend on the thread count: every output element is
  * computed by one worker, by a kernel whose operation order depends only on
@@ -37,6 +40,7 @@ struct mm_job {
 	int64_t first_chunk[MM_MAX + 1]; /* chunk ids of matmul i: [first[i], first[i+1]) */
 	int chunk_rows[MM_MAX];
 	bool tile[MM_MAX];
+	bool x16[MM_MAX];
 	int n, n_tok;
 	/* claimed by every worker: its own cache line, away from the fields
 	 * they only read */
@@ -50,6 +54,71 @@ static void store(const struct engine_mm *m, int t, int64_t r, float s)
 	*o = m->accumulate ? *o + s + b : s + b;
 }
 
+/* out[0..nr) (+)= s[0..nr) (+ bias[r0..]): store() for a row of results,
+ * in a loop the compiler vectorizes. */
+static void store_row(const struct engine_mm *m, float *out, const float *s, int64_t r0, int nr)
+{
+	const float *b = m->bias ? m->bias + r0 : NULL;
+	if (m->accumulate && b)
+		for (int r = 0; r < nr; r++)
+			out[r] = out[r] + s[r] + b[r];
+	else if (m->accumulate)
+		for (int r = 0; r < nr; r++)
+			out[r] = out[r] + s[r] + 0.0f;
+	else if (b)
+		for (int r = 0; r < nr; r++)
+			out[r] = s[r] + b[r];
+	else
+		memcpy(out, s, (size_t)nr * sizeof(float));
+}
+
+static void run_vec_dot(const struct mm_job *j, int i, int64_t r0, int64_t r1)
+{
+	const struct engine_mm *m = &j->mm[i];
+	const struct weight *w = m->w;
+	const struct kern_type_ops *ko = &j->k->t[w->type];
+	const struct act *a = j->act[i];
+	const uint8_t *wd = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+	for (int64_t r = r0; r < r1; r++, wd += w->row_bytes)
+		for (int t = 0; t < j->n_tok; t++) {
+			float s;
+			ko->vec_dot(w->n_in, &s, wd, a->rows + (size_t)t * a->stride);
+			store(m, t, r, s);
+		}
+}
+
+/* Rows [r0, r1) of a repacked weight: panels through gemm_x16, the native
+ * tail (rows >= n_x16) through vec_dot. */
+static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
+{
+	const struct engine_mm *m = &j->mm[i];
+	const struct weight *w = m->w;
+	const struct kern_type_ops *ko = &j->k->t[w->type];
+	const struct act *a = j->act[i];
+	int64_t p1 = CM_MIN(r1, w->n_x16);
+	if (r0 < p1) {
+		float tmp[TILE_TOKENS * TILE_ROWS];
+		int nr = (int)(p1 - r0);
+		const uint8_t *wd = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+		bool direct = !m->bias && !m->accumulate;
+		for (int t0 = 0; t0 < j->n_tok; t0 += TILE_TOKENS) {
+			int nt = CM_MIN(TILE_TOKENS, j->n_tok - t0);
+			float *o = m->out + (size_t)t0 * m->out_stride + (size_t)r0;
+			/* a plain product goes straight to the output */
+			ko->gemm_x16(w->n_in, nr, nt, wd, w->row_bytes,
+				     a->rows + (size_t)t0 * a->stride, a->stride,
+				     a->aux + (size_t)t0 * a->aux_stride, a->aux_stride,
+				     direct ? o : tmp, direct ? m->out_stride : TILE_ROWS);
+			if (!direct)
+				for (int t = 0; t < nt; t++)
+					store_row(m, o + (size_t)t * m->out_stride,
+						  tmp + t * TILE_ROWS, r0, nr);
+		}
+	}
+	if (p1 < r1)
+		run_vec_dot(j, i, CM_MAX(r0, p1), r1);
+}
+
 static void run_rows(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 {
 	const struct engine_mm *m = &j->mm[i];
@@ -57,6 +126,11 @@ static void run_rows(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 	const struct kern_type_ops *ko = &j->k->t[w->type];
 	const struct act *a = j->act[i];
 	const uint8_t *wd = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+
+	if (j->x16[i]) {
+		run_x16(j, i, r0, r1);
+		return;
+	}
 
 	/* gemv is bit-identical to gemm for one token (kern.h), so this keeps
 	 * the batch invariance below at decode speed */
@@ -69,12 +143,7 @@ static void run_rows(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 		return;
 	}
 	if (!j->tile[i]) {
-		for (int64_t r = r0; r < r1; r++, wd += w->row_bytes)
-			for (int t = 0; t < j->n_tok; t++) {
-				float s;
-				ko->vec_dot(w->n_in, &s, wd, a->rows + (size_t)t * a->stride);
-				store(m, t, r, s);
-			}
+		run_vec_dot(j, i, r0, r1);
 		return;
 	}
 	float tmp[TILE_TOKENS * TILE_ROWS];
@@ -205,6 +274,8 @@ void engine_matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_t
 		 * kernel's float operations per (row, token) are the same whatever
 		 * the tile, while a separate decode kernel's are not. */
 		j.tile[i] = ko->gemm != NULL;
+		/* model.c repacks a weight only for a variant with gemm_x16 */
+		j.x16[i] = w->n_x16 > 0 && ko->gemm_x16 != NULL;
 		int a;
 		for (a = 0; a < n_acts; a++)
 			if (acts[a].type == at)
@@ -216,13 +287,14 @@ void engine_matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_t
 			for (int i2 = i; i2 < n; i2++) {
 				const struct kern_type_ops *o = &k->t[mm[i2].w->type];
 				aux |= o->act_type == at &&
-				       (o->gemm != NULL || (n_tok == 1 && o->gemv != NULL));
+				       (o->gemm != NULL || mm[i2].w->n_x16 > 0 ||
+					(n_tok == 1 && o->gemv != NULL));
 			}
 			make_act(c, at, aux, x, x_stride, w->n_in, n_tok, &acts[a], &used);
 			n_acts++;
 		}
 		j.act[i] = &acts[a];
-		j.chunk_rows[i] = j.tile[i] ? TILE_ROWS : DECODE_ROWS;
+		j.chunk_rows[i] = j.tile[i] || j.x16[i] ? TILE_ROWS : DECODE_ROWS;
 		j.first_chunk[i + 1] =
 			j.first_chunk[i] + (w->n_out + j.chunk_rows[i] - 1) / j.chunk_rows[i];
 	}

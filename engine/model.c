@@ -20,6 +20,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -37,6 +38,10 @@ static const struct {
 	{"llama", ARCH_LLAMA, ROPE_NORM},
 	{"qwen2", ARCH_QWEN2, ROPE_NEOX},
 	{"qwen3", ARCH_QWEN3, ROPE_NEOX},
+	{"phi3", ARCH_PHI3, ROPE_NEOX},
+	{"gemma", ARCH_GEMMA, ROPE_NEOX},
+	{"gemma2", ARCH_GEMMA2, ROPE_NEOX},
+	{"gemma3", ARCH_GEMMA3, ROPE_NEOX},
 };
 
 /* ---- loading ------------------------------------------------------------- */
@@ -176,6 +181,83 @@ static int load_vector(struct loader *L, const char *name, int64_t n, bool requi
 	return 0;
 }
 
+/* phi3: one sliding window on every layer; 0 means none (Phi-4). Files from
+ * before the key existed get llama.cpp's values for the Phi-3 shapes. */
+static int phi3_window(struct loader *L)
+{
+	struct hparams *hp = &L->m->hp;
+	char key[128];
+	snprintf(key, sizeof(key), "%s.attention.sliding_window", L->arch);
+	if (gguf_find_kv(L->f, key))
+		return hp_u32(L, "attention.sliding_window", true, 0, &hp->n_swa);
+	if (hp->n_ctx_train == 4096 && (hp->n_layer == 32 || hp->n_layer == 40))
+		hp->n_swa = 2047; /* mini, medium 4k */
+	else if (hp->n_ctx_train == 131072 && hp->n_layer == 32)
+		hp->n_swa = 262144; /* mini 128k */
+	else if (hp->n_ctx_train == 131072 && hp->n_layer == 40)
+		hp->n_swa = 131072; /* medium 128k */
+	else
+		return cm_err_set(L->err, -EPROTO,
+				  "model: missing key '%s' (no default for %u layers, context %u)",
+				  key, hp->n_layer, hp->n_ctx_train);
+	return 0;
+}
+
+/* What phi3 and the gemmas add to the llama hyperparameters
+ * (gguf-formats §4.4). The defaults are llama's. */
+static int load_hparams_arch(struct loader *L)
+{
+	struct hparams *hp = &L->m->hp;
+	int r;
+	hp->act = FFN_SILU;
+	hp->embd_scale = 1.0f;
+	hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+	hp->attn_softcap = hp->final_softcap = 0;
+	hp->n_swa = 0;
+	hp->rope_base_local = 0;
+	if (hp->arch == ARCH_PHI3)
+		return phi3_window(L);
+	if (hp->arch != ARCH_GEMMA && hp->arch != ARCH_GEMMA2 && hp->arch != ARCH_GEMMA3)
+		return 0;
+	/* The files store the norms' 1 + w already: plain RMSNorm multiplies. */
+	hp->act = FFN_GELU;
+	hp->embd_scale = sqrtf((float)hp->n_embd);
+	/* The 27B models scale queries by n_embd / n_head rather than the head
+	 * dimension; llama.cpp tells them by their layer count (46 for gemma2
+	 * as the formats doc says; 62 for gemma3, which it does not list). */
+	if ((hp->arch == ARCH_GEMMA2 && hp->n_layer == 46) ||
+	    (hp->arch == ARCH_GEMMA3 && hp->n_layer == 62))
+		hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+	if (hp->arch == ARCH_GEMMA2) {
+		if ((r = hp_f32(L, "attn_logit_softcapping", false, 50.0f, &hp->attn_softcap)) ||
+		    (r = hp_f32(L, "final_logit_softcapping", false, 30.0f, &hp->final_softcap)) ||
+		    (r = hp_u32(L, "attention.sliding_window", false, 4096, &hp->n_swa)))
+			return r;
+		if (!(hp->attn_softcap > 0) || !(hp->final_softcap > 0))
+			return cm_err_set(L->err, -EPROTO,
+					  "model: gemma2 logit soft-capping values must be positive");
+	} else if (hp->arch == ARCH_GEMMA3) {
+		if ((r = hp_u32(L, "attention.sliding_window", true, 0, &hp->n_swa)))
+			return r;
+		hp->rope_base_local = 10000.0f; /* sliding layers: fixed base, no scaling */
+	}
+	if (hp->arch != ARCH_GEMMA && hp->n_swa == 0)
+		return cm_err_set(L->err, -EPROTO, "model: key '%s.attention.sliding_window' is 0",
+				  L->arch);
+	return 0;
+}
+
+/* The sliding window of layer il (gguf-formats §4.4), 0: full attention. */
+static uint32_t layer_window(const struct hparams *hp, uint32_t il)
+{
+	switch (hp->arch) {
+	case ARCH_PHI3: return hp->n_swa;                            /* every layer */
+	case ARCH_GEMMA2: return il % 2 == 0 ? hp->n_swa : 0;        /* even layers */
+	case ARCH_GEMMA3: return (il + 1) % 6 != 0 ? hp->n_swa : 0;  /* 5 of each 6 */
+	default: return 0;
+	}
+}
+
 static int load_hparams(struct loader *L)
 {
 	struct hparams *hp = &L->m->hp;
@@ -235,13 +317,15 @@ static int load_hparams(struct loader *L)
 	 * architectures. */
 	float factor = 0;
 	char key[128];
-	struct gguf_str stype;
+	struct gguf_str stype = {0};
 	snprintf(key, sizeof(key), "%s.rope.scaling.type", L->arch);
 	r = gguf_get_str(L->f, key, &stype, L->err);
 	if (r && r != -ENOENT)
 		return r;
 	bool scaled = r == 0 && !gguf_str_eq(stype, "none");
-	if (scaled && !gguf_str_eq(stype, "linear"))
+	/* phi3's longrope: its factor tensors and attn_factor, in rope_tables() */
+	bool longrope = scaled && hp->arch == ARCH_PHI3 && gguf_str_eq(stype, "longrope");
+	if (scaled && !longrope && !gguf_str_eq(stype, "linear"))
 		return cm_err_set(L->err, -ENOTSUP, "model: rope scaling type '%.*s' not supported",
 				  (int)CM_MIN(stype.len, 32), stype.ptr);
 	if ((r = hp_f32(L, "rope.scaling.factor", false, 0, &factor)))
@@ -251,6 +335,44 @@ static int load_hparams(struct loader *L)
 	hp->rope_freq_scale = (factor > 0 && (scaled || r == 0)) ? 1.0f / factor : 1.0f;
 	if (r == 0 && stype.ptr && gguf_str_eq(stype, "none"))
 		hp->rope_freq_scale = 1.0f;
+	if ((r = hp_f32(L, "rope.scaling.attn_factor", false, 1.0f, &hp->rope_attn_factor)) ||
+	    (r = hp_u32(L, "rope.scaling.original_context_length", false, hp->n_ctx_train,
+			&hp->n_ctx_orig)))
+		return r;
+	if (!(hp->rope_attn_factor > 0))
+		return cm_err_set(L->err, -EPROTO, "model: rope.scaling.attn_factor not positive");
+	return load_hparams_arch(L);
+}
+
+/* Rows [first, first + n) of w as a matrix of their own: phi3's fused
+ * attn_qkv and ffn_up become the usual Q, K, V and gate, up weights. */
+static struct weight weight_rows(const struct weight *w, int64_t first, int64_t n)
+{
+	struct weight v = *w;
+	v.data = (const uint8_t *)w->data + (size_t)first * w->row_bytes;
+	v.n_out = n;
+	return v;
+}
+
+/* phi3 longrope: divisors of the rope frequencies, both or neither. */
+static int load_rope_factors(struct loader *L)
+{
+	engine_model *m = L->m;
+	int64_t n = m->hp.n_rot / 2;
+	int r;
+	if ((r = load_vector(L, "rope_factors_long.weight", n, false, &m->rope_long)) ||
+	    (r = load_vector(L, "rope_factors_short.weight", n, false, &m->rope_short)))
+		return r;
+	if (!m->rope_long != !m->rope_short)
+		return cm_err_set(L->err, -EPROTO, "model: missing tensor '%s'",
+				  m->rope_long ? "rope_factors_short.weight"
+					       : "rope_factors_long.weight");
+	for (int64_t i = 0; m->rope_long && i < n; i++)
+		if (!(m->rope_long[i] > 0) || !(m->rope_short[i] > 0) ||
+		    !isfinite(m->rope_long[i]) || !isfinite(m->rope_short[i]))
+			return cm_err_set(L->err, -EPROTO,
+					  "model: rope factor %lld is not a positive number",
+					  (long long)i);
 	return 0;
 }
 
@@ -260,17 +382,22 @@ static int load_tensors(struct loader *L)
 	const struct hparams *hp = &m->hp;
 	int64_t E = hp->n_embd, V = hp->n_vocab, F = hp->n_ff;
 	int64_t QD = (int64_t)hp->head_dim * hp->n_head, KD = (int64_t)hp->head_dim * hp->n_head_kv;
+	bool phi3 = hp->arch == ARCH_PHI3;
+	bool gemma = hp->arch == ARCH_GEMMA || hp->arch == ARCH_GEMMA2 || hp->arch == ARCH_GEMMA3;
 	bool bias_req = hp->arch == ARCH_QWEN2;
 	char name[GGUF_MAX_NAME + 16];
 	int r;
 
 	if ((r = load_matrix(L, "token_embd.weight", E, V, true, &m->tok_embd)) ||
 	    (r = load_vector(L, "output_norm.weight", E, true, &m->output_norm)) ||
-	    (r = load_matrix(L, "output.weight", E, V, false, &m->output)))
+	    (r = load_matrix(L, "output.weight", E, V, phi3, &m->output)))
 		return r;
 	if (!m->output.data)
 		m->output = m->tok_embd; /* tied embeddings */
-	if ((r = load_vector(L, "rope_freqs.weight", hp->n_rot / 2, false, &m->rope_freqs)))
+	if (phi3 && (r = load_rope_factors(L)))
+		return r;
+	if (!phi3 && !gemma &&
+	    (r = load_vector(L, "rope_freqs.weight", hp->n_rot / 2, false, &m->rope_freqs)))
 		return r;
 
 	m->layers = cm_calloc(hp->n_layer, sizeof(*m->layers));
@@ -279,27 +406,62 @@ static int load_tensors(struct loader *L)
 	for (uint32_t i = 0; i < hp->n_layer; i++) {
 		struct layer *l = &m->layers[i];
 #define NAME(s) (snprintf(name, sizeof(name), "blk.%u." s, i), name)
-		if ((r = load_vector(L, NAME("attn_norm.weight"), E, true, &l->attn_norm)) ||
-		    (r = load_matrix(L, NAME("attn_q.weight"), E, QD, true, &l->wq)) ||
-		    (r = load_matrix(L, NAME("attn_k.weight"), E, KD, true, &l->wk)) ||
-		    (r = load_matrix(L, NAME("attn_v.weight"), E, KD, true, &l->wv)) ||
-		    (r = load_matrix(L, NAME("attn_output.weight"), QD, E, true, &l->wo)) ||
-		    (r = load_vector(L, NAME("attn_q.bias"), QD, bias_req, &l->bq)) ||
-		    (r = load_vector(L, NAME("attn_k.bias"), KD, bias_req, &l->bk)) ||
-		    (r = load_vector(L, NAME("attn_v.bias"), KD, bias_req, &l->bv)) ||
-		    (r = load_vector(L, NAME("attn_output.bias"), E, false, &l->bo)) ||
-		    (r = load_vector(L, NAME("ffn_norm.weight"), E, true, &l->ffn_norm)) ||
-		    (r = load_matrix(L, NAME("ffn_gate.weight"), E, F, true, &l->w_gate)) ||
-		    (r = load_matrix(L, NAME("ffn_up.weight"), E, F, true, &l->w_up)) ||
-		    (r = load_matrix(L, NAME("ffn_down.weight"), F, E, true, &l->w_down)))
+		/* phi3 fuses Q, K, V (rows in that order); llama.cpp also takes
+		 * them separate, with optional biases as llama */
+		bool fused = phi3 && !gguf_find_tensor(L->f, NAME("attn_q.weight"));
+		if ((r = load_vector(L, NAME("attn_norm.weight"), E, true, &l->attn_norm)))
 			return r;
-		if (hp->arch == ARCH_QWEN3) {
+		if (fused) {
+			struct weight qkv;
+			if ((r = load_matrix(L, NAME("attn_qkv.weight"), E, QD + 2 * KD, true, &qkv)))
+				return r;
+			l->wq = weight_rows(&qkv, 0, QD);
+			l->wk = weight_rows(&qkv, QD, KD);
+			l->wv = weight_rows(&qkv, QD + KD, KD);
+		} else if ((r = load_matrix(L, NAME("attn_q.weight"), E, QD, true, &l->wq)) ||
+			   (r = load_matrix(L, NAME("attn_k.weight"), E, KD, true, &l->wk)) ||
+			   (r = load_matrix(L, NAME("attn_v.weight"), E, KD, true, &l->wv))) {
+			return r;
+		}
+		if ((r = load_matrix(L, NAME("attn_output.weight"), QD, E, true, &l->wo)))
+			return r;
+		if (!gemma && !fused &&
+		    ((r = load_vector(L, NAME("attn_q.bias"), QD, bias_req, &l->bq)) ||
+		     (r = load_vector(L, NAME("attn_k.bias"), KD, bias_req, &l->bk)) ||
+		     (r = load_vector(L, NAME("attn_v.bias"), KD, bias_req, &l->bv)) ||
+		     (r = load_vector(L, NAME("attn_output.bias"), E, false, &l->bo))))
+			return r;
+		if ((r = load_vector(L, NAME("ffn_norm.weight"), E, true, &l->ffn_norm)))
+			return r;
+		if (phi3) {
+			/* fused: the first n_ff rows are the gate, the next n_ff up */
+			struct weight up;
+			if ((r = load_matrix(L, NAME("ffn_up.weight"), E, 2 * F, true, &up)))
+				return r;
+			l->w_gate = weight_rows(&up, 0, F);
+			l->w_up = weight_rows(&up, F, F);
+		} else if ((r = load_matrix(L, NAME("ffn_gate.weight"), E, F, true, &l->w_gate)) ||
+			   (r = load_matrix(L, NAME("ffn_up.weight"), E, F, true, &l->w_up))) {
+			return r;
+		}
+		if ((r = load_matrix(L, NAME("ffn_down.weight"), F, E, true, &l->w_down)))
+			return r;
+		if (hp->arch == ARCH_QWEN3 || hp->arch == ARCH_GEMMA3) {
 			if ((r = load_vector(L, NAME("attn_q_norm.weight"), hp->head_dim, true,
 					     &l->q_norm)) ||
 			    (r = load_vector(L, NAME("attn_k_norm.weight"), hp->head_dim, true,
 					     &l->k_norm)))
 				return r;
 		}
+		if (hp->arch == ARCH_GEMMA2 || hp->arch == ARCH_GEMMA3) {
+			if ((r = load_vector(L, NAME("post_attention_norm.weight"), E, true,
+					     &l->post_attn_norm)) ||
+			    (r = load_vector(L, NAME("post_ffw_norm.weight"), E, true,
+					     &l->post_ffn_norm)))
+				return r;
+		}
+		l->n_swa = layer_window(hp, i);
+		l->rope_local = hp->rope_base_local > 0 && l->n_swa > 0;
 #undef NAME
 	}
 	for (uint64_t i = 0; i < L->f->n_tensors; i++)
@@ -313,6 +475,25 @@ static int load_tensors(struct loader *L)
 static uint64_t weight_bytes(const struct weight *w)
 {
 	return w->data ? (uint64_t)w->row_bytes * (uint64_t)w->n_out : 0;
+}
+
+int engine_model_matrices(engine_model *m, struct weight ***ret)
+{
+	int cap = (int)m->hp.n_layer * 7 + 1, n = 0;
+	struct weight **v = cm_calloc((size_t)cap, sizeof(*v));
+	*ret = v;
+	if (!v)
+		return 0;
+	for (uint32_t i = 0; i < m->hp.n_layer; i++) {
+		struct layer *l = &m->layers[i];
+		struct weight *lw[] = {&l->wq, &l->wk, &l->wv, &l->wo,
+				       &l->w_gate, &l->w_up, &l->w_down};
+		for (size_t k = 0; k < CM_ARRAY_LEN(lw); k++)
+			if (lw[k]->data)
+				v[n++] = lw[k];
+	}
+	v[n++] = &m->output;
+	return n;
 }
 
 static void fill_info(engine_model *m)
@@ -334,13 +515,11 @@ static void fill_info(engine_model *m)
 	in->isa = m->kern ? m->kern->name : "none";
 	in->n_threads = m->pool ? pool_size(m->pool) : 0;
 	uint64_t per_tok = 0;
-	for (uint32_t i = 0; i < hp->n_layer; i++) {
-		const struct layer *l = &m->layers[i];
-		per_tok += weight_bytes(&l->wq) + weight_bytes(&l->wk) + weight_bytes(&l->wv) +
-			   weight_bytes(&l->wo) + weight_bytes(&l->w_gate) +
-			   weight_bytes(&l->w_up) + weight_bytes(&l->w_down);
-	}
-	per_tok += weight_bytes(&m->output);
+	struct weight **mats = NULL;
+	int n_mats = engine_model_matrices(m, &mats);
+	for (int i = 0; i < n_mats; i++)
+		per_tok += weight_bytes(mats[i]);
+	cm_free(mats);
 	in->weight_bytes_token = per_tok;
 	const struct gguf_file *f = m->file;
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
@@ -396,7 +575,7 @@ int engine_model_load(const char *path, const struct engine_params *p, engine_mo
 	if (ai == CM_ARRAY_LEN(archs)) {
 		r = cm_err_set(err, -ENOTSUP,
 			       "model: architecture '%.*s' is not supported (supported: llama, "
-			       "qwen2, qwen3)",
+			       "qwen2, qwen3, phi3, gemma, gemma2, gemma3)",
 			       (int)CM_MIN(arch.len, 64), arch.ptr);
 		goto fail;
 	}
@@ -452,6 +631,8 @@ int engine_model_load(const char *path, const struct engine_params *p, engine_mo
 	if ((r = pool_new(nt, p->cpus, p->n_cpus, &m->pool, err)))
 		goto fail;
 	fill_info(m);
+	if ((r = engine_model_repack(m, p->repack, err)))
+		goto fail;
 	*ret_model = m;
 	return 0;
 fail:
@@ -517,6 +698,8 @@ int engine_model_relocate(engine_model *m, void *buf, size_t len, struct cm_err 
 	RB(m->output.data);
 	RB(m->output_norm);
 	RB(m->rope_freqs);
+	RB(m->rope_long);
+	RB(m->rope_short);
 	for (uint32_t i = 0; i < m->hp.n_layer; i++) {
 		struct layer *l = &m->layers[i];
 		RB(l->attn_norm);
@@ -527,6 +710,8 @@ int engine_model_relocate(engine_model *m, void *buf, size_t len, struct cm_err 
 		RB(l->bo);
 		RB(l->q_norm);
 		RB(l->k_norm);
+		RB(l->post_attn_norm);
+		RB(l->post_ffn_norm);
 		RB(l->wq.data);
 		RB(l->wk.data);
 		RB(l->wv.data);
@@ -544,14 +729,74 @@ int engine_model_relocate(engine_model *m, void *buf, size_t len, struct cm_err 
 	return 0;
 }
 
-uint64_t engine_model_kv_bytes_per_token(const engine_model *m)
+/* ---- KV cache types -------------------------------------------------------- */
+
+/* The default: f16 halves the cache and its reads, and keeps every greedy
+ * token of the reference tests (logits within 0.014; top-1 agreement with
+ * an f32 cache 99.9% teacher-forced: docs/engine.md, "The KV cache"). */
+#define KV_TYPE_DEFAULT ENGINE_KV_F16
+
+static const char *const kv_type_names[] = {
+	[ENGINE_KV_F32] = "f32",
+	[ENGINE_KV_F16] = "f16",
+	[ENGINE_KV_Q8_0] = "q8_0",
+};
+
+static enum engine_kv_type kv_type_resolve(enum engine_kv_type t)
 {
-	return 2ull * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * sizeof(float);
+	return t == ENGINE_KV_DEFAULT ? KV_TYPE_DEFAULT : t;
+}
+
+static bool kv_type_valid(enum engine_kv_type t)
+{
+	return t == ENGINE_KV_F32 || t == ENGINE_KV_F16 || t == ENGINE_KV_Q8_0;
+}
+
+const char *engine_kv_type_name(enum engine_kv_type t)
+{
+	t = kv_type_resolve(t);
+	return kv_type_valid(t) ? kv_type_names[t] : "?";
+}
+
+int engine_kv_type_from_name(const char *name, enum engine_kv_type *ret)
+{
+	for (size_t i = 0; name && i < CM_ARRAY_LEN(kv_type_names); i++)
+		if (kv_type_names[i] && strcasecmp(name, kv_type_names[i]) == 0) {
+			*ret = (enum engine_kv_type)i;
+			return 0;
+		}
+	return -ENOENT;
+}
+
+const char *engine_kv_type_list(void)
+{
+	return "f32|f16|q8_0";
+}
+
+/* Bytes of one cached head row (head_dim elements) in type t: Q8_0 rows are
+ * zero-padded to whole blocks, so a block never spans two heads. */
+static size_t kv_head_bytes(enum engine_kv_type t, uint32_t head_dim)
+{
+	switch (kv_type_resolve(t)) {
+	case ENGINE_KV_F32:
+		return (size_t)head_dim * sizeof(float);
+	case ENGINE_KV_F16:
+		return (size_t)head_dim * sizeof(uint16_t);
+	case ENGINE_KV_Q8_0:
+		return (size_t)(head_dim + QK8_0 - 1) / QK8_0 * sizeof(struct block_q8_0);
+	default:
+		return 0;
+	}
+}
+
+uint64_t engine_model_kv_bytes_per_token(const engine_model *m, enum engine_kv_type t)
+{
+	return 2ull * m->hp.n_layer * m->hp.n_head_kv * kv_head_bytes(t, m->hp.head_dim);
 }
 
 int engine_ctx_regions(const engine_ctx *c, struct engine_region *ret, int max)
 {
-	size_t bytes = c->kv_seq_stride * c->n_seq * sizeof(float);
+	size_t bytes = c->kv_seq_stride * c->n_seq;
 	int n = 0;
 	if (n < max)
 		ret[n++] = (struct engine_region){c->k_cache, bytes, "KV cache (K)"};
@@ -571,21 +816,49 @@ static int ctx_alloc(float **p, size_t n)
 	return 0;
 }
 
-static void rope_tables(engine_ctx *c)
+static int ctx_alloc_bytes(uint8_t **p, size_t n)
+{
+	*p = cm_aligned_alloc(n);
+	if (!*p)
+		return -ENOMEM;
+	memset(*p, 0, n);
+	return 0;
+}
+
+/* cos and sin of p theta_i for every position p, theta_i = base^(-2i/n_rot)
+ * / div[i] (if given) * freq_scale, both times mscale (gguf-formats §4.3). */
+static void rope_fill(const engine_ctx *c, float base, const float *div, float freq_scale,
+		      float mscale, float *cosv, float *sinv)
 {
 	const struct hparams *hp = &c->m->hp;
 	uint32_t half = hp->n_rot / 2;
 	for (uint32_t i = 0; i < half; i++) {
-		double inv = pow((double)hp->rope_base, -2.0 * (double)i / (double)hp->n_rot);
-		if (c->m->rope_freqs)
-			inv /= (double)c->m->rope_freqs[i];
-		inv *= (double)hp->rope_freq_scale;
+		double inv = pow((double)base, -2.0 * (double)i / (double)hp->n_rot);
+		if (div)
+			inv /= (double)div[i];
+		inv *= (double)freq_scale;
 		for (uint32_t p = 0; p < c->n_ctx; p++) {
 			double th = (double)p * inv;
-			c->rope_cos[(size_t)p * half + i] = (float)cos(th);
-			c->rope_sin[(size_t)p * half + i] = (float)sin(th);
+			cosv[(size_t)p * half + i] = (float)(cos(th) * mscale);
+			sinv[(size_t)p * half + i] = (float)(sin(th) * mscale);
 		}
 	}
+}
+
+static void rope_tables(engine_ctx *c)
+{
+	const engine_model *m = c->m;
+	const struct hparams *hp = &m->hp;
+	/* divisors: Llama 3's rope_freqs, or phi3 longrope's long factors when
+	 * a sequence may outgrow the original context, else its short ones */
+	const float *div = m->rope_freqs;
+	if (m->rope_long)
+		div = c->n_ctx > hp->n_ctx_orig ? m->rope_long : m->rope_short;
+	rope_fill(c, hp->rope_base, div, hp->rope_freq_scale, hp->rope_attn_factor, c->rope_cos,
+		  c->rope_sin);
+	if (c->rope_cos_local)
+		rope_fill(c, hp->rope_base_local, NULL, 1.0f, 1.0f, c->rope_cos_local,
+			  c->rope_sin_local);
 }
 
 int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ctx **ret_ctx,
@@ -607,21 +880,35 @@ int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ct
 		engine_ctx_free(c);
 		return cm_err_set(err, -EINVAL, "ctx: n_seq or n_batch out of range");
 	}
+	c->kv_type = kv_type_resolve(p ? p->kv_type : ENGINE_KV_DEFAULT);
+	if (!kv_type_valid(c->kv_type)) {
+		int t = (int)c->kv_type;
+		engine_ctx_free(c);
+		return cm_err_set(err, -EINVAL, "ctx: KV cache type %d unknown (%s)", t,
+				  engine_kv_type_list());
+	}
 	size_t kvd = (size_t)hp->n_head_kv * hp->head_dim;
-	c->kv_layer_stride = (size_t)c->n_ctx * kvd;
-	c->kv_seq_stride = c->kv_layer_stride * hp->n_layer;
-	uint64_t kv_floats;
-	if (cm_mul_overflow_u64(c->kv_seq_stride, c->n_seq, &kv_floats) ||
-	    kv_floats > (UINT64_MAX / 8)) {
+	size_t nbh = (hp->head_dim + QK8_0 - 1) / QK8_0; /* Q8_0 blocks per head row */
+	c->kv_head_bytes = kv_head_bytes(c->kv_type, hp->head_dim);
+	c->kv_row_bytes = c->kv_head_bytes * hp->n_head_kv;
+	uint64_t kv_bytes, layer_bytes;
+	if (cm_mul_overflow_u64(c->kv_row_bytes, c->n_ctx, &layer_bytes) ||
+	    cm_mul_overflow_u64(layer_bytes, hp->n_layer, &kv_bytes) ||
+	    cm_mul_overflow_u64(kv_bytes, c->n_seq, &kv_bytes) || kv_bytes > (SIZE_MAX / 4)) {
 		engine_ctx_free(c);
 		return cm_err_set(err, -ENOMEM, "ctx: KV cache size overflows");
 	}
+	c->kv_layer_stride = (size_t)layer_bytes;
+	c->kv_seq_stride = c->kv_layer_stride * hp->n_layer;
 	size_t B = c->n_batch, E = hp->n_embd, QD = (size_t)hp->n_head * hp->head_dim;
 	size_t FF = hp->n_ff, maxd = CM_MAX(CM_MAX(E, QD), FF);
 	int nt = pool_size(m->pool);
 	c->act_cap = B * kern_act_row_size(ENGINE_DTYPE_F32, (int64_t)maxd);
 	int r = 0;
-	if (ctx_alloc(&c->k_cache, kv_floats) || ctx_alloc(&c->v_cache, kv_floats) ||
+	if (ctx_alloc_bytes(&c->k_cache, kv_bytes) || ctx_alloc_bytes(&c->v_cache, kv_bytes) ||
+	    ctx_alloc(&c->kv_pad, nbh * QK8_0) || ctx_alloc(&c->attn_qpad, (size_t)nt * nbh * QK8_0) ||
+	    !(c->attn_q8 = cm_aligned_alloc((size_t)nt * nbh * sizeof(struct block_q8_0))) ||
+	    !(c->eval_pos = cm_calloc(B, sizeof(int32_t))) ||
 	    ctx_alloc(&c->x, B * E) || ctx_alloc(&c->xb, B * maxd) || ctx_alloc(&c->q, B * QD) ||
 	    ctx_alloc(&c->k, B * kvd) || ctx_alloc(&c->v, B * kvd) || ctx_alloc(&c->att, B * QD) ||
 	    ctx_alloc(&c->hb, B * FF) || ctx_alloc(&c->hb2, B * FF) ||
@@ -629,14 +916,19 @@ int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ct
 	    ctx_alloc(&c->logits, B * hp->n_vocab) ||
 	    ctx_alloc(&c->rope_cos, (size_t)c->n_ctx * hp->n_rot / 2) ||
 	    ctx_alloc(&c->rope_sin, (size_t)c->n_ctx * hp->n_rot / 2) ||
+	    (hp->rope_base_local > 0 &&
+	     (ctx_alloc(&c->rope_cos_local, (size_t)c->n_ctx * hp->n_rot / 2) ||
+	      ctx_alloc(&c->rope_sin_local, (size_t)c->n_ctx * hp->n_rot / 2))) ||
 	    !(c->act = cm_aligned_alloc(c->act_cap)) ||
 	    !(c->seq_len = cm_calloc(c->n_seq, sizeof(int32_t))) ||
 	    !(c->logit_row = cm_calloc(B, sizeof(int32_t))) ||
-	    !(c->zero_seq = cm_calloc(B, sizeof(int32_t)))) {
+	    !(c->zero_seq = cm_calloc(B, sizeof(int32_t))) ||
+	    !(c->embd_row = cm_malloc(m->tok_embd.row_bytes))) {
+		enum engine_kv_type t = c->kv_type;
 		engine_ctx_free(c);
 		return cm_err_set(err, -ENOMEM,
-				  "ctx: cannot allocate KV cache and buffers (%llu MiB of KV)",
-				  (unsigned long long)(kv_floats * 8 >> 20));
+				  "ctx: cannot allocate KV cache and buffers (%llu MiB of %s KV)",
+				  (unsigned long long)(kv_bytes * 2 >> 20), engine_kv_type_name(t));
 	}
 	rope_tables(c);
 	*ret_ctx = c;
@@ -649,6 +941,10 @@ void engine_ctx_free(engine_ctx *c)
 		return;
 	cm_free(c->k_cache);
 	cm_free(c->v_cache);
+	cm_free(c->kv_pad);
+	cm_free(c->attn_q8);
+	cm_free(c->attn_qpad);
+	cm_free(c->eval_pos);
 	cm_free(c->x);
 	cm_free(c->xb);
 	cm_free(c->q);
@@ -661,11 +957,24 @@ void engine_ctx_free(engine_ctx *c)
 	cm_free(c->logits);
 	cm_free(c->rope_cos);
 	cm_free(c->rope_sin);
+	cm_free(c->rope_cos_local);
+	cm_free(c->rope_sin_local);
 	cm_free(c->act);
 	cm_free(c->seq_len);
 	cm_free(c->logit_row);
 	cm_free(c->zero_seq);
+	cm_free(c->embd_row);
 	cm_free(c);
+}
+
+enum engine_kv_type engine_ctx_kv_type(const engine_ctx *c)
+{
+	return c->kv_type;
+}
+
+uint32_t engine_ctx_n_ctx(const engine_ctx *c)
+{
+	return c->n_ctx;
 }
 
 void engine_seq_truncate(engine_ctx *c, int seq, int pos)
@@ -692,12 +1001,11 @@ int engine_seq_copy(engine_ctx *c, int dst, int src, int n)
 		c->seq_len[dst] = n;
 		return 0;
 	}
-	size_t kvd = (size_t)c->m->hp.n_head_kv * c->m->hp.head_dim;
 	for (uint32_t l = 0; l < c->m->hp.n_layer; l++) {
-		size_t so = src * c->kv_seq_stride + l * c->kv_layer_stride;
-		size_t d0 = dst * c->kv_seq_stride + l * c->kv_layer_stride;
-		memcpy(c->k_cache + d0, c->k_cache + so, (size_t)n * kvd * sizeof(float));
-		memcpy(c->v_cache + d0, c->v_cache + so, (size_t)n * kvd * sizeof(float));
+		size_t so = (size_t)src * c->kv_seq_stride + l * c->kv_layer_stride;
+		size_t d0 = (size_t)dst * c->kv_seq_stride + l * c->kv_layer_stride;
+		memcpy(c->k_cache + d0, c->k_cache + so, (size_t)n * c->kv_row_bytes);
+		memcpy(c->v_cache + d0, c->v_cache + so, (size_t)n * c->kv_row_bytes);
 	}
 	c->seq_len[dst] = n;
 	return 0;
@@ -715,12 +1023,93 @@ static void rmsnorm(float *o, const float *x, const float *w, int64_t n, float e
 		o[i] = x[i] * scale * w[i];
 }
 
-static void rope_apply(const engine_ctx *c, float *v, int n_heads, int pos)
+/* ---- element-wise work of a batch, on the pool ----------------------------
+ * The matmuls are parallel; with a prefill batch, the per-token norms and
+ * the FFN activation (T x n_ff expf) would otherwise run on one thread
+ * between them. Chunks are claimed from a counter like the matmul rows;
+ * each element is computed the same way whoever computes it, so results
+ * do not change. Small batches (decode) stay on the calling thread, where
+ * waking the pool would cost more than the work. */
+enum { PAR_MIN = 1 << 15 }; /* elements below which a job stays serial */
+
+struct par_job {
+	engine_ctx *c;
+	void (*fn)(engine_ctx *c, int64_t i0, int64_t i1, const void *arg);
+	const void *arg;
+	int64_t n, chunk;
+	_Alignas(64) atomic_long next;
+};
+
+static void par_worker(void *varg, int ith, int nth)
+{
+	struct par_job *j = varg;
+	(void)ith;
+	(void)nth;
+	for (;;) {
+		int64_t k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+		int64_t i0 = k * j->chunk;
+		if (i0 >= j->n)
+			break;
+		j->fn(j->c, i0, CM_MIN(i0 + j->chunk, j->n), j->arg);
+	}
+}
+
+/* fn over [0, n) in chunks of `chunk` items of `weight` elements each */
+static void par_for(engine_ctx *c, int64_t n, int64_t chunk, int64_t weight,
+		    void (*fn)(engine_ctx *c, int64_t i0, int64_t i1, const void *arg),
+		    const void *arg)
+{
+	if (n * weight < PAR_MIN || pool_size(c->m->pool) < 2) {
+		fn(c, 0, n, arg);
+		return;
+	}
+	struct par_job j = {.c = c, .fn = fn, .arg = arg, .n = n, .chunk = chunk};
+	atomic_store_explicit(&j.next, 0, memory_order_relaxed);
+	pool_run(c->m->pool, par_worker, &j);
+}
+
+struct norm_arg {
+	float *o;
+	const float *x, *w;
+	int64_t n;
+	float eps;
+};
+
+static void norm_rows(engine_ctx *c, int64_t t0, int64_t t1, const void *varg)
+{
+	const struct norm_arg *a = varg;
+	(void)c;
+	for (int64_t t = t0; t < t1; t++)
+		rmsnorm(a->o + t * a->n, a->x + t * a->n, a->w, a->n, a->eps);
+}
+
+/* o[t] = rmsnorm(x[t]) * w for T rows of n */
+static void rmsnorm_rows(engine_ctx *c, float *o, const float *x, const float *w, int T,
+			 int64_t n, float eps)
+{
+	struct norm_arg a = {o, x, w, n, eps};
+	par_for(c, T, 4, n, norm_rows, &a);
+}
+
+static float gelu(float x);
+
+static void act_range(engine_ctx *c, int64_t i0, int64_t i1, const void *varg)
+{
+	(void)varg;
+	if (c->m->hp.act == FFN_GELU)
+		for (int64_t i = i0; i < i1; i++)
+			c->hb[i] = gelu(c->hb[i]) * c->hb2[i];
+	else
+		c->m->kern->silu_mul_f32(i1 - i0, c->hb + i0, c->hb2 + i0);
+}
+
+/* local: gemma3's sliding layers, with their own tables */
+static void rope_apply(const engine_ctx *c, float *v, int n_heads, int pos, bool local)
 {
 	const struct hparams *hp = &c->m->hp;
 	int half = (int)hp->n_rot / 2;
-	const float *cs = c->rope_cos + (size_t)pos * half;
-	const float *sn = c->rope_sin + (size_t)pos * half;
+	const float *cs = (local ? c->rope_cos_local : c->rope_cos) + (size_t)pos * half;
+	const float *sn = (local ? c->rope_sin_local : c->rope_sin) + (size_t)pos * half;
 	for (int h = 0; h < n_heads; h++) {
 		float *x = v + (size_t)h * hp->head_dim;
 		for (int i = 0; i < half; i++) {
@@ -733,21 +1122,107 @@ static void rope_apply(const engine_ctx *c, float *v, int n_heads, int pos)
 	}
 }
 
+/* One token's K and V rows into the cache, in the cache's type. */
+static void kv_store(engine_ctx *c, uint8_t *dst, const float *x)
+{
+	const struct hparams *hp = &c->m->hp;
+	size_t hd = hp->head_dim, kvd = hd * hp->n_head_kv;
+	switch (c->kv_type) {
+	case ENGINE_KV_F16:
+		quantize_row_f16_ref(x, dst, (int64_t)kvd);
+		break;
+	case ENGINE_KV_Q8_0: {
+		kern_quant_fn quant = c->m->kern->quant_act[ENGINE_DTYPE_Q8_0];
+		if (hd % QK8_0 == 0) {
+			quant(x, dst, (int64_t)kvd);
+			break;
+		}
+		int64_t padded = (int64_t)(c->kv_head_bytes / sizeof(struct block_q8_0)) * QK8_0;
+		for (uint32_t h = 0; h < hp->n_head_kv; h++) {
+			memcpy(c->kv_pad, x + h * hd, hd * sizeof(float)); /* the tail stays 0 */
+			quant(c->kv_pad, dst + h * c->kv_head_bytes, padded);
+		}
+		break;
+	}
+	default:
+		memcpy(dst, x, kvd * sizeof(float));
+		break;
+	}
+}
+
+/* sc[p] = q . k_p * scale for the n cached rows of one KV head at kc. */
+static void attn_scores(engine_ctx *c, int ith, const float *q, const uint8_t *kc, int n,
+			float scale, float *sc)
+{
+	const struct kern_ops *k = c->m->kern;
+	int hd = (int)c->m->hp.head_dim;
+	size_t stride = c->kv_row_bytes;
+	switch (c->kv_type) {
+	case ENGINE_KV_F16:
+		k->attn_score_f16(hd, n, q, kc, stride, scale, sc);
+		break;
+	case ENGINE_KV_Q8_0: {
+		/* the query meets K in its own format: exact int8 block sums */
+		int nbh = (int)(c->kv_head_bytes / sizeof(struct block_q8_0));
+		void *q8 = (uint8_t *)c->attn_q8 + (size_t)ith * c->kv_head_bytes;
+		const float *qs = q;
+		if (hd % QK8_0) {
+			float *pad = c->attn_qpad + (size_t)ith * nbh * QK8_0;
+			memcpy(pad, q, (size_t)hd * sizeof(float)); /* the tail stays 0 */
+			qs = pad;
+		}
+		k->quant_act[ENGINE_DTYPE_Q8_0](qs, q8, (int64_t)nbh * QK8_0);
+		k->attn_score_q8_0(hd, n, q8, kc, stride, scale, sc);
+		break;
+	}
+	default:
+		for (int p = 0; p < n; p++)
+			sc[p] = k->dot_f32(hd, q, (const float *)(kc + (size_t)p * stride)) * scale;
+		break;
+	}
+}
+
+/* o = sum_p w[p] v_p over the n cached rows of one KV head at vc. */
+static void attn_values(engine_ctx *c, const float *w, const uint8_t *vc, int n, float *o)
+{
+	const struct kern_ops *k = c->m->kern;
+	int hd = (int)c->m->hp.head_dim;
+	size_t stride = c->kv_row_bytes;
+	switch (c->kv_type) {
+	case ENGINE_KV_F16:
+		k->attn_vsum_f16(hd, n, w, vc, stride, o);
+		break;
+	case ENGINE_KV_Q8_0:
+		k->attn_vsum_q8_0(hd, n, w, vc, stride, o);
+		break;
+	default:
+		memset(o, 0, (size_t)hd * sizeof(float));
+		for (int p = 0; p < n; p++)
+			k->axpy_f32(hd, w[p], (const float *)(vc + (size_t)p * stride), o);
+		break;
+	}
+}
+
 struct attn_task {
 	engine_ctx *c;
 	int layer;
+	int n_swa; /* sliding window of the layer, 0: full causal */
 };
+
+/* gemma2's soft-capping of attention scores and logits */
+static float softcap(float s, float cap)
+{
+	return cap * tanhf(s / cap);
+}
 
 static void attn_worker(void *arg, int ith, int nth)
 {
 	struct attn_task *at = arg;
 	engine_ctx *c = at->c;
 	const struct hparams *hp = &c->m->hp;
-	const struct kern_ops *k = c->m->kern;
 	int hd = (int)hp->head_dim, nh = (int)hp->n_head;
 	int group = (int)(hp->n_head / hp->n_head_kv);
-	size_t kvd = (size_t)hp->n_head_kv * hd;
-	float scale = 1.0f / sqrtf((float)hd);
+	float scale = hp->attn_scale, cap = hp->attn_softcap;
 	float *sc = c->scores + (size_t)ith * c->n_ctx;
 	(void)nth;
 	for (;;) {
@@ -757,32 +1232,55 @@ static void attn_worker(void *arg, int ith, int nth)
 		int t = i / nh, h = i % nh, kvh = h / group;
 		int pos = c->pos[t], seq = c->seq[t];
 		const float *q = c->q + (size_t)t * nh * hd + (size_t)h * hd;
-		size_t base = (size_t)seq * c->kv_seq_stride + (size_t)at->layer * c->kv_layer_stride;
-		const float *kc = c->k_cache + base + (size_t)kvh * hd;
-		const float *vc = c->v_cache + base + (size_t)kvh * hd;
+		size_t base = (size_t)seq * c->kv_seq_stride + (size_t)at->layer * c->kv_layer_stride +
+			      (size_t)kvh * c->kv_head_bytes;
+		/* sliding window: only the last n_swa keys (the cache keeps all) */
+		int p0 = at->n_swa > 0 && pos >= at->n_swa ? pos - at->n_swa + 1 : 0;
+		const uint8_t *kc = c->k_cache + base + (size_t)p0 * c->kv_row_bytes;
+		const uint8_t *vc = c->v_cache + base + (size_t)p0 * c->kv_row_bytes;
+		attn_scores(c, ith, q, kc, pos - p0 + 1, scale, sc + p0);
 		float mx = -INFINITY;
-		for (int p = 0; p <= pos; p++) {
-			float s = k->dot_f32(hd, q, kc + (size_t)p * kvd) * scale;
-			sc[p] = s;
-			if (s > mx)
-				mx = s;
+		for (int p = p0; p <= pos; p++) {
+			if (cap > 0)
+				sc[p] = softcap(sc[p], cap);
+			if (sc[p] > mx)
+				mx = sc[p];
 		}
-		float sum = 0;
-		for (int p = 0; p <= pos; p++) {
-			sc[p] = expf(sc[p] - mx);
-			sum += sc[p];
-		}
+		float sum = c->m->kern->exp_sum_f32(pos - p0 + 1, sc + p0, mx);
 		float inv = 1.0f / sum;
+		for (int p = p0; p <= pos; p++)
+			sc[p] *= inv;
 		float *o = c->att + (size_t)t * nh * hd + (size_t)h * hd;
-		memset(o, 0, (size_t)hd * sizeof(float));
-		for (int p = 0; p <= pos; p++)
-			k->axpy_f32(hd, sc[p] * inv, vc + (size_t)p * kvd, o);
+		attn_values(c, sc + p0, vc, pos - p0 + 1, o);
 	}
 }
 
-static float silu(float x)
+
+/* tanh GELU; beyond |x| >= 10 it is x or 0 to float precision (ggml
+ * takes the same shortcut) */
+static float gelu(float x)
 {
-	return x / (1.0f + expf(-x));
+	if (x >= 10.0f)
+		return x;
+	if (x <= -10.0f)
+		return 0.0f;
+	return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+}
+
+/* gemma2/3: x += RMSNorm(W a) post, the sublayer's output normed before the
+ * residual add (through xb, free by then). */
+static void add_post_normed(engine_ctx *c, const struct weight *w, const float *a,
+			    size_t a_stride, int T, const float *post)
+{
+	const struct hparams *hp = &c->m->hp;
+	size_t E = hp->n_embd;
+	engine_matmul(c, w, a, a_stride, T, c->xb, E, NULL, false);
+	for (int t = 0; t < T; t++) {
+		float *y = c->xb + t * E, *x = c->x + t * E;
+		rmsnorm(y, y, post, (int64_t)E, hp->eps);
+		for (size_t i = 0; i < E; i++)
+			x[i] += y[i];
+	}
 }
 
 static int check_batch(engine_ctx *c, const struct engine_batch *b, struct cm_err *err)
@@ -836,15 +1334,23 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 	size_t KD = hd * hp->n_head_kv, FF = hp->n_ff;
 
 	for (int t = 0; t < T; t++) {
-		const uint8_t *row = (const uint8_t *)m->tok_embd.data +
-				     (size_t)b->tokens[t] * m->tok_embd.row_bytes;
-		dequantize_row(m->tok_embd.type, row, c->x + (size_t)t * E, (int64_t)E);
+		const struct weight *te = &m->tok_embd;
+		int64_t tok = b->tokens[t];
+		const uint8_t *row = (const uint8_t *)te->data + (size_t)tok * te->row_bytes;
+		if (tok < te->n_x16) { /* a repacked tied output: out of its panel */
+			kern_x16_unpack_row(te->type, row - (size_t)(tok % KERN_X16_ROWS) * te->row_bytes,
+					    te->n_in, (int)(tok % KERN_X16_ROWS), c->embd_row);
+			row = c->embd_row;
+		}
+		dequantize_row(te->type, row, c->x + (size_t)t * E, (int64_t)E);
+		if (hp->embd_scale != 1.0f) /* gemma */
+			for (size_t i = 0; i < E; i++)
+				c->x[(size_t)t * E + i] *= hp->embd_scale;
 	}
 
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
 		const struct layer *L = &m->layers[l];
-		for (int t = 0; t < T; t++)
-			rmsnorm(c->xb + t * E, c->x + t * E, L->attn_norm, (int64_t)E, hp->eps);
+		rmsnorm_rows(c, c->xb, c->x, L->attn_norm, T, (int64_t)E, hp->eps);
 		struct engine_mm qkv[3] = {{&L->wq, c->q, QD, L->bq, false},
 					   {&L->wk, c->k, KD, L->bk, false},
 					   {&L->wv, c->v, KD, L->bv, false}};
@@ -859,26 +1365,30 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 					rmsnorm(k + h * hd, k + h * hd, L->k_norm, (int64_t)hd,
 						hp->eps);
 			}
-			rope_apply(c, q, (int)hp->n_head, c->pos[t]);
-			rope_apply(c, k, (int)hp->n_head_kv, c->pos[t]);
+			rope_apply(c, q, (int)hp->n_head, c->pos[t], L->rope_local);
+			rope_apply(c, k, (int)hp->n_head_kv, c->pos[t], L->rope_local);
 			size_t off = (size_t)c->seq[t] * c->kv_seq_stride + l * c->kv_layer_stride +
-				     (size_t)c->pos[t] * KD;
-			memcpy(c->k_cache + off, k, KD * sizeof(float));
-			memcpy(c->v_cache + off, c->v + t * KD, KD * sizeof(float));
+				     (size_t)c->pos[t] * c->kv_row_bytes;
+			kv_store(c, c->k_cache + off, k);
+			kv_store(c, c->v_cache + off, c->v + t * KD);
 		}
-		struct attn_task at = {c, (int)l};
+		struct attn_task at = {c, (int)l, (int)CM_MIN(L->n_swa, (uint32_t)INT32_MAX)};
 		atomic_store(&c->chunk, 0);
 		pool_run(m->pool, attn_worker, &at);
-		engine_matmul(c, &L->wo, c->att, QD, T, c->x, E, L->bo, true);
+		if (L->post_attn_norm)
+			add_post_normed(c, &L->wo, c->att, QD, T, L->post_attn_norm);
+		else
+			engine_matmul(c, &L->wo, c->att, QD, T, c->x, E, L->bo, true);
 
-		for (int t = 0; t < T; t++)
-			rmsnorm(c->xb + t * E, c->x + t * E, L->ffn_norm, (int64_t)E, hp->eps);
+		rmsnorm_rows(c, c->xb, c->x, L->ffn_norm, T, (int64_t)E, hp->eps);
 		struct engine_mm gate_up[2] = {{&L->w_gate, c->hb, FF, NULL, false},
 					       {&L->w_up, c->hb2, FF, NULL, false}};
 		engine_matmul_multi(c, c->xb, E, T, gate_up, 2);
-		for (size_t i = 0; i < (size_t)T * FF; i++)
-			c->hb[i] = silu(c->hb[i]) * c->hb2[i];
-		engine_matmul(c, &L->w_down, c->hb, FF, T, c->x, E, NULL, true);
+		par_for(c, (int64_t)T * (int64_t)FF, 4096, 1, act_range, NULL);
+		if (L->post_ffn_norm)
+			add_post_normed(c, &L->w_down, c->hb, FF, T, L->post_ffn_norm);
+		else
+			engine_matmul(c, &L->w_down, c->hb, FF, T, c->x, E, NULL, true);
 	}
 
 	/* Logits for the requested tokens only: gather their normed rows. */
@@ -895,6 +1405,9 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 	c->n_logits = n_out;
 	if (n_out > 0)
 		engine_matmul(c, &m->output, c->xb, E, n_out, c->logits, hp->n_vocab, NULL, false);
+	if (hp->final_softcap > 0) /* gemma2 */
+		for (size_t i = 0; i < (size_t)n_out * hp->n_vocab; i++)
+			c->logits[i] = softcap(c->logits[i], hp->final_softcap);
 	for (int i = 0; i < T; i++) {
 		int s = c->seq[i];
 		if (b->pos[i] + 1 > c->seq_len[s])
@@ -915,13 +1428,12 @@ const float *engine_get_logits(const engine_ctx *c, int i)
 
 int engine_eval(engine_ctx *c, const int32_t *tokens, int n, int pos, struct cm_err *err)
 {
-	int32_t posv[512];
 	int done = 0;
 	while (done < n) {
-		int chunk = CM_MIN(n - done, (int)CM_MIN(c->n_batch, CM_ARRAY_LEN(posv)));
+		int chunk = CM_MIN(n - done, (int)c->n_batch);
 		for (int i = 0; i < chunk; i++)
-			posv[i] = pos + done + i;
-		struct engine_batch b = {.n = chunk, .tokens = tokens + done, .pos = posv};
+			c->eval_pos[i] = pos + done + i;
+		struct engine_batch b = {.n = chunk, .tokens = tokens + done, .pos = c->eval_pos};
 		int r = engine_decode(c, &b, err);
 		if (r)
 			return r;

@@ -77,9 +77,10 @@ test: check
 AARCH64_CC    ?= aarch64-linux-gnu-gcc
 QEMU_AARCH64  ?= qemu-aarch64-static
 AARCH64_BUILD := build-aarch64
-# test_kern runs every compiled variant (NEON, dotprod) against the scalar
-# reference; test_kern_simd also loads models, which needs PCRE2 for aarch64.
-AARCH64_TESTS := test_kern
+# test_kern and test_kern_attn run every compiled variant (NEON, dotprod)
+# against the scalar reference; test_kern_simd also loads models, which
+# needs PCRE2 for aarch64.
+AARCH64_TESTS := test_kern test_kern_attn
 # Debian's gcc-aarch64-linux-gnu 12.2 hits an internal error vectorizing a
 # reduction in tests/kernels/test_kern.c; the kernels use intrinsics anyway.
 AARCH64_CFLAGS ?= -O2 -g -fno-tree-vectorize

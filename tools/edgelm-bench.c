@@ -55,10 +55,14 @@ static void usage(FILE *o)
 		"  -m, --model FILE     GGUF model (e.g. from `edgelm-gguf mkmodel`)\n"
 		"  -t, --threads N      worker threads (default: one per usable CPU)\n"
 		"      --isa NAME       force a kernel variant (also EDGELM_ISA)\n"
+		"      --repack MODE    repack Q4_0/Q8_0 weights at load: auto, on, off\n"
+		"                       (also EDGELM_REPACK; default auto)\n"
 		"      --prompts LIST   prefill prompt lengths (default 128,512)\n"
 		"      --contexts LIST  decode context depths (default 0,512)\n"
 		"  -n, --n-gen N        tokens per decode run (default 32)\n"
 		"      --reps N         repetitions, best kept (default 3)\n"
+		"  -b, --batch N        prefill chunk, tokens per engine call (default 512)\n"
+		"      --kv-type TYPE   KV cache type: %s (default %s)\n"
 		"      --bw-mib N       bandwidth buffer size in MiB (default 1024)\n"
 		"      --json           one JSON object instead of a table\n"
 		"\n"
@@ -76,7 +80,8 @@ static void usage(FILE *o)
 		"      --text-mb N      repeat the text up to N MB (default 4; 0: once)\n"
 		"\n"
 		"  --daemon URL         load a running edgelmd instead (--help --daemon: its options)\n"
-		"  -h, --help\n");
+		"  -h, --help\n",
+		engine_kv_type_list(), engine_kv_type_name(ENGINE_KV_DEFAULT));
 }
 
 /* ---- read bandwidth ------------------------------------------------------ */
@@ -229,8 +234,10 @@ int main(int argc, char **argv)
 		{"model", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
 		{"isa", required_argument, NULL, 'I'},   {"prompts", required_argument, NULL, 'P'},
 		{"contexts", required_argument, NULL, 'C'}, {"n-gen", required_argument, NULL, 'n'},
-		{"reps", required_argument, NULL, 'r'},  {"bw-mib", required_argument, NULL, 'b'},
+		{"reps", required_argument, NULL, 'r'},  {"bw-mib", required_argument, NULL, 'W'},
 		{"json", no_argument, NULL, 'j'},        {"help", no_argument, NULL, 'h'},
+		{"batch", required_argument, NULL, 'B'}, {"kv-type", required_argument, NULL, 'K'},
+		{"repack", required_argument, NULL, 'R'},
 		{"tuning", required_argument, NULL, OPT_TUNING},
 		{"pin", no_argument, NULL, OPT_PIN},
 		{"hugepages", no_argument, NULL, OPT_HUGEPAGES},
@@ -240,24 +247,35 @@ int main(int argc, char **argv)
 		{"text-mb", required_argument, NULL, OPT_TEXT_MB},
 		{NULL, 0, NULL, 0},
 	};
-	const char *model = NULL, *isa = getenv("EDGELM_ISA");
-	int threads = 0, n_gen = 32, reps = 3, bw_mib = 1024;
+	const char *model = NULL, *isa = getenv("EDGELM_ISA"), *repack = getenv("EDGELM_REPACK");
+	int threads = 0, n_gen = 32, reps = 3, bw_mib = 1024, n_batch = 512;
+	enum engine_kv_type kv_type = ENGINE_KV_DEFAULT;
 	int prompts[8] = {128, 512}, n_prompts = 2, ctxs[8] = {0, 512}, n_ctxs = 2;
 	bool json = false, tokenize = false, bad = false, tuning = false;
 	double text_mb = 4;
 	/* --tuning sets the base wherever it appears; the switches add to it */
 	struct tools_tuning_want add = {0};
 	int c;
-	while ((c = getopt_long(argc, argv, "m:t:n:r:jh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "m:t:n:r:b:jh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'm': model = optarg; break;
 		case 't': threads = atoi(optarg); break;
 		case 'I': isa = optarg; break;
+		case 'R': repack = optarg; break;
 		case 'P': n_prompts = parse_list(optarg, prompts, 8); break;
 		case 'C': n_ctxs = parse_list(optarg, ctxs, 8); break;
 		case 'n': n_gen = atoi(optarg); break;
 		case 'r': reps = atoi(optarg); break;
-		case 'b': bw_mib = atoi(optarg); break;
+		case 'W': bw_mib = atoi(optarg); break;
+		case 'b':
+		case 'B': n_batch = atoi(optarg); break;
+		case 'K':
+			if (engine_kv_type_from_name(optarg, &kv_type) != 0) {
+				fprintf(stderr, "edgelm-bench: --kv-type: '%s' is not one of %s\n",
+					optarg, engine_kv_type_list());
+				return EXIT_USAGE;
+			}
+			break;
 		case 'j': json = true; break;
 		case OPT_TUNING: bad |= parse_on_off(optarg, &tuning) != 0; break;
 		case OPT_PIN: add.pin = true; break;
@@ -289,7 +307,7 @@ int main(int argc, char **argv)
 		return tools_bench_tokenize(&tp);
 	}
 	if (!model || bad || optind < argc || n_prompts < 0 || n_ctxs < 0 || threads < 0 ||
-	    n_gen < 1 || reps < 1 || bw_mib < 16) {
+	    n_gen < 1 || reps < 1 || bw_mib < 16 || n_batch < 1 || n_batch > 65536) {
 		usage(stderr);
 		return EXIT_USAGE;
 	}
@@ -313,11 +331,15 @@ int main(int argc, char **argv)
 	engine_ctx *cx = NULL;
 	struct tools_tuning *tt = NULL;
 	int rc = 0;
+	struct engine_params ep = {.isa = isa};
+	if (engine_repack_parse(repack, &ep.repack) != 0) {
+		fprintf(stderr, "edgelm-bench: --repack: expected auto, on or off, not '%s'\n", repack);
+		return EXIT_USAGE;
+	}
 	if (tools_tuning_new(&want, model, threads, &tt, &err) != 0) {
 		fprintf(stderr, "edgelm-bench: %s\n", err.msg);
 		return EXIT_RUNTIME;
 	}
-	struct engine_params ep = {.isa = isa};
 	tools_tuning_engine_params(tt, &ep);
 	double t_load = cm_now();
 	if (engine_model_load(model, &ep, &m, &err) != 0) {
@@ -339,7 +361,12 @@ int main(int argc, char **argv)
 		rc = EXIT_USAGE;
 		goto out;
 	}
-	struct engine_ctx_params cp = {.n_ctx = (uint32_t)max_ctx, .n_seq = 1, .n_batch = 512};
+	struct engine_ctx_params cp = {
+		.n_ctx = (uint32_t)max_ctx,
+		.n_seq = 1,
+		.n_batch = (uint32_t)n_batch,
+		.kv_type = kv_type,
+	};
 	if (engine_ctx_new(m, &cp, &cx, &err) != 0) {
 		fprintf(stderr, "edgelm-bench: %s\n", err.msg);
 		rc = EXIT_RUNTIME;
@@ -407,8 +434,12 @@ int main(int argc, char **argv)
 		printf("{\"model\":");
 		tools_json_str(stdout, info.name);
 		printf(",\"arch\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
+		       "\"kv_type\":\"%s\",\"batch\":%d,"
+		       "\"repacked_tensors\":%u,\"repacked_bytes\":%llu,"
 		       "\"weight_bytes_per_token\":%.0f,\"read_bandwidth_gbs\":%.3f,\"prefill\":[",
-		       info.arch, info.isa, info.n_threads, wb, bw / 1e9);
+		       info.arch, info.isa, info.n_threads,
+		       engine_kv_type_name(engine_ctx_kv_type(cx)), n_batch, info.n_x16_tensors,
+		       (unsigned long long)info.x16_bytes, wb, bw / 1e9);
 		for (int i = 0; i < n_prompts; i++)
 			printf("%s{\"tokens\":%d,\"tok_s\":%.2f}", i ? "," : "", prompts[i], pre[i]);
 		printf("],\"decode\":[");
@@ -424,7 +455,15 @@ int main(int argc, char **argv)
 	} else {
 		printf("model        %s (%s), %.1f MiB of weights read per token\n",
 		       info.name[0] ? info.name : model, info.arch, wb / (1 << 20));
-		printf("kernels      %s, %d threads\n", info.isa, info.n_threads);
+		printf("kernels      %s, %d threads", info.isa, info.n_threads);
+		if (info.n_x16_tensors)
+			printf(", %u tensors repacked x16 (%.1f MiB)", info.n_x16_tensors,
+			       (double)info.x16_bytes / (1 << 20));
+		printf("\n");
+		printf("kv cache     %s, %.1f KiB per token; prefill in chunks of %d\n",
+		       engine_kv_type_name(engine_ctx_kv_type(cx)),
+		       (double)engine_model_kv_bytes_per_token(m, engine_ctx_kv_type(cx)) / 1024,
+		       n_batch);
 		tools_tuning_print(tt, stdout);
 		printf("read bw      %.2f GB/s (streaming read, %d threads)\n", bw / 1e9,
 		       info.n_threads);

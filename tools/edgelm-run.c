@@ -33,6 +33,8 @@
 #define EXIT_USAGE 1
 #define EXIT_INPUT 2
 #define EXIT_RUNTIME 3
+/* Prompt chunk (engine n_batch): docs/engine.md, "Prefill in chunks". */
+#define DEFAULT_BATCH 256
 
 static void usage(FILE *o)
 {
@@ -53,7 +55,12 @@ static void usage(FILE *o)
 		"      --seed S           sampling seed (default: from the clock, printed)\n"
 		"  -t, --threads N        worker threads (default: one per usable CPU)\n"
 		"  -c, --ctx N            cap the context length (default: the model's)\n"
+		"  -b, --batch N          prefill the prompt in chunks of N tokens (default %d;\n"
+		"                         the scratch memory grows with N, the speed barely)\n"
+		"      --kv-type TYPE     KV cache type: %s (default %s)\n"
 		"      --isa NAME         force a kernel variant (scalar, ...; also EDGELM_ISA)\n"
+		"      --repack MODE      repack Q4_0/Q8_0 weights at load: auto, on, off\n"
+		"                         (also EDGELM_REPACK; default auto)\n"
 		"      --json             one JSON object per generated token\n"
 		"      --top-logits K     top logits per token in --json mode (default 8)\n"
 		"      --tokenize         print the prompt's token ids as JSON and exit\n"
@@ -64,7 +71,8 @@ static void usage(FILE *o)
 		"      --stop STR         stop when the output contains STR (repeatable; STR is\n"
 		"                         not printed)\n"
 		"  -q, --quiet            no timings on stderr\n"
-		"  -h, --help\n");
+		"  -h, --help\n",
+		DEFAULT_BATCH, engine_kv_type_list(), engine_kv_type_name(ENGINE_KV_DEFAULT));
 }
 
 enum {
@@ -78,6 +86,7 @@ enum {
 	OPT_LASTN,
 	OPT_SEED,
 	OPT_ISA,
+	OPT_REPACK,
 	OPT_JSON,
 	OPT_TOPL,
 	OPT_TOKENIZE,
@@ -85,6 +94,7 @@ enum {
 	OPT_CHAT,
 	OPT_CHAT_TEMPLATE,
 	OPT_STOP,
+	OPT_KV_TYPE,
 };
 
 static const struct option long_opts[] = {
@@ -94,6 +104,8 @@ static const struct option long_opts[] = {
 	{"n-predict", required_argument, NULL, 'n'},
 	{"threads", required_argument, NULL, 't'},
 	{"ctx", required_argument, NULL, 'c'},
+	{"batch", required_argument, NULL, 'b'},
+	{"kv-type", required_argument, NULL, OPT_KV_TYPE},
 	{"temp", required_argument, NULL, OPT_TEMP},
 	{"top-k", required_argument, NULL, OPT_TOPK},
 	{"top-p", required_argument, NULL, OPT_TOPP},
@@ -104,6 +116,7 @@ static const struct option long_opts[] = {
 	{"penalty-last-n", required_argument, NULL, OPT_LASTN},
 	{"seed", required_argument, NULL, OPT_SEED},
 	{"isa", required_argument, NULL, OPT_ISA},
+	{"repack", required_argument, NULL, OPT_REPACK},
 	{"json", no_argument, NULL, OPT_JSON},
 	{"top-logits", required_argument, NULL, OPT_TOPL},
 	{"tokenize", no_argument, NULL, OPT_TOKENIZE},
@@ -343,13 +356,14 @@ int main(int argc, char **argv)
 	const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL;
 	const char *chat_file = NULL, *chat_tmpl = NULL;
 	struct out_text ot = {.n_stop = 0};
-	const char *isa = getenv("EDGELM_ISA");
-	long n_predict = 128, n_threads = 0, ctx = 0, top_n = 8, lastn = 64;
+	const char *isa = getenv("EDGELM_ISA"), *repack = getenv("EDGELM_REPACK");
+	long n_predict = 128, n_threads = 0, ctx = 0, top_n = 8, lastn = 64, n_batch = DEFAULT_BATCH;
+	enum engine_kv_type kv_type = ENGINE_KV_DEFAULT;
 	bool json = false, tokenize_only = false, special = false, quiet = false, seed_set = false;
 	struct engine_sampler_params sp;
 	engine_sampler_params_default(&sp);
 	int c;
-	while ((c = getopt_long(argc, argv, "m:p:f:n:t:c:qh", long_opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "m:p:f:n:t:c:b:qh", long_opts, NULL)) != -1) {
 		long lv;
 		int bad = 0;
 		switch (c) {
@@ -359,6 +373,14 @@ int main(int argc, char **argv)
 		case 'n': bad = parse_long(optarg, 0, 1 << 24, &n_predict); break;
 		case 't': bad = parse_long(optarg, 1, 4096, &n_threads); break;
 		case 'c': bad = parse_long(optarg, 1, 1 << 24, &ctx); break;
+		case 'b': bad = parse_long(optarg, 1, 65536, &n_batch); break;
+		case OPT_KV_TYPE:
+			if (engine_kv_type_from_name(optarg, &kv_type) != 0) {
+				fprintf(stderr, "edgelm-run: --kv-type: '%s' is not one of %s\n",
+					optarg, engine_kv_type_list());
+				return EXIT_USAGE;
+			}
+			break;
 		case OPT_TEMP: bad = parse_float(optarg, 0, 100, &sp.temp); break;
 		case OPT_TOPK:
 			bad = parse_long(optarg, 0, 1 << 30, &lv);
@@ -381,6 +403,7 @@ int main(int argc, char **argv)
 			break;
 		}
 		case OPT_ISA: isa = optarg; break;
+		case OPT_REPACK: repack = optarg; break;
 		case OPT_JSON: json = true; break;
 		case OPT_TOPL: bad = parse_long(optarg, 0, 1 << 20, &top_n); break;
 		case OPT_TOKENIZE: tokenize_only = true; break;
@@ -451,6 +474,10 @@ int main(int argc, char **argv)
 		.isa = isa,
 		.vocab_only = tokenize_only,
 	};
+	if (engine_repack_parse(repack, &ep.repack) != 0) {
+		fprintf(stderr, "edgelm-run: --repack: expected auto, on or off, not '%s'\n", repack);
+		return EXIT_USAGE;
+	}
 	double t0 = cm_now();
 	if (engine_model_load(model_path, &ep, &m, &err) != 0) {
 		fprintf(stderr, "edgelm-run: %s: %s\n", model_path, err.msg);
@@ -510,7 +537,12 @@ int main(int argc, char **argv)
 		rc = EXIT_INPUT;
 		goto out;
 	}
-	struct engine_ctx_params cp = {.n_ctx = info.n_ctx, .n_seq = 1, .n_batch = 256};
+	struct engine_ctx_params cp = {
+		.n_ctx = info.n_ctx,
+		.n_seq = 1,
+		.n_batch = (uint32_t)n_batch,
+		.kv_type = kv_type,
+	};
 	if (engine_ctx_new(m, &cp, &cx, &err) != 0 ||
 	    engine_sampler_new(&sp, (int)info.n_vocab, &smp, &err) != 0) {
 		fprintf(stderr, "edgelm-run: %s\n", err.msg);
@@ -519,9 +551,14 @@ int main(int argc, char **argv)
 	}
 	if (!quiet)
 		fprintf(stderr,
-			"edgelm-run: %s (%s, %u layers, %u ctx), %d threads, kernels %s, seed %llu\n",
+			"edgelm-run: %s (%s, %u layers, %u ctx, %s KV), %d threads, kernels %s, "
+			"seed %llu\n",
 			info.name[0] ? info.name : model_path, info.arch, info.n_layer, info.n_ctx,
-			info.n_threads, info.isa, (unsigned long long)sp.seed);
+			engine_kv_type_name(engine_ctx_kv_type(cx)), info.n_threads, info.isa,
+			(unsigned long long)sp.seed);
+	if (!quiet && info.n_x16_tensors)
+		fprintf(stderr, "edgelm-run: repacked %u tensors (%.1f MiB) into the x16 layout\n",
+			info.n_x16_tensors, (double)info.x16_bytes / (1 << 20));
 	for (int i = 0; i < n_ids; i++)
 		engine_sampler_accept(smp, ids[i]);
 

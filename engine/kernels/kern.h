@@ -38,6 +38,31 @@ typedef void (*kern_gemm_fn)(int64_t n, int nr, int nt, const void *w, size_t w_
 			     const void *a, size_t a_stride, const float *aux, size_t aux_stride,
 			     float *s, size_t s_stride);
 
+/* Attention over a KV cache (model.c), per KV head: n cached rows of hd
+ * elements, row i at (const uint8_t *)k + i * stride. An F16 row is hd
+ * halves; a Q8_0 row is ceil(hd / 32) blocks, the last one zero-padded.
+ *
+ * score: s[i] = dot(q, k_i) * scale, i < n. For F16 rows q is hd floats;
+ * for Q8_0 rows q is a Q8_0 row like the cache's (the query quantized,
+ * zero-padded). Budgets (tests/kernels/test_kern_attn.c): F16, the
+ * reference rounds the exact dot once (double sum) and variants may sum in
+ * f32 in any order, within (hd + 8) 2^-24 scale sum_j |q_j k_ij|; Q8_0,
+ * every block sum is an exact integer and the float steps are the
+ * reference's, in its order (sum += (d_q d_k) isum_b over blocks, then one
+ * multiply by scale): every variant gives the reference's result bit for
+ * bit.
+ *
+ * vsum: o[j] = sum_i w[i] v_ij for j < hd (o is overwritten). Every
+ * variant takes the reference's steps in its order, lane by lane: o starts
+ * at 0, then for i = 0 .. n-1, o[j] = o[j] + c * v_ij, a product then a sum
+ * (no FMA), with c = w[i] (F16) or c = w[i] * d_ib (Q8_0, d_ib the row's
+ * block scale) and v_ij exact in f32: bit for bit the same everywhere, so
+ * the weighted sum never depends on the variant's vector width. */
+typedef void (*kern_attn_score_fn)(int hd, int n, const void *q, const void *k, size_t stride,
+				   float scale, float *s);
+typedef void (*kern_attn_vsum_fn)(int hd, int n, const float *w, const void *v, size_t stride,
+				  float *o);
+
 struct kern_type_ops {
 	uint32_t act_type;        /* ENGINE_DTYPE_* of the activation layout */
 	kern_vec_dot_fn vec_dot;  /* NULL: type not computable by this variant */
@@ -48,6 +73,14 @@ struct kern_type_ops {
 	 * results bit for bit (a token's logits may not depend on how many
 	 * tokens share its step). NULL: vec_dot, or gemm when there is one. */
 	kern_gemm_fn gemv;
+	/* The tile kernel over weights repacked by kern_x16_pack() (below):
+	 * `w` is the panel of 16 rows, nr a multiple of 16, consecutive panels
+	 * 16 * w_stride bytes apart (w_stride: the native row size). Any nt,
+	 * one token included: per (row, token) the float operations are one
+	 * fixed sequence, so results are bit-identical whatever nt, nr and the
+	 * tiling. NULL: the variant does not read the repacked layout, and the
+	 * model keeps the file's layout. */
+	kern_gemm_fn gemm_x16;
 };
 
 /* CPU features the dispatcher looks at (filled by tuning/ or by
@@ -69,12 +102,23 @@ struct kern_ops {
 	float (*dot_f32)(int64_t n, const float *a, const float *b);
 	/* y += a * x */
 	void (*axpy_f32)(int64_t n, float a, const float *x, float *y);
+	/* g[i] = silu(g[i]) * u[i], the SwiGLU activation: the generic one
+	 * with libm's expf, the SIMD ones with a polynomial exp (relative
+	 * error under 3e-7, tested against the generic one) */
+	void (*silu_mul_f32)(int64_t n, float *g, const float *u);
+	/* x[i] = exp(x[i] - mx), returns their sum: the softmax numerator
+	 * (same exp as silu_mul_f32; the sum's order is fixed per variant) */
+	float (*exp_sum_f32)(int64_t n, float *x, float mx);
 	/* Streaming read of n bytes (p 64-byte aligned, n a multiple of 256)
 	 * with the widest loads the variant has; returns a value that depends
 	 * on every byte so the reads cannot be elided. edgelm-bench measures
 	 * the box's read bandwidth with it. NULL (the generic table): use
 	 * kern_read_stream_generic. */
 	uint64_t (*read_stream)(const void *p, size_t n);
+	/* Attention over F16 and Q8_0 KV caches (contract above; the F32 cache
+	 * uses dot_f32 and axpy_f32). */
+	kern_attn_score_fn attn_score_f16, attn_score_q8_0;
+	kern_attn_vsum_fn attn_vsum_f16, attn_vsum_q8_0;
 };
 
 /* The generic (scalar) table: always available, the reference. */
@@ -90,6 +134,38 @@ size_t kern_act_row_size(uint32_t act_type, int64_t n);
  * and take the offset off exactly once per block. */
 size_t kern_act_aux_len(uint32_t act_type, int64_t n);
 void kern_act_aux(uint32_t act_type, const void *a, int64_t n, float *aux);
+
+/* ---- the x16 repacked layout ----------------------------------------------
+ * Load-time repacking (model.c) turns each group of 16 rows of a Q4_0 or
+ * Q8_0 matrix into one panel of the same size, laid out the way a vpdpbusd
+ * (or sdot) kernel reads it: one 64-byte vector holds 4 consecutive
+ * elements of each of the 16 rows, so a decode kernel streams the panel
+ * front to back with no transpose and no horizontal sums. For nb blocks:
+ *   Q4_0: codes nb x 256 bytes, then scales nb x 16 f16. Block b, chunk j
+ *         (0..3), byte 4r + i at b*256 + j*64 + 4r + i is byte 4j + i of
+ *         row r's block (low nibble: element 4j + i, high: 16 + 4j + i).
+ *   Q8_0: codes nb x 512 bytes, then scales nb x 16 f16. Block b, group g
+ *         (0..7), byte b*512 + g*64 + 4r + i is element 4g + i of row r,
+ *         stored as an unsigned code q + 128.
+ *   scales: f16 at codes_bytes + b*32 + 2r: row r's block b scale.
+ * A panel is exactly 16 native rows long, so a matrix is repacked in place
+ * panel by panel; rows past the last full group of 16 stay native. */
+#define KERN_X16_ROWS 16
+bool kern_x16_supported(uint32_t type);
+/* Pack 16 native rows (`rows`, row_stride bytes apart, n elements each)
+ * into `panel` (16 * row size bytes; must not overlap `rows`). */
+void kern_x16_pack(uint32_t type, const void *rows, size_t row_stride, int64_t n, void *panel);
+/* The inverse, for tests and tools. */
+void kern_x16_unpack(uint32_t type, const void *panel, int64_t n, void *rows, size_t row_stride);
+/* Row r (0..15) of a panel in the native layout: an embedding lookup in a
+ * matrix that is repacked because it is also the (tied) output. */
+void kern_x16_unpack_row(uint32_t type, const void *panel, int64_t n, int r, void *row);
+/* The scalar reference of gemm_x16 (the oracle for the variants' kernels):
+ * exact integer block dots, then per block acc += (float)isum * (d_w * d_a),
+ * blocks in order, which is the sequence every gemm_x16 follows. */
+void kern_gemm_x16_ref(uint32_t type, int64_t n, int nr, int nt, const void *w,
+		       size_t w_stride, const void *a, size_t a_stride, const float *aux,
+		       size_t aux_stride, float *s, size_t s_stride);
 
 /* Portable streaming read (8 independent 64-bit lanes). */
 uint64_t kern_read_stream_generic(const void *p, size_t n);

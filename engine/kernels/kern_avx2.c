@@ -400,6 +400,156 @@ static uint64_t read_stream(const void *p, size_t n)
 	       (uint64_t)_mm256_extract_epi64(s, 2) ^ (uint64_t)_mm256_extract_epi64(s, 3);
 }
 
+/* ---- attention over F16 / Q8_0 KV caches ----------------------------------
+ * Contracts in kern.h. score_f16 sums in f32 (two accumulators, then a
+ * scalar tail); score_q8_0 and both vsums take the reference's float steps
+ * in its order (products then sums, no FMA), so they equal it bit for bit.
+ * Q8_0 codes are in [-127, 127] (our quantizer's range), which the maddubs
+ * sign trick needs. */
+
+static void attn_score_f16(int hd, int n, const void *vq, const void *k, size_t stride,
+			   float scale, float *s)
+{
+	const float *q = vq;
+	for (int i = 0; i < n; i++) {
+		const uint16_t *r = (const uint16_t *)((const uint8_t *)k + (size_t)i * stride);
+		__m256 a0 = _mm256_setzero_ps(), a1 = a0;
+		int j = 0;
+		for (; j + 16 <= hd; j += 16) {
+			a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j),
+					     _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + j))), a0);
+			a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 8),
+					     _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + j + 8))),
+					     a1);
+		}
+		if (j + 8 <= hd) {
+			a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j),
+					     _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + j))), a0);
+			j += 8;
+		}
+		float t = hsum_ps(_mm256_add_ps(a0, a1));
+		for (; j < hd; j++)
+			t += q[j] * half(r[j]);
+		s[i] = t * scale;
+	}
+}
+
+static void attn_score_q8_0(int hd, int n, const void *vq, const void *k, size_t stride,
+			    float scale, float *s)
+{
+	const struct block_q8_0 *q = vq;
+	int nb = (hd + QK8_0 - 1) / QK8_0;
+	for (int i = 0; i < n; i++) {
+		const struct block_q8_0 *r =
+			(const struct block_q8_0 *)((const uint8_t *)k + (size_t)i * stride);
+		float sum = 0.0f;
+		for (int b = 0; b < nb; b++) {
+			int32_t isum = hsum_i32(dot_i8(_mm256_loadu_si256((const __m256i *)r[b].qs),
+						       _mm256_loadu_si256((const __m256i *)q[b].qs)));
+			sum += (half(q[b].d) * half(r[b].d)) * (float)isum;
+		}
+		s[i] = sum * scale;
+	}
+}
+
+/* o[j0 .. j0 + 8 NA) over all rows, NA accumulators in registers. */
+static inline __attribute__((always_inline)) void
+vsum_f16_chunk(const int NA, int j0, int n, const float *w, const uint8_t *v, size_t stride,
+	       float *o)
+{
+	__m256 acc[8];
+	_Pragma("GCC unroll 8") for (int a = 0; a < NA; a++)
+		acc[a] = _mm256_setzero_ps();
+	for (int i = 0; i < n; i++) {
+		const uint16_t *r = (const uint16_t *)(v + (size_t)i * stride) + j0;
+		__m256 c = _mm256_set1_ps(w[i]);
+		_Pragma("GCC unroll 8") for (int a = 0; a < NA; a++) {
+			__m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8 * a)));
+			acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(c, x));
+		}
+	}
+	_Pragma("GCC unroll 8") for (int a = 0; a < NA; a++)
+		_mm256_storeu_ps(o + j0 + 8 * a, acc[a]);
+}
+
+static void attn_vsum_f16(int hd, int n, const float *w, const void *v, size_t stride, float *o)
+{
+	const uint8_t *vb = v;
+	int j0 = 0;
+	for (; j0 + 64 <= hd; j0 += 64)
+		vsum_f16_chunk(8, j0, n, w, vb, stride, o);
+	if (j0 + 32 <= hd) {
+		vsum_f16_chunk(4, j0, n, w, vb, stride, o);
+		j0 += 32;
+	}
+	for (; j0 + 8 <= hd; j0 += 8)
+		vsum_f16_chunk(1, j0, n, w, vb, stride, o);
+	for (int j = j0; j < hd; j++) {
+		float acc = 0.0f;
+		for (int i = 0; i < n; i++)
+			acc += w[i] * half(((const uint16_t *)(vb + (size_t)i * stride))[j]);
+		o[j] = acc;
+	}
+}
+
+/* 8 codes of a Q8_0 block, from element e, as floats. */
+static inline __m256 q8_f32(const int8_t *qs)
+{
+	return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qs)));
+}
+
+/* Blocks [b0, b0 + NB) of every row (NB whole blocks of 32). */
+static inline __attribute__((always_inline)) void
+vsum_q8_0_chunk(const int NB, int b0, int n, const float *w, const uint8_t *v, size_t stride,
+		float *o)
+{
+	__m256 acc[8];
+	_Pragma("GCC unroll 8") for (int a = 0; a < 4 * NB; a++)
+		acc[a] = _mm256_setzero_ps();
+	for (int i = 0; i < n; i++) {
+		const struct block_q8_0 *r = (const struct block_q8_0 *)(v + (size_t)i * stride) + b0;
+		_Pragma("GCC unroll 2") for (int b = 0; b < NB; b++) {
+			__m256 c = _mm256_set1_ps(w[i] * half(r[b].d));
+			_Pragma("GCC unroll 4") for (int g = 0; g < 4; g++)
+				acc[4 * b + g] = _mm256_add_ps(acc[4 * b + g],
+							       _mm256_mul_ps(c, q8_f32(r[b].qs + 8 * g)));
+		}
+	}
+	_Pragma("GCC unroll 8") for (int a = 0; a < 4 * NB; a++)
+		_mm256_storeu_ps(o + 32 * b0 + 8 * a, acc[a]);
+}
+
+static void attn_vsum_q8_0(int hd, int n, const float *w, const void *v, size_t stride, float *o)
+{
+	const uint8_t *vb = v;
+	int nfull = hd / QK8_0, b = 0;
+	for (; b + 2 <= nfull; b += 2)
+		vsum_q8_0_chunk(2, b, n, w, vb, stride, o);
+	if (b < nfull) {
+		vsum_q8_0_chunk(1, b, n, w, vb, stride, o);
+		b++;
+	}
+	int j0 = QK8_0 * b, m = hd - j0; /* the padded last block: m < 32 elements */
+	if (m <= 0)
+		return;
+	int g8 = m / 8;
+	__m256 acc[3] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+	float tail[8] = {0};
+	for (int i = 0; i < n; i++) {
+		const struct block_q8_0 *r = (const struct block_q8_0 *)(vb + (size_t)i * stride) + b;
+		float c = w[i] * half(r->d);
+		__m256 cv = _mm256_set1_ps(c);
+		for (int g = 0; g < g8; g++)
+			acc[g] = _mm256_add_ps(acc[g], _mm256_mul_ps(cv, q8_f32(r->qs + 8 * g)));
+		for (int j = 8 * g8; j < m; j++)
+			tail[j - 8 * g8] += c * (float)r->qs[j];
+	}
+	for (int g = 0; g < g8; g++)
+		_mm256_storeu_ps(o + j0 + 8 * g, acc[g]);
+	for (int j = 8 * g8; j < m; j++)
+		o[j0 + j] = tail[j - 8 * g8];
+}
+
 const struct kern_ops kern_avx2_ops = {
 	.name = "avx2",
 	.t = {
@@ -421,4 +571,8 @@ const struct kern_ops kern_avx2_ops = {
 	.dot_f32 = dot_f32,
 	.axpy_f32 = axpy_f32,
 	.read_stream = read_stream,
+	.attn_score_f16 = attn_score_f16,
+	.attn_score_q8_0 = attn_score_q8_0,
+	.attn_vsum_f16 = attn_vsum_f16,
+	.attn_vsum_q8_0 = attn_vsum_q8_0,
 };

@@ -98,6 +98,52 @@ static float dot_f32(int64_t n, const float *a, const float *b)
 	return s;
 }
 
+/* exp(x) for x in float range: x = k ln2 + r, |r| <= ln2 / 2, a degree-6
+ * Taylor polynomial for exp(r) (truncation < 2e-8 relative), 2^k by
+ * vscalefps (which also gives 0 and inf at the ends). */
+static inline __m512 exp512(__m512 x)
+{
+	x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(89.0f)), _mm512_set1_ps(-104.0f));
+	__m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+					_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);
+	r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860676533018e-06f), r);
+	__m512 p = _mm512_set1_ps(1.0f / 720.0f);
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+	return _mm512_scalef_ps(p, k);
+}
+
+static void silu_mul_f32(int64_t n, float *g, const float *u)
+{
+	const __m512 one = _mm512_set1_ps(1.0f);
+	for (int64_t i = 0; i < n; i += 16) {
+		__mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+		__m512 x = _mm512_maskz_loadu_ps(m, g + i);
+		__m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), x));
+		__m512 y = _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)),
+					 _mm512_maskz_loadu_ps(m, u + i));
+		_mm512_mask_storeu_ps(g + i, m, y);
+	}
+}
+
+static float exp_sum_f32(int64_t n, float *x, float mx)
+{
+	const __m512 m = _mm512_set1_ps(mx);
+	__m512 sum = _mm512_setzero_ps();
+	for (int64_t i = 0; i < n; i += 16) {
+		__mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+		__m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m));
+		_mm512_mask_storeu_ps(x + i, k, e);
+		sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
+	}
+	return _mm512_reduce_add_ps(sum);
+}
+
 static uint64_t read_stream(const void *p, size_t n)
 {
 	const __m512i *v = p;
@@ -475,6 +521,570 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
 	gemm_panel(panel_q8_0, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
 }
 
+/* ---- VNNI: the x16 repacked layout (kern.h), any number of tokens -------
+ * One panel = 16 rows; per block, 8 vectors of codes (4 elements x 16
+ * rows each) are loaded (Q4_0: 4 loads, split into low and high nibbles)
+ * once and serve up to X16_TOKENS tokens, each token's 16 outputs being
+ * the 16 lanes of one accumulator. Per (row, token) and block, in order:
+ *     isum = exact integer dot of the codes with the activation
+ *     f    = isum - off * sum(a)          (exact: every term < 2^24)
+ *     acc  = fma(f, d_w * d_a, acc)
+ * which is kern_gemm_x16_ref()'s sequence: the results are bit-identical
+ * to it, and so to themselves whatever nt (decode = prefill numerics). */
+
+#define X16_TOKENS 8
+#ifndef X16_PREFETCH
+#define X16_PREFETCH 2048 /* bytes ahead */
+#endif
+#ifndef X16_HINT
+#define X16_HINT _MM_HINT_T0
+#endif
+
+/* acc += dpbusd(c, broadcast of the 4 bytes at p), with the broadcast
+ * folded into the instruction ({1to16}): GCC does not fold
+ * _mm512_set1_epi32(load) into vpdpbusd, and the separate vpbroadcastd is
+ * one more uop per 64 multiply-adds. */
+static inline __attribute__((always_inline)) VNNI __m512i dpbusd_bcst(__m512i acc, __m512i c,
+								     const int8_t *p)
+{
+	__asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(c), "m"(*(const int32_t *)p));
+	return acc;
+}
+
+static inline __attribute__((always_inline)) VNNI void
+x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
+	  const float *aux, size_t aux_stride, float *s, size_t s_stride)
+{
+	const size_t cb = q4 ? 256 : 512;
+	const uint8_t *scales = panel + (size_t)nb * cb;
+	const __m512i low = _mm512_set1_epi8(0x0f);
+	const __m512 offv = _mm512_set1_ps(q4 ? 8.0f : 128.0f);
+	__m512 acc[X16_TOKENS];
+	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+		acc[t] = _mm512_setzero_ps();
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pb = panel + (size_t)b * cb;
+		__m512i c[8];
+		/* one stream per thread: help the hardware prefetcher along
+		 * (runs past the codes into the scales and the next panel,
+		 * which is what comes next) */
+		_Pragma("GCC unroll 8") for (size_t l = 0; l < cb; l += 64)
+			_mm_prefetch((const char *)pb + X16_PREFETCH + l, X16_HINT);
+		if (q4) {
+			_Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+				__m512i v = _mm512_loadu_si512(pb + 64 * j);
+				c[j] = _mm512_and_si512(v, low);
+				c[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+			}
+		} else {
+			_Pragma("GCC unroll 8") for (int g = 0; g < 8; g++)
+				c[g] = _mm512_loadu_si512(pb + 64 * g);
+		}
+		__m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + 32 * b)));
+		_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
+			const int8_t *q = ((const struct block_q8_0 *)(a + (size_t)t * a_stride))[b].qs;
+			const float *x = aux + (size_t)t * aux_stride + 2 * b;
+			__m512i s0 = _mm512_setzero_si512(), s1 = s0;
+			_Pragma("GCC unroll 4") for (int g = 0; g < 8; g += 2) {
+				s0 = dpbusd_bcst(s0, c[g], q + 4 * g);
+				s1 = dpbusd_bcst(s1, c[g + 1], q + 4 * g + 4);
+			}
+			__m512 f = _mm512_fnmadd_ps(offv, _mm512_set1_ps(x[1]),
+						    _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)));
+			acc[t] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(x[0])), acc[t]);
+		}
+	}
+	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+		_mm512_storeu_ps(s + (size_t)t * s_stride, acc[t]);
+}
+
+static inline __attribute__((always_inline)) VNNI void
+x16_gemm(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, const void *va,
+	 size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride)
+{
+	const uint8_t *w = vw, *a = va;
+	int64_t nb = n / 32;
+	for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {
+		const uint8_t *panel = w + (size_t)r0 * w_stride;
+		int t = 0;
+		for (; t + X16_TOKENS <= nt; t += X16_TOKENS)
+			x16_panel(q4, nb, X16_TOKENS, panel, a + (size_t)t * a_stride, a_stride,
+				  aux + (size_t)t * aux_stride, aux_stride,
+				  s + (size_t)t * s_stride + r0, s_stride);
+		switch (nt - t) {
+#define X16_TAIL(k)                                                                        \
+	case k:                                                                            \
+		x16_panel(q4, nb, k, panel, a + (size_t)t * a_stride, a_stride,             \
+			  aux + (size_t)t * aux_stride, aux_stride,                         \
+			  s + (size_t)t * s_stride + r0, s_stride);                         \
+		break;
+			X16_TAIL(1) X16_TAIL(2) X16_TAIL(3) X16_TAIL(4) X16_TAIL(5) X16_TAIL(6)
+			X16_TAIL(7)
+#undef X16_TAIL
+		default:
+			break;
+		}
+	}
+}
+
+static VNNI void gemm_x16_q4_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
+			       const void *a, size_t a_stride, const float *aux, size_t aux_stride,
+			       float *s, size_t s_stride)
+{
+	x16_gemm(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+}
+
+static VNNI void gemm_x16_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
+			       const void *a, size_t a_stride, const float *aux, size_t aux_stride,
+			       float *s, size_t s_stride)
+{
+	x16_gemm(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+}
+
+/* ---- VNNI: x16 K-quants (Q4_K, Q6_K) --------------------------------------
+ * The same panel walk as above over 256-element super-blocks. Per super-
+ * block and token the integer parts are exact (kern_generic.c's dot_k4 and
+ * Q6_K dot: sub-block dots times their 6- or 8-bit scales, the Q4_K mins
+ * against the activation's 16-element sums, the Q6_K code offset 32 taken
+ * off the same way) and the float finish is the scalar reference's own
+ * expression, so the results equal kern_generic's vec_dot bit for bit. A
+ * super-block's codes are unpacked once per chunk of 64 (Q4_K) or 128
+ * elements (Q6_K) for up to X16K_TOKENS tokens; the accumulators live in
+ * the output (one add per token and super-block). */
+
+#define X16K_TOKENS 8
+
+/* The 16-element sums of a Q8_K block (a packed struct: no member address) */
+static inline const int16_t *q8k_bsums(const struct block_q8_K *ab)
+{
+	return (const int16_t *)(const void *)((const uint8_t *)ab +
+					       offsetof(struct block_q8_K, bsums));
+}
+
+/* acc += dpwssd(c, broadcast of the int16 pair at p) */
+static inline __attribute__((always_inline)) VNNI __m512i dpwssd_bcst(__m512i acc, __m512i c,
+								     const int16_t *p)
+{
+	__asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(c), "m"(*(const int32_t *)p));
+	return acc;
+}
+
+static inline __attribute__((always_inline)) VNNI void
+x16_q4_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
+	       float *s, size_t s_stride)
+{
+	const uint8_t *meta = panel + (size_t)nb * 2048;
+	const __m512i low = _mm512_set1_epi8(0x0f);
+	const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m48 = _mm_set1_epi8(0x30);
+	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+		_mm512_storeu_ps(s + (size_t)t * s_stride, _mm512_setzero_ps());
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pc = panel + (size_t)b * 2048, *pm = meta + (size_t)b * 256;
+		_Pragma("GCC unroll 32") for (size_t l = 0; l < 2048; l += 64)
+			_mm_prefetch((const char *)pc + X16_PREFETCH * 8 + l, X16_HINT);
+		/* 6-bit scales and mins of the 8 sub-blocks, 16 rows each
+		 * (quant_scale_min_k4 on 16 lanes); mins as (m, m) int16 pairs */
+		__m128i q[12];
+		for (int k = 0; k < 12; k++)
+			q[k] = _mm_loadu_si128((const __m128i *)(pm + 64 + 16 * k));
+		__m512i sc[8], mp[8];
+		for (int j = 0; j < 8; j++) {
+			__m128i sj, mj;
+			if (j < 4) {
+				sj = _mm_and_si128(q[j], m63);
+				mj = _mm_and_si128(q[j + 4], m63);
+			} else {
+				sj = _mm_or_si128(_mm_and_si128(q[j + 4], m15),
+						  _mm_and_si128(_mm_srli_epi16(q[j - 4], 2), m48));
+				mj = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(q[j + 4], 4), m15),
+						  _mm_and_si128(_mm_srli_epi16(q[j], 2), m48));
+			}
+			sc[j] = _mm512_cvtepu8_epi32(sj);
+			__m512i m32 = _mm512_cvtepu8_epi32(mj);
+			mp[j] = _mm512_or_si512(m32, _mm512_slli_epi32(m32, 16));
+		}
+		__m512i sumi[X16K_TOKENS];
+		_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+			sumi[t] = _mm512_setzero_si512();
+		for (int jj = 0; jj < 4; jj++) {
+			__m512i lo[8], hi[8];
+			_Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+				__m512i v = _mm512_loadu_si512(pc + jj * 512 + i * 64);
+				lo[i] = _mm512_and_si512(v, low);
+				hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+			}
+			_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
+				const int8_t *aq =
+					((const struct block_q8_K *)(a + (size_t)t * a_stride))[b].qs +
+					64 * jj;
+				__m512i i0 = _mm512_setzero_si512(), i1 = i0;
+				_Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+					i0 = dpbusd_bcst(i0, lo[i], aq + 4 * i);
+					i1 = dpbusd_bcst(i1, hi[i], aq + 32 + 4 * i);
+				}
+				sumi[t] = _mm512_add_epi32(
+					sumi[t], _mm512_add_epi32(_mm512_mullo_epi32(i0, sc[2 * jj]),
+								  _mm512_mullo_epi32(i1, sc[2 * jj + 1])));
+			}
+		}
+		__m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pm));
+		__m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pm + 32)));
+		_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
+			const struct block_q8_K *ab = (const struct block_q8_K *)(a + (size_t)t * a_stride) + b;
+			__m512i msum = _mm512_setzero_si512();
+			_Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+				msum = dpwssd_bcst(msum, mp[j], q8k_bsums(ab) + 2 * j);
+			float daf;
+			memcpy(&daf, &ab->d, sizeof(daf));
+			__m512 da = _mm512_set1_ps(daf);
+			/* da * d * isum - da * dmin * msum, the reference's order */
+			__m512 t1 = _mm512_mul_ps(_mm512_mul_ps(da, dv), _mm512_cvtepi32_ps(sumi[t]));
+			__m512 t2 = _mm512_mul_ps(_mm512_mul_ps(da, dmv), _mm512_cvtepi32_ps(msum));
+			float *o = s + (size_t)t * s_stride;
+			_mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_sub_ps(t1, t2)));
+		}
+	}
+}
+
+static inline __attribute__((always_inline)) VNNI void
+x16_q6_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
+	       float *s, size_t s_stride)
+{
+	const uint8_t *meta = panel + (size_t)nb * 3072;
+	const __m512i low = _mm512_set1_epi8(0x0f), two = _mm512_set1_epi8(0x30);
+	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+		_mm512_storeu_ps(s + (size_t)t * s_stride, _mm512_setzero_ps());
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pc = panel + (size_t)b * 3072, *pm = meta + (size_t)b * 288;
+		_Pragma("GCC unroll 48") for (size_t l = 0; l < 3072; l += 64)
+			_mm_prefetch((const char *)pc + X16_PREFETCH * 8 + l, X16_HINT);
+		/* int8 scales of the 16 sub-blocks; as (sc 2p, sc 2p+1) int16
+		 * pairs for the offset term */
+		__m512i sp[8];
+		for (int p = 0; p < 8; p++) {
+			__m512i s0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(pm + 32 * p)));
+			__m512i s1 = _mm512_cvtepi8_epi32(
+				_mm_loadu_si128((const __m128i *)(pm + 32 * p + 16)));
+			sp[p] = _mm512_or_si512(_mm512_and_si512(s0, _mm512_set1_epi32(0xffff)),
+						_mm512_slli_epi32(s1, 16));
+		}
+		__m512i sumi[X16K_TOKENS];
+		_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+			sumi[t] = _mm512_setzero_si512();
+		for (int h = 0; h < 2; h++)
+			for (int i0 = 0; i0 < 8; i0 += 4) {
+				/* codes of elements 128h + 32 tt + 4i (tt = 0..3, i = i0..i0+3):
+				 * sub-block 8h + i0/4 + 2tt */
+				__m512i c[4][4];
+				_Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+					const uint8_t *ph = pc + h * 1536 + (i0 + i) * 64;
+					__m512i A = _mm512_loadu_si512(ph), B = _mm512_loadu_si512(ph + 512);
+					__m512i H = _mm512_loadu_si512(ph + 1024);
+					c[0][i] = _mm512_or_si512(_mm512_and_si512(A, low),
+								  _mm512_and_si512(_mm512_slli_epi16(H, 4), two));
+					c[1][i] = _mm512_or_si512(_mm512_and_si512(B, low),
+								  _mm512_and_si512(_mm512_slli_epi16(H, 2), two));
+					c[2][i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(A, 4), low),
+								  _mm512_and_si512(H, two));
+					c[3][i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(B, 4), low),
+								  _mm512_and_si512(_mm512_srli_epi16(H, 2), two));
+				}
+				_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
+					const int8_t *aq =
+						((const struct block_q8_K *)(a + (size_t)t * a_stride))[b].qs +
+						128 * h;
+					_Pragma("GCC unroll 4") for (int tt = 0; tt < 4; tt++) {
+						__m512i is = _mm512_setzero_si512();
+						_Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+							is = dpbusd_bcst(is, c[tt][i], aq + 32 * tt + 4 * (i0 + i));
+						int j = 8 * h + i0 / 4 + 2 * tt;
+						__m512i scj = _mm512_cvtepi8_epi32(
+							_mm_loadu_si128((const __m128i *)(pm + 16 * j)));
+						sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(is, scj));
+					}
+				}
+			}
+		__m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pm + 256)));
+		_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
+			const struct block_q8_K *ab = (const struct block_q8_K *)(a + (size_t)t * a_stride) + b;
+			__m512i off = _mm512_setzero_si512();
+			_Pragma("GCC unroll 8") for (int p = 0; p < 8; p++)
+				off = dpwssd_bcst(off, sp[p], q8k_bsums(ab) + 2 * p);
+			__m512i isum = _mm512_sub_epi32(sumi[t], _mm512_slli_epi32(off, 5));
+			float daf;
+			memcpy(&daf, &ab->d, sizeof(daf));
+			/* (da * d) * isum, the reference's order */
+			__m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(daf), dv),
+						 _mm512_cvtepi32_ps(isum));
+			float *o = s + (size_t)t * s_stride;
+			_mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), f));
+		}
+	}
+}
+
+#define X16K_GEMM(NAME, PANEL)                                                             \
+	static VNNI void NAME(int64_t n, int nr, int nt, const void *vw, size_t w_stride,  \
+			      const void *va, size_t a_stride, const float *aux,           \
+			      size_t aux_stride, float *s, size_t s_stride)                \
+	{                                                                                  \
+		const uint8_t *w = vw, *a = va;                                            \
+		int64_t nb = n / QK_K;                                                     \
+		(void)aux;                                                                 \
+		(void)aux_stride;                                                          \
+		for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {          \
+			const uint8_t *panel = w + (size_t)r0 * w_stride;                  \
+			int t = 0;                                                         \
+			for (; t + X16K_TOKENS <= nt; t += X16K_TOKENS)                    \
+				PANEL(nb, X16K_TOKENS, panel, a + (size_t)t * a_stride,    \
+				      a_stride, s + (size_t)t * s_stride + r0, s_stride);  \
+			switch (nt - t) {                                                  \
+			case 1: PANEL(nb, 1, panel, a + (size_t)t * a_stride, a_stride,    \
+				      s + (size_t)t * s_stride + r0, s_stride); break;     \
+			case 2: PANEL(nb, 2, panel, a + (size_t)t * a_stride, a_stride,    \
+				      s + (size_t)t * s_stride + r0, s_stride); break;     \
+			case 3: PANEL(nb, 3, panel, a + (size_t)t * a_stride, a_stride,    \
+				      s + (size_t)t * s_stride + r0, s_stride); break;     \
+			case 4: PANEL(nb, 4, panel, a + (size_t)t * a_stride, a_stride,    \
+				      s + (size_t)t * s_stride + r0, s_stride); break;     \
+			case 5: PANEL(nb, 5, panel, a + (size_t)t * a_stride, a_stride,    \
+				      s + (size_t)t * s_stride + r0, s_stride); break;     \
+			case 6: PANEL(nb, 6, panel, a + (size_t)t * a_stride, a_stride,    \
+				      s + (size_t)t * s_stride + r0, s_stride); break;     \
+			case 7: PANEL(nb, 7, panel, a + (size_t)t * a_stride, a_stride,    \
+				      s + (size_t)t * s_stride + r0, s_stride); break;     \
+			default: break;                                                    \
+			}                                                                  \
+		}                                                                          \
+	}
+
+X16K_GEMM(gemm_x16_q4_K, x16_q4_K_panel)
+X16K_GEMM(gemm_x16_q6_K, x16_q6_K_panel)
+
+/* ==== attention over F16 / Q8_0 KV caches ====================================
+ * (Kept apart from the matmul kernels above; contracts in kern.h.)
+ * - score_f16: per cached row, 16 lanes x 2 accumulators of f32 FMAs, a
+ *   masked tail; four rows reduced together (the reference's budget, not
+ *   its bits).
+ * - score_q8_0 (VNNI): 16 rows at a time, one row per lane, as the decode
+ *   kernel does: per block, each row's codes go unsigned (k ^ 0x80 = k +
+ *   128) through one vpdpbusd against the query's signed codes, the 16
+ *   partial vectors fold into one vector of exact block sums, 128 * sum(q)
+ *   comes off as an integer, then the reference's float steps per lane
+ *   ((d_q d_k) isum added to the row's sum): bit for bit the reference.
+ * - vsum_f16 / vsum_q8_0: the output in up to 8 zmm accumulators over all
+ *   rows, products then sums (no FMA): bit for bit the reference. */
+
+static inline __m128i attn_fold4(__m256i p0, __m256i p1, __m256i p2, __m256i p3)
+{
+	__m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+	return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+static inline __mmask16 attn_mask(int k)
+{
+	return (__mmask16)((1u << k) - 1);
+}
+
+/* q . row over hd elements into one vector of 16 partial sums. */
+static inline __m512 score_f16_row_512(int hd, __mmask16 tm, const float *q, const uint16_t *r)
+{
+	__m512 a0 = _mm512_setzero_ps(), a1 = a0;
+	int j = 0;
+	for (; j + 32 <= hd; j += 32) {
+		a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + j),
+				     _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + j))), a0);
+		a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + j + 16),
+				     _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + j + 16))),
+				     a1);
+	}
+	if (j + 16 <= hd) {
+		a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + j),
+				     _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + j))), a0);
+		j += 16;
+	}
+	if (tm)
+		a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, q + j),
+				     _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tm, r + j)), a1);
+	return _mm512_add_ps(a0, a1);
+}
+
+/* Rows four at a time: their four vectors of partial sums are reduced
+ * together (interleave, add, fold the 128-bit lanes), a third of the
+ * shuffles of four separate reductions. */
+static void attn_score_f16_512(int hd, int n, const void *vq, const void *k, size_t stride,
+			       float scale, float *s)
+{
+	const float *q = vq;
+	const uint8_t *kb = k;
+	const __mmask16 tm = attn_mask(hd % 16);
+	int i = 0;
+	for (; i + 4 <= n; i += 4) {
+		__m512 r0 = score_f16_row_512(hd, tm, q, (const uint16_t *)(kb + (size_t)i * stride));
+		__m512 r1 = score_f16_row_512(hd, tm, q,
+					      (const uint16_t *)(kb + (size_t)(i + 1) * stride));
+		__m512 r2 = score_f16_row_512(hd, tm, q,
+					      (const uint16_t *)(kb + (size_t)(i + 2) * stride));
+		__m512 r3 = score_f16_row_512(hd, tm, q,
+					      (const uint16_t *)(kb + (size_t)(i + 3) * stride));
+		/* per 128-bit lane: [r0 r1 r0 r1] + ..., then [r0 r1 r2 r3] */
+		__m512 t01 = _mm512_add_ps(_mm512_unpacklo_ps(r0, r1), _mm512_unpackhi_ps(r0, r1));
+		__m512 t23 = _mm512_add_ps(_mm512_unpacklo_ps(r2, r3), _mm512_unpackhi_ps(r2, r3));
+		__m512 u = _mm512_add_ps(
+			_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t01), _mm512_castps_pd(t23))),
+			_mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t01), _mm512_castps_pd(t23))));
+		__m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+		__m128 v = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+		_mm_storeu_ps(s + i, _mm_mul_ps(v, _mm_set1_ps(scale)));
+	}
+	for (; i < n; i++)
+		s[i] = _mm512_reduce_add_ps(score_f16_row_512(
+			       hd, tm, q, (const uint16_t *)(kb + (size_t)i * stride))) *
+		       scale;
+}
+
+/* o[j0 .. j0 + 16 NA) over all rows, NA accumulators; the last one only
+ * on the lanes of `last`. */
+static inline __attribute__((always_inline)) void
+vsum_f16_chunk_512(const int NA, __mmask16 last, int j0, int n, const float *w, const uint8_t *v,
+		   size_t stride, float *o)
+{
+	__m512 acc[8];
+	_Pragma("GCC unroll 8") for (int a = 0; a < NA; a++)
+		acc[a] = _mm512_setzero_ps();
+	for (int i = 0; i < n; i++) {
+		const uint16_t *r = (const uint16_t *)(v + (size_t)i * stride) + j0;
+		__m512 c = _mm512_set1_ps(w[i]);
+		_Pragma("GCC unroll 8") for (int a = 0; a < NA; a++) {
+			__m256i h = a == NA - 1 && last != 0xffff
+					    ? _mm256_maskz_loadu_epi16(last, r + 16 * a)
+					    : _mm256_loadu_si256((const __m256i *)(r + 16 * a));
+			acc[a] = _mm512_add_ps(acc[a], _mm512_mul_ps(c, _mm512_cvtph_ps(h)));
+		}
+	}
+	_Pragma("GCC unroll 8") for (int a = 0; a < NA; a++)
+		_mm512_mask_storeu_ps(o + j0 + 16 * a, a == NA - 1 ? last : 0xffff, acc[a]);
+}
+
+static void attn_vsum_f16_512(int hd, int n, const float *w, const void *v, size_t stride,
+			      float *o)
+{
+	const uint8_t *vb = v;
+	int j0 = 0;
+	for (; j0 + 128 <= hd; j0 += 128)
+		vsum_f16_chunk_512(8, 0xffff, j0, n, w, vb, stride, o);
+	if (j0 + 64 <= hd) {
+		vsum_f16_chunk_512(4, 0xffff, j0, n, w, vb, stride, o);
+		j0 += 64;
+	}
+	if (j0 + 32 <= hd) {
+		vsum_f16_chunk_512(2, 0xffff, j0, n, w, vb, stride, o);
+		j0 += 32;
+	}
+	if (j0 + 16 <= hd) {
+		vsum_f16_chunk_512(1, 0xffff, j0, n, w, vb, stride, o);
+		j0 += 16;
+	}
+	if (j0 < hd)
+		vsum_f16_chunk_512(1, attn_mask(hd - j0), j0, n, w, vb, stride, o);
+}
+
+/* 16 codes of a Q8_0 block as floats. */
+static inline __m512 q8_f32_512(const int8_t *qs)
+{
+	return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)qs)));
+}
+
+/* Blocks [b0, b0 + NB) of every row; the last block stores only `m` of
+ * its 32 elements (m = 32: whole). A padded block still holds 32 codes
+ * (zeros past the head), so reading it whole stays inside the row. */
+static inline __attribute__((always_inline)) void
+vsum_q8_0_chunk_512(const int NB, int m, int b0, int n, const float *w, const uint8_t *v,
+		    size_t stride, float *o)
+{
+	__m512 acc[8];
+	_Pragma("GCC unroll 8") for (int a = 0; a < 2 * NB; a++)
+		acc[a] = _mm512_setzero_ps();
+	for (int i = 0; i < n; i++) {
+		const struct block_q8_0 *r = (const struct block_q8_0 *)(v + (size_t)i * stride) + b0;
+		_Pragma("GCC unroll 4") for (int b = 0; b < NB; b++) {
+			__m512 c = _mm512_set1_ps(w[i] * half(r[b].d));
+			acc[2 * b] = _mm512_add_ps(acc[2 * b], _mm512_mul_ps(c, q8_f32_512(r[b].qs)));
+			acc[2 * b + 1] =
+				_mm512_add_ps(acc[2 * b + 1], _mm512_mul_ps(c, q8_f32_512(r[b].qs + 16)));
+		}
+	}
+	_Pragma("GCC unroll 8") for (int a = 0; a < 2 * NB; a++) {
+		__mmask16 k = 0xffff;
+		if (a >= 2 * NB - 2 && m < 32)
+			k = a == 2 * NB - 2 ? attn_mask(m < 16 ? m : 16)
+					    : attn_mask(m > 16 ? m - 16 : 0);
+		_mm512_mask_storeu_ps(o + 32 * b0 + 16 * a, k, acc[a]);
+	}
+}
+
+static void attn_vsum_q8_0_512(int hd, int n, const float *w, const void *v, size_t stride,
+			       float *o)
+{
+	const uint8_t *vb = v;
+	int nb = (hd + QK8_0 - 1) / QK8_0, b = 0;
+	int m = hd - QK8_0 * (nb - 1); /* elements of the last block */
+	for (; b + 4 < nb || (b + 4 == nb && m == 32); b += 4)
+		vsum_q8_0_chunk_512(4, 32, b, n, w, vb, stride, o);
+	for (; b + 1 < nb; b++)
+		vsum_q8_0_chunk_512(1, 32, b, n, w, vb, stride, o);
+	if (b < nb)
+		vsum_q8_0_chunk_512(1, m, b, n, w, vb, stride, o);
+}
+
+static VNNI void attn_score_q8_0_vnni(int hd, int n, const void *vq, const void *k,
+				      size_t stride, float scale, float *s)
+{
+	const struct block_q8_0 *q = vq;
+	const uint8_t *kb = k;
+	int nb = (hd + QK8_0 - 1) / QK8_0;
+	const __m256i flip = _mm256_set1_epi8((char)0x80);
+	for (int i0 = 0; i0 < n; i0 += 16) {
+		int rows = n - i0 < 16 ? n - i0 : 16;
+		const uint8_t *rp[16];
+		int32_t off[16];
+		for (int r = 0; r < 16; r++) {
+			rp[r] = kb + (size_t)(i0 + (r < rows ? r : 0)) * stride; /* pad: a real row */
+			off[r] = (int32_t)(rp[r] - rp[0]);
+		}
+		const __m512i idx = _mm512_loadu_si512(off);
+		__m512 acc = _mm512_setzero_ps();
+		for (int b = 0; b < nb; b++) {
+			size_t o = (size_t)b * sizeof(struct block_q8_0);
+			__m256i qv = _mm256_loadu_si256((const __m256i *)q[b].qs);
+			int32_t qsum = 0;
+			for (int j = 0; j < QK8_0; j++)
+				qsum += q[b].qs[j];
+			__m256i p[16];
+			_Pragma("GCC unroll 16") for (int r = 0; r < 16; r++)
+				p[r] = _mm256_dpbusd_epi32(
+					_mm256_setzero_si256(),
+					_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(rp[r] + o + 2)),
+							 flip),
+					qv);
+			__m512i is = _mm512_inserti64x4(
+				_mm512_castsi256_si512(_mm256_inserti128_si256(
+					_mm256_castsi128_si256(attn_fold4(p[0], p[1], p[2], p[3])),
+					attn_fold4(p[4], p[5], p[6], p[7]), 1)),
+				_mm256_inserti128_si256(
+					_mm256_castsi128_si256(attn_fold4(p[8], p[9], p[10], p[11])),
+					attn_fold4(p[12], p[13], p[14], p[15]), 1),
+				1);
+			is = _mm512_sub_epi32(is, _mm512_set1_epi32(128 * qsum));
+			__m512i d32 = _mm512_i32gather_epi32(idx, rp[0] + o, 1);
+			__m512 dk = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d32));
+			acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(half(q[b].d)), dk),
+							       _mm512_cvtepi32_ps(is)));
+		}
+		_mm512_mask_storeu_ps(s + i0, attn_mask(rows),
+				      _mm512_mul_ps(acc, _mm512_set1_ps(scale)));
+	}
+}
+
 /* ---- tables -------------------------------------------------------------- */
 
 const struct kern_ops kern_avx512_ops = {
@@ -484,17 +1094,27 @@ const struct kern_ops kern_avx512_ops = {
 		[ENGINE_DTYPE_F16] = { .act_type = ENGINE_DTYPE_F32, .vec_dot = vec_dot_f16 },
 	},
 	.dot_f32 = dot_f32,
+	.silu_mul_f32 = silu_mul_f32,
+	.exp_sum_f32 = exp_sum_f32,
 	.read_stream = read_stream,
+	.attn_score_f16 = attn_score_f16_512,
+	.attn_vsum_f16 = attn_vsum_f16_512,
+	.attn_vsum_q8_0 = attn_vsum_q8_0_512,
 };
 
 const struct kern_ops kern_avx512vnni_ops = {
 	.name = "avx512vnni",
 	.t = {
+		/* the K-quants keep avx2's vec_dot (same activations) and add
+		 * the x16 kernels */
+		[ENGINE_DTYPE_Q4_K] = { .act_type = ENGINE_DTYPE_Q8_K, .gemm_x16 = gemm_x16_q4_K },
+		[ENGINE_DTYPE_Q6_K] = { .act_type = ENGINE_DTYPE_Q8_K, .gemm_x16 = gemm_x16_q6_K },
 		[ENGINE_DTYPE_Q8_0] = { .act_type = ENGINE_DTYPE_Q8_0,
 					.vec_dot = vec_dot_q8_0_q8_0, .gemm = gemm_q8_0,
-					.gemv = gemv_q8_0 },
+					.gemv = gemv_q8_0, .gemm_x16 = gemm_x16_q8_0 },
 		[ENGINE_DTYPE_Q4_0] = { .act_type = ENGINE_DTYPE_Q8_0,
 					.vec_dot = vec_dot_q4_0_q8_0, .gemm = gemm_q4_0,
-					.gemv = gemv_q4_0 },
+					.gemv = gemv_q4_0, .gemm_x16 = gemm_x16_q4_0 },
 	},
+	.attn_score_q8_0 = attn_score_q8_0_vnni,
 };

@@ -9,6 +9,7 @@
 #include "engine/quant.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 static inline float half(uint16_t h)
 {
@@ -69,12 +70,109 @@ static void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *vw, const void *v
 	DOT_BODY(q8_0_block, struct block_q8_0);
 }
 
+/* ---- the x16 repacked layout (kern.h) --------------------------------------
+ * kern_avx512.c's panel walk on ymm: a 64-byte vector of the layout holds
+ * rows 0-7 in its first half and rows 8-15 in its second, so each half of
+ * the panel is walked in turn (the second walk finds the panel in L1/L2),
+ * with the reference's operation sequence per (row, token): bit-identical
+ * to kern_gemm_x16_ref() whatever the token count. 16 ymm registers allow
+ * 4 tokens per walk. */
+#define X16V_TOKENS 4
+
+static inline int32_t ld32(const void *p)
+{
+	int32_t v;
+	memcpy(&v, p, 4);
+	return v;
+}
+
+static inline __attribute__((always_inline)) void
+x16_half(bool q4, int64_t nb, int NT, const uint8_t *panel, int h, const uint8_t *a,
+	 size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride)
+{
+	const size_t cb = q4 ? 256 : 512;
+	const uint8_t *scales = panel + (size_t)nb * cb;
+	const __m256i low = _mm256_set1_epi8(0x0f);
+	const __m256 offv = _mm256_set1_ps(q4 ? 8.0f : 128.0f);
+	__m256 acc[X16V_TOKENS];
+	_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pb = panel + (size_t)b * cb + 32 * h;
+		__m256i c[8];
+		if (q4) {
+			_Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+				__m256i v = _mm256_loadu_si256((const __m256i *)(pb + 64 * j));
+				c[j] = _mm256_and_si256(v, low);
+				c[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+			}
+		} else {
+			_Pragma("GCC unroll 8") for (int g = 0; g < 8; g++)
+				c[g] = _mm256_loadu_si256((const __m256i *)(pb + 64 * g));
+		}
+		__m256 dw = _mm256_cvtph_ps(
+			_mm_loadu_si128((const __m128i *)(scales + 32 * b + 16 * h)));
+		_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) {
+			const int8_t *q = ((const struct block_q8_0 *)(a + (size_t)t * a_stride))[b].qs;
+			const float *x = aux + (size_t)t * aux_stride + 2 * b;
+			__m256i s0 = _mm256_setzero_si256(), s1 = s0;
+			_Pragma("GCC unroll 4") for (int g = 0; g < 8; g += 2) {
+				s0 = _mm256_dpbusd_avx_epi32(s0, c[g], _mm256_set1_epi32(ld32(q + 4 * g)));
+				s1 = _mm256_dpbusd_avx_epi32(s1, c[g + 1],
+							     _mm256_set1_epi32(ld32(q + 4 * g + 4)));
+			}
+			__m256 f = _mm256_fnmadd_ps(offv, _mm256_set1_ps(x[1]),
+						    _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)));
+			acc[t] = _mm256_fmadd_ps(f, _mm256_mul_ps(dw, _mm256_set1_ps(x[0])), acc[t]);
+		}
+	}
+	_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
+		_mm256_storeu_ps(s + (size_t)t * s_stride + 8 * h, acc[t]);
+}
+
+static inline __attribute__((always_inline)) void
+x16_gemm(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, const void *va,
+	 size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride)
+{
+	const uint8_t *w = vw, *a = va;
+	int64_t nb = n / 32;
+	for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {
+		const uint8_t *panel = w + (size_t)r0 * w_stride;
+		for (int t = 0; t < nt; t += X16V_TOKENS) {
+			const uint8_t *at = a + (size_t)t * a_stride;
+			const float *xt = aux + (size_t)t * aux_stride;
+			float *st = s + (size_t)t * s_stride + r0;
+			for (int h = 0; h < 2; h++)
+				switch (nt - t) {
+				case 1: x16_half(q4, nb, 1, panel, h, at, a_stride, xt, aux_stride, st, s_stride); break;
+				case 2: x16_half(q4, nb, 2, panel, h, at, a_stride, xt, aux_stride, st, s_stride); break;
+				case 3: x16_half(q4, nb, 3, panel, h, at, a_stride, xt, aux_stride, st, s_stride); break;
+				default: x16_half(q4, nb, 4, panel, h, at, a_stride, xt, aux_stride, st, s_stride); break;
+				}
+		}
+	}
+}
+
+static void gemm_x16_q4_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
+			  const void *a, size_t a_stride, const float *aux, size_t aux_stride,
+			  float *s, size_t s_stride)
+{
+	x16_gemm(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+}
+
+static void gemm_x16_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
+			  const void *a, size_t a_stride, const float *aux, size_t aux_stride,
+			  float *s, size_t s_stride)
+{
+	x16_gemm(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+}
+
 const struct kern_ops kern_avxvnni_ops = {
 	.name = "avxvnni",
 	.t = {
 		[ENGINE_DTYPE_Q8_0] = { .act_type = ENGINE_DTYPE_Q8_0,
-					.vec_dot = vec_dot_q8_0_q8_0 },
+					.vec_dot = vec_dot_q8_0_q8_0, .gemm_x16 = gemm_x16_q8_0 },
 		[ENGINE_DTYPE_Q4_0] = { .act_type = ENGINE_DTYPE_Q8_0,
-					.vec_dot = vec_dot_q4_0_q8_0 },
+					.vec_dot = vec_dot_q4_0_q8_0, .gemm_x16 = gemm_x16_q4_0 },
 	},
 };

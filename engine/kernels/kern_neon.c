@@ -18,6 +18,7 @@
 #include "engine/quant.h"
 
 #include <arm_neon.h>
+#include <string.h>
 
 #define DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
 
@@ -219,6 +220,251 @@ static DOTPROD void vec_dot_q4_0_q8_0_dp(int64_t n, float *s, const void *vw, co
 	*s = vaddvq_f32(vaddq_f32(acc0, acc1));
 }
 
+/* ---- attention over F16 / Q8_0 KV caches ----------------------------------
+ * Contracts in kern.h: score_f16 sums in f32 (two accumulators, a scalar
+ * tail); score_q8_0 (exact int32 block sums, then the reference's float
+ * steps) and both vsums (products then sums, vmulq + vaddq, no fused
+ * multiply-add) give the reference's results bit for bit. */
+
+static void attn_score_f16(int hd, int n, const void *vq, const void *k, size_t stride,
+			   float scale, float *s)
+{
+	const float *q = vq;
+	for (int i = 0; i < n; i++) {
+		const uint16_t *r = (const uint16_t *)((const uint8_t *)k + (size_t)i * stride);
+		float32x4_t a0 = vdupq_n_f32(0), a1 = a0;
+		int j = 0;
+		for (; j + 8 <= hd; j += 8) {
+			a0 = vfmaq_f32(a0, vld1q_f32(q + j),
+				       vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(r + j))));
+			a1 = vfmaq_f32(a1, vld1q_f32(q + j + 4),
+				       vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(r + j + 4))));
+		}
+		if (j + 4 <= hd) {
+			a0 = vfmaq_f32(a0, vld1q_f32(q + j),
+				       vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(r + j))));
+			j += 4;
+		}
+		float t = vaddvq_f32(vaddq_f32(a0, a1));
+		for (; j < hd; j++)
+			t += q[j] * half(r[j]);
+		s[i] = t * scale;
+	}
+}
+
+static inline __attribute__((always_inline)) void
+vsum_f16_chunk(const int NA, int j0, int n, const float *w, const uint8_t *v, size_t stride,
+	       float *o)
+{
+	float32x4_t acc[8];
+	for (int a = 0; a < NA; a++)
+		acc[a] = vdupq_n_f32(0);
+	for (int i = 0; i < n; i++) {
+		const uint16_t *r = (const uint16_t *)(v + (size_t)i * stride) + j0;
+		float c = w[i];
+		for (int a = 0; a < NA; a++) {
+			float32x4_t x = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(r + 4 * a)));
+			acc[a] = vaddq_f32(acc[a], vmulq_n_f32(x, c));
+		}
+	}
+	for (int a = 0; a < NA; a++)
+		vst1q_f32(o + j0 + 4 * a, acc[a]);
+}
+
+static void attn_vsum_f16(int hd, int n, const float *w, const void *v, size_t stride, float *o)
+{
+	const uint8_t *vb = v;
+	int j0 = 0;
+	for (; j0 + 32 <= hd; j0 += 32)
+		vsum_f16_chunk(8, j0, n, w, vb, stride, o);
+	for (; j0 + 4 <= hd; j0 += 4)
+		vsum_f16_chunk(1, j0, n, w, vb, stride, o);
+	for (int j = j0; j < hd; j++) {
+		float acc = 0.0f;
+		for (int i = 0; i < n; i++)
+			acc += w[i] * half(((const uint16_t *)(vb + (size_t)i * stride))[j]);
+		o[j] = acc;
+	}
+}
+
+static void attn_score_q8_0(int hd, int n, const void *vq, const void *k, size_t stride,
+			    float scale, float *s)
+{
+	const struct block_q8_0 *q = vq;
+	int nb = (hd + QK8_0 - 1) / QK8_0;
+	for (int i = 0; i < n; i++) {
+		const struct block_q8_0 *r =
+			(const struct block_q8_0 *)((const uint8_t *)k + (size_t)i * stride);
+		float sum = 0.0f;
+		for (int b = 0; b < nb; b++) {
+			int32x4_t p = dot16(vdupq_n_s32(0), vld1q_s8(r[b].qs), vld1q_s8(q[b].qs));
+			p = dot16(p, vld1q_s8(r[b].qs + 16), vld1q_s8(q[b].qs + 16));
+			sum += (half(q[b].d) * half(r[b].d)) * (float)vaddvq_s32(p);
+		}
+		s[i] = sum * scale;
+	}
+}
+
+static DOTPROD void attn_score_q8_0_dp(int hd, int n, const void *vq, const void *k,
+				       size_t stride, float scale, float *s)
+{
+	const struct block_q8_0 *q = vq;
+	int nb = (hd + QK8_0 - 1) / QK8_0;
+	for (int i = 0; i < n; i++) {
+		const struct block_q8_0 *r =
+			(const struct block_q8_0 *)((const uint8_t *)k + (size_t)i * stride);
+		float sum = 0.0f;
+		for (int b = 0; b < nb; b++) {
+			int32x4_t p = vdotq_s32(vdupq_n_s32(0), vld1q_s8(r[b].qs), vld1q_s8(q[b].qs));
+			p = vdotq_s32(p, vld1q_s8(r[b].qs + 16), vld1q_s8(q[b].qs + 16));
+			sum += (half(q[b].d) * half(r[b].d)) * (float)vaddvq_s32(p);
+		}
+		s[i] = sum * scale;
+	}
+}
+
+/* acc[0..8) += c * the 32 codes of a block. */
+static inline void vsum_q8_block(float32x4_t acc[8], float c, const int8_t *qs)
+{
+	for (int h = 0; h < 2; h++) {
+		int8x16_t x = vld1q_s8(qs + 16 * h);
+		int16x8_t lo = vmovl_s8(vget_low_s8(x)), hi = vmovl_s8(vget_high_s8(x));
+		int32x4_t e[4] = {vmovl_s16(vget_low_s16(lo)), vmovl_s16(vget_high_s16(lo)),
+				  vmovl_s16(vget_low_s16(hi)), vmovl_s16(vget_high_s16(hi))};
+		for (int g = 0; g < 4; g++)
+			acc[4 * h + g] =
+				vaddq_f32(acc[4 * h + g], vmulq_n_f32(vcvtq_f32_s32(e[g]), c));
+	}
+}
+
+static void attn_vsum_q8_0(int hd, int n, const float *w, const void *v, size_t stride, float *o)
+{
+	const uint8_t *vb = v;
+	int nb = (hd + QK8_0 - 1) / QK8_0;
+	for (int b = 0; b < nb; b++) {
+		float32x4_t acc[8];
+		for (int a = 0; a < 8; a++)
+			acc[a] = vdupq_n_f32(0);
+		for (int i = 0; i < n; i++) {
+			const struct block_q8_0 *r =
+				(const struct block_q8_0 *)(vb + (size_t)i * stride) + b;
+			vsum_q8_block(acc, w[i] * half(r->d), r->qs);
+		}
+		int m = hd - QK8_0 * b < QK8_0 ? hd - QK8_0 * b : QK8_0;
+		if (m == QK8_0) {
+			for (int a = 0; a < 8; a++)
+				vst1q_f32(o + QK8_0 * b + 4 * a, acc[a]);
+		} else { /* the padded last block: its first m elements */
+			float t[QK8_0];
+			for (int a = 0; a < 8; a++)
+				vst1q_f32(t + 4 * a, acc[a]);
+			memcpy(o + QK8_0 * b, t, (size_t)m * sizeof(float));
+		}
+	}
+}
+
+/* ---- dotprod: the x16 repacked layout (kern.h) -----------------------------
+ * A 64-byte vector of the layout is 4 quarters of 16 bytes, rows 0-3, 4-7,
+ * 8-11, 12-15, each 32-bit lane one row's 4 elements: exactly what sdot
+ * by lane wants (vdotq_laneq_s32 multiplies each lane by the same 4
+ * activation bytes). Codes are made signed (Q4_0: nibble - 8; Q8_0: code ^
+ * 0x80), so the integer block dot comes out with the offset already off;
+ * it is exact, and the float step is the reference's fma(isum, d_w * d_a,
+ * acc): bit-identical to kern_gemm_x16_ref() for any token count. Per
+ * block, each quarter's codes are unpacked once for up to 4 tokens. */
+#define X16N_TOKENS 4
+
+static inline __attribute__((always_inline)) DOTPROD void
+x16_panel_dp(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
+	     const float *aux, size_t aux_stride, float *s, size_t s_stride)
+{
+	const size_t cb = q4 ? 256 : 512;
+	const uint8_t *scales = panel + (size_t)nb * cb;
+	float32x4_t acc[X16N_TOKENS][4];
+	for (int t = 0; t < NT; t++)
+		for (int qr = 0; qr < 4; qr++)
+			acc[t][qr] = vdupq_n_f32(0);
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pb = panel + (size_t)b * cb;
+		const uint16_t *pd = (const uint16_t *)(const void *)(scales + 32 * b);
+		for (int qr = 0; qr < 4; qr++) {
+			int8x16_t c[8];
+			if (q4) {
+				for (int j = 0; j < 4; j++) {
+					uint8x16_t v = vld1q_u8(pb + 64 * j + 16 * qr);
+					c[j] = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f))),
+							vdupq_n_s8(8));
+					c[j + 4] = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)),
+							    vdupq_n_s8(8));
+				}
+			} else {
+				for (int g = 0; g < 8; g++)
+					c[g] = vreinterpretq_s8_u8(
+						veorq_u8(vld1q_u8(pb + 64 * g + 16 * qr), vdupq_n_u8(0x80)));
+			}
+			uint16_t dh[4];
+			memcpy(dh, pd + 4 * qr, sizeof(dh));
+			float32x4_t dw = {half(dh[0]), half(dh[1]), half(dh[2]), half(dh[3])};
+			for (int t = 0; t < NT; t++) {
+				const int8_t *q =
+					((const struct block_q8_0 *)(a + (size_t)t * a_stride))[b].qs;
+				int8x16_t a0 = vld1q_s8(q), a1 = vld1q_s8(q + 16);
+				int32x4_t i0 = vdupq_n_s32(0), i1 = i0;
+				i0 = vdotq_laneq_s32(i0, c[0], a0, 0);
+				i1 = vdotq_laneq_s32(i1, c[1], a0, 1);
+				i0 = vdotq_laneq_s32(i0, c[2], a0, 2);
+				i1 = vdotq_laneq_s32(i1, c[3], a0, 3);
+				i0 = vdotq_laneq_s32(i0, c[4], a1, 0);
+				i1 = vdotq_laneq_s32(i1, c[5], a1, 1);
+				i0 = vdotq_laneq_s32(i0, c[6], a1, 2);
+				i1 = vdotq_laneq_s32(i1, c[7], a1, 3);
+				float da = aux[(size_t)t * aux_stride + 2 * b];
+				acc[t][qr] = vfmaq_f32(acc[t][qr], vcvtq_f32_s32(vaddq_s32(i0, i1)),
+						       vmulq_n_f32(dw, da));
+			}
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		for (int qr = 0; qr < 4; qr++)
+			vst1q_f32(s + (size_t)t * s_stride + 4 * qr, acc[t][qr]);
+}
+
+static inline __attribute__((always_inline)) DOTPROD void
+x16_gemm_dp(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, const void *va,
+	    size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride)
+{
+	const uint8_t *w = vw, *a = va;
+	int64_t nb = n / 32;
+	for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {
+		const uint8_t *panel = w + (size_t)r0 * w_stride;
+		for (int t = 0; t < nt; t += X16N_TOKENS) {
+			const uint8_t *at = a + (size_t)t * a_stride;
+			const float *xt = aux + (size_t)t * aux_stride;
+			float *st = s + (size_t)t * s_stride + r0;
+			switch (nt - t) {
+			case 1: x16_panel_dp(q4, nb, 1, panel, at, a_stride, xt, aux_stride, st, s_stride); break;
+			case 2: x16_panel_dp(q4, nb, 2, panel, at, a_stride, xt, aux_stride, st, s_stride); break;
+			case 3: x16_panel_dp(q4, nb, 3, panel, at, a_stride, xt, aux_stride, st, s_stride); break;
+			default: x16_panel_dp(q4, nb, 4, panel, at, a_stride, xt, aux_stride, st, s_stride); break;
+			}
+		}
+	}
+}
+
+static DOTPROD void gemm_x16_q4_0_dp(int64_t n, int nr, int nt, const void *w, size_t w_stride,
+				     const void *a, size_t a_stride, const float *aux,
+				     size_t aux_stride, float *s, size_t s_stride)
+{
+	x16_gemm_dp(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+}
+
+static DOTPROD void gemm_x16_q8_0_dp(int64_t n, int nr, int nt, const void *w, size_t w_stride,
+				     const void *a, size_t a_stride, const float *aux,
+				     size_t aux_stride, float *s, size_t s_stride)
+{
+	x16_gemm_dp(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+}
+
 /* ---- tables -------------------------------------------------------------- */
 
 const struct kern_ops kern_neon_ops = {
@@ -237,14 +483,19 @@ const struct kern_ops kern_neon_ops = {
 	.dot_f32 = dot_f32,
 	.axpy_f32 = axpy_f32,
 	.read_stream = read_stream,
+	.attn_score_f16 = attn_score_f16,
+	.attn_score_q8_0 = attn_score_q8_0,
+	.attn_vsum_f16 = attn_vsum_f16,
+	.attn_vsum_q8_0 = attn_vsum_q8_0,
 };
 
 const struct kern_ops kern_neon_dotprod_ops = {
 	.name = "neon-dotprod",
 	.t = {
 		[ENGINE_DTYPE_Q8_0] = { .act_type = ENGINE_DTYPE_Q8_0,
-					.vec_dot = vec_dot_q8_0_q8_0_dp },
+					.vec_dot = vec_dot_q8_0_q8_0_dp, .gemm_x16 = gemm_x16_q8_0_dp },
 		[ENGINE_DTYPE_Q4_0] = { .act_type = ENGINE_DTYPE_Q8_0,
-					.vec_dot = vec_dot_q4_0_q8_0_dp },
+					.vec_dot = vec_dot_q4_0_q8_0_dp, .gemm_x16 = gemm_x16_q4_0_dp },
 	},
+	.attn_score_q8_0 = attn_score_q8_0_dp,
 };

@@ -119,6 +119,8 @@ static void merge_one(struct kern_ops *m, const struct kern_ops *under, const st
 				m->t[t].gemm = vt->gemm;
 			if (vt->gemv || vt->act_type != g->t[t].act_type)
 				m->t[t].gemv = vt->gemv;
+			if (vt->gemm_x16 || vt->act_type != g->t[t].act_type)
+				m->t[t].gemm_x16 = vt->gemm_x16;
 			m->t[t].act_type = vt->act_type;
 			m->t[t].vec_dot = vt->vec_dot;
 		} else if (vt->act_type == g->t[t].act_type) {
@@ -126,6 +128,8 @@ static void merge_one(struct kern_ops *m, const struct kern_ops *under, const st
 				m->t[t].gemm = vt->gemm;
 			if (vt->gemv)
 				m->t[t].gemv = vt->gemv;
+			if (vt->gemm_x16)
+				m->t[t].gemm_x16 = vt->gemm_x16;
 		}
 		if (vt->dequant)
 			m->t[t].dequant = vt->dequant;
@@ -136,8 +140,20 @@ static void merge_one(struct kern_ops *m, const struct kern_ops *under, const st
 		m->dot_f32 = v->dot_f32;
 	if (v->axpy_f32)
 		m->axpy_f32 = v->axpy_f32;
+	if (v->silu_mul_f32)
+		m->silu_mul_f32 = v->silu_mul_f32;
+	if (v->exp_sum_f32)
+		m->exp_sum_f32 = v->exp_sum_f32;
 	if (v->read_stream)
 		m->read_stream = v->read_stream;
+	if (v->attn_score_f16)
+		m->attn_score_f16 = v->attn_score_f16;
+	if (v->attn_score_q8_0)
+		m->attn_score_q8_0 = v->attn_score_q8_0;
+	if (v->attn_vsum_f16)
+		m->attn_vsum_f16 = v->attn_vsum_f16;
+	if (v->attn_vsum_q8_0)
+		m->attn_vsum_q8_0 = v->attn_vsum_q8_0;
 	if (!m->read_stream)
 		m->read_stream = kern_read_stream_generic;
 }

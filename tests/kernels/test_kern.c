@@ -1565,6 +1565,92 @@ static void test_variant_vec_dot(void)
 	}
 }
 
+/* The x16 repacked layout: pack then unpack restores any bytes; where the
+ * variant has gemm_x16, it equals the scalar reference kern_gemm_x16_ref()
+ * bit for bit (kern.h: the same operation sequence), for 2 panels, token
+ * counts around every tile size, and each token alone gives what it gives
+ * in its batch. The reference itself is held to vec_dot's bound in
+ * test_kern_simd.c; here, on the scalar variant, to the generic vec_dot
+ * within 1e-5 relative of the row's absolute sum. */
+static void test_variant_x16(void)
+{
+	static const uint32_t types[] = { ENGINE_DTYPE_Q4_0, ENGINE_DTYPE_Q8_0, ENGINE_DTYPE_Q4_K,
+					  ENGINE_DTYPE_Q6_K };
+	static const int nts[] = { 1, 3, 4, 5, 8, 9, 11, 17 };
+	enum { NR = 32, NT = 17 };
+	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+		uint32_t type = types[ti], at = V->t[type].act_type;
+		CHECK(kern_x16_supported(type));
+		int blck, bsz;
+		ref_block(type, &blck, &bsz);
+		for (int64_t n = blck; n <= 8 * blck; n *= 3) {
+			size_t wrs = ref_bytes(type, n), ars = ref_bytes(at, n);
+			size_t al = kern_act_aux_len(at, n);
+			uint8_t *w = xmalloc(wrs * NR), *panel = xmalloc(wrs * NR), *back = xmalloc(wrs * NR);
+			uint8_t *a = xmalloc(ars * NT + 64);
+			float *x = xmalloc((size_t)n * sizeof(float));
+			float *aux = xmalloc((al ? al : 1) * NT * sizeof(float));
+			float *ref = xmalloc(sizeof(float) * NR * NT), *got = xmalloc(sizeof(float) * NR * NT);
+			for (int r = 0; r < NR; r++)
+				make_weight(type, n, r % 5 == 4 ? W_MAX_MIX : W_RANDOM, w + r * wrs);
+			for (int t = 0; t < NT; t++) {
+				make_act(at, n, t % 4 == 3 ? A_MAX_NEG : A_QUANT, x, a + t * ars);
+				if (al)
+					kern_act_aux(at, a + t * ars, n, aux + t * al);
+			}
+			for (int p = 0; p < NR / KERN_X16_ROWS; p++)
+				kern_x16_pack(type, w + p * KERN_X16_ROWS * wrs, wrs, n,
+					      panel + p * KERN_X16_ROWS * wrs);
+			for (int p = 0; p < NR / KERN_X16_ROWS; p++)
+				kern_x16_unpack(type, panel + p * KERN_X16_ROWS * wrs, n,
+						back + p * KERN_X16_ROWS * wrs, wrs);
+			CHECK_MSG(memcmp(w, back, wrs * NR) == 0, "%s x16 pack/unpack n %lld",
+				  dtype_name(type), (long long)n);
+			kern_gemm_x16_ref(type, n, NR, NT, panel, wrs, a, ars, al ? aux : NULL, al,
+					  ref, NR);
+			if (!V->t[type].gemm_x16) {
+				/* the reference against the generic row dot: the same
+				 * value for the K-quants (it is that dot), the same up
+				 * to float order (1e-4 of the largest output) for the
+				 * 32-element formats, whose reference uses fma */
+				bool k = blck == 256;
+				double big = 0;
+				float *d = xmalloc(sizeof(float) * NR * NT);
+				for (int t = 0; t < NT; t++)
+					for (int r = 0; r < NR; r++) {
+						kern_generic_ops.t[type].vec_dot(
+							n, &d[t * NR + r], w + r * wrs, a + t * ars);
+						if (fabs((double)d[t * NR + r]) > big)
+							big = fabs((double)d[t * NR + r]);
+					}
+				for (int i = 0; i < NR * NT; i++)
+					CHECK_MSG(k ? memcmp(&d[i], &ref[i], sizeof(float)) == 0
+						    : fabs((double)d[i] - ref[i]) <= 1e-4 * big,
+						  "%s x16 reference n %lld [%d]: %.9g vs vec_dot %.9g",
+						  dtype_name(type), (long long)n, i, ref[i], d[i]);
+				free(d);
+			} else {
+				for (size_t k = 0; k < sizeof(nts) / sizeof(nts[0]); k++) {
+					int nt = nts[k];
+					V->t[type].gemm_x16(n, NR, nt, panel, wrs, a, ars, al ? aux : NULL,
+							    al, got, NR);
+					CHECK_MSG(memcmp(got, ref, sizeof(float) * NR * nt) == 0,
+						  "%s %s gemm_x16 n %lld nt %d differs from the reference",
+						  V_name, dtype_name(type), (long long)n, nt);
+				}
+			}
+			free(w);
+			free(panel);
+			free(back);
+			free(a);
+			free(x);
+			free(aux);
+			free(ref);
+			free(got);
+		}
+	}
+}
+
 /* Activation quantizers: the bound above, and against the oracle. SIMD
  * variants may round ties to even where the reference uses roundf(), so they
  * may differ from it by one step, never in the scale. */
@@ -1651,6 +1737,47 @@ static void test_variant_f32_helpers(void)
 			bad += !(fabs(y[i] - e) <= 0x1p-23 * (fabs(y0[i]) + fabs(alpha * a[i])));
 		}
 		CHECK_MSG(!bad, "%s axpy n=%lld: %d bad", V_name, (long long)n, bad);
+		CHECK(y[n] == 12345.0f);
+
+		/* silu_mul: against x / (1 + exp(-x)) * u in double, over the
+		 * whole float range of x (exp saturating at both ends) */
+		for (int64_t i = 0; i < n; i++) {
+			a[i] = (float)(rng_normal() * (i % 7 == 6 ? 60.0 : 4.0));
+			b[i] = (float)rng_normal();
+		}
+		if (n > 3) {
+			a[0] = 0.0f;
+			a[1] = -200.0f;
+			a[2] = 200.0f;
+			a[3] = -87.0f;
+		}
+		memcpy(y, a, (size_t)n * sizeof(float));
+		y[n] = 12345.0f;
+		V->silu_mul_f32(n, y, b);
+		bad = 0;
+		for (int64_t i = 0; i < n; i++) {
+			double x = a[i], e = x / (1.0 + exp(-x)) * b[i];
+			bad += !(fabs(y[i] - e) <= 6e-7 * fabs(e) + 1e-30); /* tiny: denormals */
+		}
+		CHECK_MSG(!bad, "%s silu_mul n=%lld: %d bad", V_name, (long long)n, bad);
+		CHECK(y[n] == 12345.0f);
+
+		/* exp_sum: softmax numerators (arguments <= 0) and their sum */
+		float mx = -INFINITY;
+		for (int64_t i = 0; i < n; i++)
+			mx = a[i] > mx ? a[i] : mx;
+		memcpy(y, a, (size_t)n * sizeof(float));
+		float got = V->exp_sum_f32(n, y, mx);
+		double want = 0;
+		bad = 0;
+		for (int64_t i = 0; i < n; i++) {
+			double e = exp((double)a[i] - mx);
+			want += e;
+			bad += !(fabs(y[i] - e) <= 6e-7 * e + 1e-30);
+		}
+		CHECK_MSG(!bad, "%s exp_sum n=%lld: %d bad", V_name, (long long)n, bad);
+		CHECK_MSG(fabs(got - want) <= 1e-6 * want * (double)(n + 1) + 1e-30,
+			  "%s exp_sum n=%lld: sum %.9g vs %.9g", V_name, (long long)n, got, want);
 		CHECK(y[n] == 12345.0f);
 		free(a);
 		free(b);
@@ -1780,6 +1907,7 @@ int main(void)
 		run_variant_test(test_variant_table, "table");
 		run_variant_test(test_variant_dequant, "dequant");
 		run_variant_test(test_variant_vec_dot, "vec_dot");
+		run_variant_test(test_variant_x16, "x16");
 		run_variant_test(test_variant_quant_act, "quant_act");
 		run_variant_test(test_variant_f32_helpers, "f32_helpers");
 	}

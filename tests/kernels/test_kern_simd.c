@@ -149,6 +149,51 @@ static void test_quant_act_exact(void)
 	}
 }
 
+/* The x16 repacked layout: pack/unpack restore the rows byte for byte; the
+ * scalar reference agrees with vec_dot to the integer formats' budget; a
+ * variant's gemm_x16 equals the reference bit for bit (the same operation
+ * sequence, kern.h), for every token count and for one token at a time:
+ * decode and prefill give a token the same logits. nr rows: one panel of
+ * 16 packed, the rest are the native tail that matmul.c runs on vec_dot. */
+static void check_x16(const struct kern_ops *k, uint32_t type, int64_t n, const uint8_t *w,
+		      size_t wrs, const uint8_t *a, size_t ars, const float *aux, size_t aux_len,
+		      int nr, int nt, const float *dots, const double *bound)
+{
+	const int P = KERN_X16_ROWS;
+	uint8_t *panel = xmalloc(wrs * P), *back = xmalloc(wrs * P);
+	float *ref = xmalloc(sizeof(float) * P * nt), *got = xmalloc(sizeof(float) * P * nt);
+	float one[KERN_X16_ROWS];
+	kern_x16_pack(type, w, wrs, n, panel);
+	kern_x16_unpack(type, panel, n, back, wrs);
+	CHECK_MSG(memcmp(back, w, wrs * P) == 0, "%s x16 pack/unpack not lossless (n %lld)",
+		  dtype_name(type), (long long)n);
+	kern_gemm_x16_ref(type, n, P, nt, panel, wrs, a, ars, aux, aux_len, ref, P);
+	for (int t = 0; t < nt; t++)
+		for (int r = 0; r < P; r++)
+			CHECK_MSG(fabs((double)ref[t * P + r] - (double)dots[t * nr + r]) <=
+					  2 * bound[t * nr + r],
+				  "%s x16 reference n %lld row %d tok %d: %.9g vs vec_dot %.9g",
+				  dtype_name(type), (long long)n, r, t, ref[t * P + r],
+				  dots[t * nr + r]);
+	if (k->t[type].gemm_x16) {
+		k->t[type].gemm_x16(n, P, nt, panel, wrs, a, ars, aux, aux_len, got, P);
+		CHECK_MSG(memcmp(ref, got, sizeof(float) * P * nt) == 0,
+			  "%s %s gemm_x16 differs from the reference (n %lld)", k->name,
+			  dtype_name(type), (long long)n);
+		for (int t = 0; t < nt; t++) {
+			k->t[type].gemm_x16(n, P, 1, panel, wrs, a + t * ars, ars,
+					    aux + t * aux_len, aux_len, one, P);
+			CHECK_MSG(memcmp(one, got + t * P, sizeof(one)) == 0,
+				  "%s %s gemm_x16: token %d alone differs from its batch", k->name,
+				  dtype_name(type), t);
+		}
+	}
+	free(panel);
+	free(back);
+	free(ref);
+	free(got);
+}
+
 /* One weight type, one variant: vec_dot over rows against the reference,
  * and the tile kernel (if any) against the variant's vec_dot. */
 static void check_type(const struct kern_ops *k, uint32_t type, int64_t nblocks, int mode)
@@ -261,6 +306,8 @@ static void check_type(const struct kern_ops *k, uint32_t type, int64_t nblocks,
 			  (long long)n);
 		free(s2);
 	}
+	if (kern_x16_supported(type))
+		check_x16(k, type, n, w, wrs, a, ars, aux, aux_len, nr, nt, dots, bound);
 out:
 	free(wf);
 	free(af);
@@ -346,8 +393,14 @@ static void test_read_stream(void)
 
 /* ---- whole models ------------------------------------------------------------ */
 
-static int greedy(const char *path, const char *isa, int n_threads, int n_gen, int32_t *out,
-		  float *logits_copy, int n_copy)
+/* kv: the KV cache type. The matmul checks below use f32: with a lossy
+ * cache, a 1e-7 difference between variants can flip one f16 rounding of
+ * K or V, and with quantized weights the next layer's Q8_0 activations
+ * turn that into a jump of 1/127 of a block (measured: logits 0.09 apart on
+ * stories3M Q4_0/Q8_0 with f16 KV, 1e-6 with f32 KV), which says nothing
+ * about the kernels. */
+static int greedy_kv(const char *path, const char *isa, enum engine_kv_type kv, int n_threads,
+		     int n_gen, int32_t *out, float *logits_copy, int n_copy)
 {
 	struct engine_params ep = {.n_threads = n_threads, .isa = isa};
 	struct cm_err err = {0};
@@ -359,7 +412,7 @@ static int greedy(const char *path, const char *isa, int n_threads, int n_gen, i
 	}
 	struct engine_model_info info;
 	engine_model_get_info(m, &info);
-	struct engine_ctx_params cp = {.n_ctx = 128, .n_seq = 1, .n_batch = 32};
+	struct engine_ctx_params cp = {.n_ctx = 128, .n_seq = 1, .n_batch = 32, .kv_type = kv};
 	if (engine_ctx_new(m, &cp, &c, &err) != 0) {
 		engine_model_free(m);
 		return -1;
@@ -385,6 +438,12 @@ static int greedy(const char *path, const char *isa, int n_threads, int n_gen, i
 	return r;
 }
 
+static int greedy(const char *path, const char *isa, int n_threads, int n_gen, int32_t *out,
+		  float *logits_copy, int n_copy)
+{
+	return greedy_kv(path, isa, ENGINE_KV_F32, n_threads, n_gen, out, logits_copy, n_copy);
+}
+
 static bool have(const char *p)
 {
 	FILE *f = fopen(p, "rb");
@@ -394,7 +453,8 @@ static bool have(const char *p)
 }
 
 /* The must-show: scalar and the best variant pick the same greedy tokens on
- * stories260K (float weights: both accumulate in double). */
+ * stories260K (float weights: both accumulate in double), with the f32 and
+ * the default (f16) KV cache. */
 static void test_greedy_scalar_vs_best(void)
 {
 	static const char *const models[] = {"models/stories260K-f32.gguf",
@@ -410,6 +470,10 @@ static void test_greedy_scalar_vs_best(void)
 		CHECK_OK(greedy(p, NULL, 2, 32, b, NULL, 0));
 		CHECK_MSG(memcmp(a, b, sizeof(a)) == 0, "%s: greedy tokens differ (scalar vs best)",
 			  models[i]);
+		CHECK_OK(greedy_kv(p, "scalar", ENGINE_KV_DEFAULT, 2, 32, a, NULL, 0));
+		CHECK_OK(greedy_kv(p, NULL, ENGINE_KV_DEFAULT, 2, 32, b, NULL, 0));
+		CHECK_MSG(memcmp(a, b, sizeof(a)) == 0,
+			  "%s, default KV: greedy tokens differ (scalar vs best)", models[i]);
 	}
 	if (!found)
 		TEST_SKIP_DATA("no stories260K models under $EDGELM_TESTDATA/models");
@@ -439,7 +503,8 @@ static void test_logits_q4_0_scalar_vs_best(void)
 	CHECK_MSG(md <= 1e-3 * mx, "max |logit diff| %.3g of max |logit| %.3g", md, mx);
 }
 
-/* Logits do not depend on the thread count, prefill (tile kernels) or not. */
+/* Logits do not depend on the thread count, prefill (tile kernels) or not,
+ * whatever the KV cache type. */
 static void test_threads_bitwise(void)
 {
 	const char *p = test_data_path("models/stories3M-q4_0.gguf");
@@ -448,14 +513,17 @@ static void test_threads_bitwise(void)
 		return;
 	}
 	enum { NL = 512 };
-	static float l1[NL], l2[NL], l3[NL];
-	int32_t t1[4], t2[4], t3[4];
-	CHECK_OK(greedy(p, NULL, 1, 4, t1, l1, NL));
-	CHECK_OK(greedy(p, NULL, 2, 4, t2, l2, NL));
-	CHECK_OK(greedy(p, NULL, 3, 4, t3, l3, NL));
-	CHECK(memcmp(l1, l2, sizeof(l1)) == 0);
-	CHECK(memcmp(l1, l3, sizeof(l1)) == 0);
-	CHECK(memcmp(t1, t2, sizeof(t1)) == 0 && memcmp(t1, t3, sizeof(t1)) == 0);
+	static const enum engine_kv_type kvs[] = {ENGINE_KV_F32, ENGINE_KV_F16, ENGINE_KV_Q8_0};
+	for (size_t k = 0; k < CM_ARRAY_LEN(kvs); k++) {
+		static float l1[NL], l2[NL], l3[NL];
+		int32_t t1[4], t2[4], t3[4];
+		CHECK_OK(greedy_kv(p, NULL, kvs[k], 1, 4, t1, l1, NL));
+		CHECK_OK(greedy_kv(p, NULL, kvs[k], 2, 4, t2, l2, NL));
+		CHECK_OK(greedy_kv(p, NULL, kvs[k], 3, 4, t3, l3, NL));
+		CHECK_MSG(memcmp(l1, l2, sizeof(l1)) == 0, "%s KV", engine_kv_type_name(kvs[k]));
+		CHECK_MSG(memcmp(l1, l3, sizeof(l1)) == 0, "%s KV", engine_kv_type_name(kvs[k]));
+		CHECK(memcmp(t1, t2, sizeof(t1)) == 0 && memcmp(t1, t3, sizeof(t1)) == 0);
+	}
 }
 
 int main(void)

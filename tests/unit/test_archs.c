@@ -1,9 +1,12 @@
-/* tests/unit/test_archs.c: llama, qwen2 and qwen3 synthetic models made by
- * `edgelm-gguf mkmodel` load and generate, and a prompt processed in one
- * batch gives the same logits as token by token (1e-4 relative). The
- * small test shapes use the synthetic vocabulary; the real shapes
- * (llama-3.2-1b, qwen2.5-0.5b, qwen3-0.6b, one layer each) use their real
- * vocab files and chat templates. */
+/* tests/unit/test_archs.c: llama, qwen2, qwen3, phi3, gemma, gemma2 and
+ * gemma3 synthetic models made by `edgelm-gguf mkmodel` load and generate,
+ * and a prompt processed in one batch gives the same logits as token by
+ * token (1e-4 relative). The small test shapes use the synthetic
+ * vocabulary (the phi3 and gemma2/3 ones have sliding windows shorter than
+ * the 9-token prompt); the real shapes (llama-3.2-1b, qwen2.5-0.5b,
+ * qwen3-0.6b, phi-3-mini, one layer each) use their real vocab files and
+ * chat templates. The architectures' math itself is checked against a
+ * reference in test_archs_ref.c. */
 #include "engine/engine.h"
 #include "tests/test.h"
 
@@ -163,6 +166,26 @@ static void test_small_qwen3(void)
 	run_small("small-qwen3", "qwen3");
 }
 
+static void test_small_phi3(void)
+{
+	run_small("small-phi3", "phi3");
+}
+
+static void test_small_gemma(void)
+{
+	run_small("small-gemma", "gemma");
+}
+
+static void test_small_gemma2(void)
+{
+	run_small("small-gemma2", "gemma2");
+}
+
+static void test_small_gemma3(void)
+{
+	run_small("small-gemma3", "gemma3");
+}
+
 /* A real shape with one layer and its vocab: loads, the chat prompt
  * tokenizes with its control tokens, the model generates. */
 static void run_real(const char *shape, const char *vocab, const char *arch,
@@ -232,13 +255,23 @@ static void test_real_qwen3(void)
 	run_real("qwen3-0.6b", "qwen2", "qwen3", ENGINE_CHAT_QWEN3, "<|im_end|>");
 }
 
+static void test_real_phi3(void)
+{
+	run_real("phi-3-mini", "phi-3", "phi3", ENGINE_CHAT_PHI3, "<|end|>");
+}
+
 int main(void)
 {
 	TEST_RUN(test_small_llama);
 	TEST_RUN(test_small_qwen2);
 	TEST_RUN(test_small_qwen3);
+	TEST_RUN(test_small_phi3);
+	TEST_RUN(test_small_gemma);
+	TEST_RUN(test_small_gemma2);
+	TEST_RUN(test_small_gemma3);
 	TEST_RUN(test_real_llama32);
 	TEST_RUN(test_real_qwen25);
 	TEST_RUN(test_real_qwen3);
+	TEST_RUN(test_real_phi3);
 	return test_finish();
 }

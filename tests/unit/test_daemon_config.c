@@ -1,6 +1,7 @@
 /* tests/unit/test_daemon_config.c: the config table, its parser, printer,
  * docs and reload mask. Includes config.c to walk the table itself. */
 #include "../../daemon/config.c"
+#include "engine/engine.h"
 
 #include "tests/test.h"
 
@@ -54,7 +55,7 @@ static void test_table_covers_struct(void)
 	CHECK(sum <= sizeof(struct daemon_config));
 	CHECK_MSG(sizeof(struct daemon_config) - sum < 64, "struct has %zu bytes no row covers",
 	          sizeof(struct daemon_config) - sum);
-	CHECK_EQ_INT(CM_ARRAY_LEN(options), 38);
+	CHECK_EQ_INT(CM_ARRAY_LEN(options), 40);
 }
 
 static void test_every_default_parses(void)
@@ -81,6 +82,7 @@ static void test_defaults(void)
 	CHECK_EQ_INT(c.batch_size, 512);
 	CHECK_EQ_INT(c.prefill_chunk, 256);
 	CHECK_EQ_INT(c.kv_budget_mib, 0);
+	CHECK_STREQ(c.kv_type, "f16");
 	CHECK(c.prefix_cache);
 	CHECK_EQ_INT(c.queue_size, 16);
 	CHECK_EQ_INT(c.max_tokens_default, 256);
@@ -423,7 +425,7 @@ static void test_doc(void)
 	}
 	for (char *p = buf; (p = strchr(p, '\n')); p++)
 		rows++;
-	CHECK_EQ_INT(rows, 2 + 37);
+	CHECK_EQ_INT(rows, 2 + 39);
 	CHECK(strstr(
 	    buf, "| `log_level` | choice | `info` | err, warning, notice, info, debug | yes |"));
 	CHECK(strstr(buf, "| `socket_mode` | octal | `0660` | 0000..0777 | no |"));
@@ -568,6 +570,54 @@ static void test_man_page(void)
 	free(text);
 }
 
+/* kv_type takes exactly the engine's names, its default is the engine's. */
+static void test_kv_type(void)
+{
+	const struct opt *o = opt_find("kv_type");
+	struct daemon_config c;
+	CHECK(o != NULL);
+	if (!o)
+		return;
+	CHECK_STREQ(o->choices, engine_kv_type_list());
+	CHECK_STREQ(o->def, engine_kv_type_name(ENGINE_KV_DEFAULT));
+	daemon_config_default(&c);
+	CHECK_OK(daemon_config_set(&c, "kv_type", "q8_0", &err));
+	CHECK_STREQ(c.kv_type, "q8_0");
+	CHECK_EQ_INT(daemon_config_set(&c, "kv_type", "q4_0", &err), -EINVAL);
+	CHECK(strstr(err.msg, "f32") != NULL);
+}
+
+/* kv_budget_mib caps a ctx_size of 0 and refuses an explicit one over it. */
+static void test_kv_budget(void)
+{
+	struct daemon_config c;
+	uint32_t n;
+
+	daemon_config_default(&c);
+	n = 2048;
+	CHECK_OK(daemon_config_fit_kv_budget(&c, 22528, &n, &err)); /* no budget */
+	CHECK_EQ_INT(n, 2048);
+	/* TinyLlama f16: 22 KiB per token; 4 sequences in 64 MiB: 744 tokens */
+	CHECK_OK(daemon_config_set(&c, "kv_budget_mib", "64", &err));
+	n = 2048;
+	CHECK_OK(daemon_config_fit_kv_budget(&c, 22528, &n, &err));
+	CHECK_EQ_INT(n, (64u << 20) / (22528u * 4));
+	n = 512; /* fits */
+	CHECK_OK(daemon_config_fit_kv_budget(&c, 22528, &n, &err));
+	CHECK_EQ_INT(n, 512);
+	CHECK_OK(daemon_config_set(&c, "ctx_size", "2048", &err));
+	n = 2048;
+	CHECK_EQ_INT(daemon_config_fit_kv_budget(&c, 22528, &n, &err), -ENOMEM);
+	CHECK(strstr(err.msg, "ctx_size 2048 x parallel 4 needs 176.0 MiB of f16 KV cache, over "
+			      "kv_budget_mib 64") != NULL);
+	CHECK_EQ_INT(n, 2048);
+	CHECK_OK(daemon_config_set(&c, "ctx_size", "0", &err));
+	CHECK_OK(daemon_config_set(&c, "kv_budget_mib", "1", &err));
+	n = 2048;
+	CHECK_EQ_INT(daemon_config_fit_kv_budget(&c, 1u << 20, &n, &err), -ENOMEM);
+	CHECK(strstr(err.msg, "does not hold one token") != NULL);
+}
+
 int main(void)
 {
 	TEST_RUN(test_table_covers_struct);
@@ -583,5 +633,7 @@ int main(void)
 	TEST_RUN(test_reload);
 	TEST_RUN(test_packaged_config);
 	TEST_RUN(test_man_page);
+	TEST_RUN(test_kv_type);
+	TEST_RUN(test_kv_budget);
 	return test_finish();
 }

@@ -1,6 +1,9 @@
 /* tests/unit/test_run_tool.c: edgelm-run end to end, as a user runs it.
- * - greedy text for every reference prompt equals the reference story;
- * - --json gives the reference ids and top logits (within 1e-3);
+ * - greedy text for every reference prompt equals the reference story, with
+ *   the default KV cache (f16) and the prompt prefilled in one chunk or in
+ *   chunks of 3 (--batch);
+ * - --json gives the reference ids and top logits: within 1e-3 with
+ *   --kv-type f32, within 0.03 with the default f16 cache;
  * - --tokenize prints the reference prompt ids (on the model and on a
  *   vocab-only GGUF);
  * - usage errors exit 1. */
@@ -69,7 +72,7 @@ static bool need_ref(void)
 	return ref != NULL;
 }
 
-static void test_reference_text(void)
+static void reference_text(const char *opts)
 {
 	if (!need_ref())
 		return;
@@ -81,26 +84,48 @@ static void test_reference_text(void)
 		char q[1024], cmd[16384], *out = NULL;
 		shq(q, sizeof(q), json_string_value(json_object_get(item, "prompt")));
 		size_t n_steps = json_array_size(json_object_get(item, "steps"));
-		snprintf(cmd, sizeof(cmd), "%s -m '%s' -p %s -n %zu --temp 0 -q", bin(), model, q,
-			 n_steps);
+		snprintf(cmd, sizeof(cmd), "%s -m '%s' -p %s -n %zu --temp 0 -q %s", bin(), model, q,
+			 n_steps, opts);
 		CHECK_EQ_INT(run(cmd, &out), 0);
 		const char *want = json_string_value(json_object_get(item, "text"));
 		size_t wl = strlen(want);
 		CHECK_MSG(strncmp(out, want, wl) == 0 && strcmp(out + wl, "\n") == 0,
-			  "prompt %zu:\n got: %s\nwant: %s", i, out, want);
+			  "prompt %zu (%s):\n got: %s\nwant: %s", i, opts, out, want);
 		free(out);
 	}
 }
 
-static void test_json_mode(void)
+static void test_reference_text(void)
+{
+	reference_text("");
+}
+
+/* The prompt prefilled in chunks of 3 tokens, or 1, with an f32 cache; a
+ * q8_0 cache runs (its greedy text may leave the reference's: its bounds
+ * are in test_model_ref.c). */
+static void test_reference_text_options(void)
+{
+	reference_text("--batch 3");
+	reference_text("-b 1 --kv-type f32");
+	if (!need_ref())
+		return;
+	char cmd[16384], *out = NULL;
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Once upon a time' -n 32 --temp 0 -q --kv-type q8_0",
+		 bin(), test_data_path("models/stories260K-f32.gguf"));
+	CHECK_EQ_INT(run(cmd, &out), 0);
+	CHECK(out && strlen(out) > 32);
+	free(out);
+}
+
+static void json_mode(const char *opts, double tol)
 {
 	if (!need_ref())
 		return;
 	json_t *item = json_array_get(ref, 0);
 	char q[1024], cmd[16384], *out = NULL;
 	shq(q, sizeof(q), json_string_value(json_object_get(item, "prompt")));
-	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p %s -n 16 --temp 0 -q --json --top-logits 8",
-		 bin(), test_data_path("models/stories260K-f32.gguf"), q);
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p %s -n 16 --temp 0 -q --json --top-logits 8 %s",
+		 bin(), test_data_path("models/stories260K-f32.gguf"), q, opts);
 	CHECK_EQ_INT(run(cmd, &out), 0);
 	json_t *steps = json_object_get(item, "steps");
 	char *line = out, *save = NULL;
@@ -120,12 +145,18 @@ static void test_json_mode(void)
 			CHECK_EQ_INT(json_integer_value(json_array_get(a, 0)),
 				     json_integer_value(json_array_get(b, 0)));
 			CHECK_NEAR(json_number_value(json_array_get(a, 1)),
-				   json_number_value(json_array_get(b, 1)), 1e-3);
+				   json_number_value(json_array_get(b, 1)), tol);
 		}
 		json_decref(j);
 	}
 	CHECK_EQ_INT(k, 16);
 	free(out);
+}
+
+static void test_json_mode(void)
+{
+	json_mode("--kv-type f32", 1e-3);
+	json_mode("", 0.03); /* the default f16 cache: test_model_ref.c's bound */
 }
 
 static void test_tokenize_mode(void)
@@ -172,6 +203,12 @@ static void test_usage_errors(void)
 	snprintf(cmd, sizeof(cmd), "%s -m /nonexistent.gguf -p hi 2>/dev/null", bin());
 	CHECK_EQ_INT(run(cmd, &out), 2);
 	free(out);
+	snprintf(cmd, sizeof(cmd), "%s -m x.gguf -p hi --kv-type q4_0 2>/dev/null", bin());
+	CHECK_EQ_INT(run(cmd, &out), 1);
+	free(out);
+	snprintf(cmd, sizeof(cmd), "%s -m x.gguf -p hi --batch 0 2>/dev/null", bin());
+	CHECK_EQ_INT(run(cmd, &out), 1);
+	free(out);
 	snprintf(cmd, sizeof(cmd), "%s --help", bin());
 	CHECK_EQ_INT(run(cmd, &out), 0);
 	CHECK(strstr(out, "usage: edgelm-run") != NULL);
@@ -181,6 +218,7 @@ static void test_usage_errors(void)
 int main(void)
 {
 	TEST_RUN(test_reference_text);
+	TEST_RUN(test_reference_text_options);
 	TEST_RUN(test_json_mode);
 	TEST_RUN(test_tokenize_mode);
 	TEST_RUN(test_usage_errors);

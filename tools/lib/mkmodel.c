@@ -2,7 +2,8 @@
  *
  * Speed depends on shape, not on values, so benchmarks and load tests run on
  * models with the exact tensor shapes and types of real ones (TinyLlama
- * 1.1B, Llama 3.2 1B, Qwen2.5 0.5B, Qwen3 0.6B) filled with random weights.
+ * 1.1B, Llama 3.2 1B, Qwen2.5 0.5B, Qwen3 0.6B, Phi-3-mini) filled with
+ * random weights; small test shapes cover phi3 and the gemmas too.
  * The scale keeps activations sane through many layers: matrices draw from
  * N(0, 1/n_in), norms are 1, biases small. The vocabulary (tokenizer.*
  * metadata) is copied from a vocab GGUF, or synthesized (a byte-fallback SPM
@@ -30,27 +31,58 @@ struct shape {
 	uint32_t n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim, n_ctx;
 	float eps, rope_base;
 	bool tied, qkv_bias, qk_norm, llama3_rope;
+	uint32_t n_swa;                    /* attention.sliding_window; 0: not written */
+	float attn_softcap, final_softcap; /* gemma2's soft-capping; 0: not written */
 };
 
+/* The tensor layout follows the architecture: phi3 fuses attn_qkv and
+ * ffn_up (gate and up), gemma2/3 add post-attention and post-FFN norms. */
 static const struct shape shapes[] = {
-	{"tinyllama-1.1b", "llama", "ggml-vocab-llama-spm.gguf", 2048, 22, 32, 4, 5632, 64, 2048,
-	 1e-5f, 10000.0f, false, false, false, false},
-	{"llama-3.2-1b", "llama", "ggml-vocab-llama-bpe.gguf", 2048, 16, 32, 8, 8192, 64, 131072,
-	 1e-5f, 500000.0f, true, false, false, true},
-	{"qwen2.5-0.5b", "qwen2", "ggml-vocab-qwen2.gguf", 896, 24, 14, 2, 4864, 64, 32768, 1e-6f,
-	 1000000.0f, true, true, false, false},
-	{"qwen3-0.6b", "qwen3", "ggml-vocab-qwen2.gguf", 1024, 28, 16, 8, 3072, 128, 40960, 1e-6f,
-	 1000000.0f, true, false, true, false},
+	{.name = "tinyllama-1.1b", .arch = "llama", .vocab = "ggml-vocab-llama-spm.gguf",
+	 .n_embd = 2048, .n_layer = 22, .n_head = 32, .n_head_kv = 4, .n_ff = 5632, .head_dim = 64,
+	 .n_ctx = 2048, .eps = 1e-5f, .rope_base = 10000.0f},
+	{.name = "llama-3.2-1b", .arch = "llama", .vocab = "ggml-vocab-llama-bpe.gguf",
+	 .n_embd = 2048, .n_layer = 16, .n_head = 32, .n_head_kv = 8, .n_ff = 8192, .head_dim = 64,
+	 .n_ctx = 131072, .eps = 1e-5f, .rope_base = 500000.0f, .tied = true, .llama3_rope = true},
+	{.name = "qwen2.5-0.5b", .arch = "qwen2", .vocab = "ggml-vocab-qwen2.gguf", .n_embd = 896,
+	 .n_layer = 24, .n_head = 14, .n_head_kv = 2, .n_ff = 4864, .head_dim = 64, .n_ctx = 32768,
+	 .eps = 1e-6f, .rope_base = 1000000.0f, .tied = true, .qkv_bias = true},
+	{.name = "qwen3-0.6b", .arch = "qwen3", .vocab = "ggml-vocab-qwen2.gguf", .n_embd = 1024,
+	 .n_layer = 28, .n_head = 16, .n_head_kv = 8, .n_ff = 3072, .head_dim = 128, .n_ctx = 40960,
+	 .eps = 1e-6f, .rope_base = 1000000.0f, .tied = true, .qk_norm = true},
+	/* Phi-3-mini-4k: the hyperparameters its vocab file carries, and the
+	 * 2047-token window llama.cpp gives files without the key */
+	{.name = "phi-3-mini", .arch = "phi3", .vocab = "ggml-vocab-phi-3.gguf", .n_embd = 3072,
+	 .n_layer = 32, .n_head = 32, .n_head_kv = 32, .n_ff = 8192, .head_dim = 96, .n_ctx = 4096,
+	 .eps = 1e-5f, .rope_base = 10000.0f, .n_swa = 2047},
 	/* small shapes for tests: fast, every row a multiple of 256 (small) or
-	 * not a multiple of 32 anywhere in the FFN (tiny) */
-	{"tiny", "llama", NULL, 64, 2, 4, 2, 172, 16, 256, 1e-5f, 10000.0f, false, false, false,
-	 false},
-	{"small", "llama", NULL, 256, 4, 8, 4, 768, 32, 512, 1e-5f, 10000.0f, true, false, false,
-	 false},
-	{"small-qwen2", "qwen2", NULL, 256, 2, 8, 2, 768, 32, 512, 1e-6f, 1000000.0f, true, true,
-	 false, false},
-	{"small-qwen3", "qwen3", NULL, 256, 2, 4, 2, 768, 128, 512, 1e-6f, 1000000.0f, true, false,
-	 true, false},
+	 * not a multiple of 32 anywhere in the FFN (tiny); windows shorter than
+	 * the tests' prompts */
+	{.name = "tiny", .arch = "llama", .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2,
+	 .n_ff = 172, .head_dim = 16, .n_ctx = 256, .eps = 1e-5f, .rope_base = 10000.0f},
+	{.name = "small", .arch = "llama", .n_embd = 256, .n_layer = 4, .n_head = 8, .n_head_kv = 4,
+	 .n_ff = 768, .head_dim = 32, .n_ctx = 512, .eps = 1e-5f, .rope_base = 10000.0f,
+	 .tied = true},
+	{.name = "small-qwen2", .arch = "qwen2", .n_embd = 256, .n_layer = 2, .n_head = 8,
+	 .n_head_kv = 2, .n_ff = 768, .head_dim = 32, .n_ctx = 512, .eps = 1e-6f,
+	 .rope_base = 1000000.0f, .tied = true, .qkv_bias = true},
+	{.name = "small-qwen3", .arch = "qwen3", .n_embd = 256, .n_layer = 2, .n_head = 4,
+	 .n_head_kv = 2, .n_ff = 768, .head_dim = 128, .n_ctx = 512, .eps = 1e-6f,
+	 .rope_base = 1000000.0f, .tied = true, .qk_norm = true},
+	{.name = "small-phi3", .arch = "phi3", .n_embd = 256, .n_layer = 2, .n_head = 8,
+	 .n_head_kv = 4, .n_ff = 768, .head_dim = 32, .n_ctx = 512, .eps = 1e-5f,
+	 .rope_base = 10000.0f, .n_swa = 5},
+	{.name = "small-gemma", .arch = "gemma", .n_embd = 256, .n_layer = 2, .n_head = 4,
+	 .n_head_kv = 1, .n_ff = 768, .head_dim = 128, .n_ctx = 512, .eps = 1e-6f,
+	 .rope_base = 10000.0f, .tied = true},
+	{.name = "small-gemma2", .arch = "gemma2", .n_embd = 256, .n_layer = 2, .n_head = 4,
+	 .n_head_kv = 2, .n_ff = 768, .head_dim = 128, .n_ctx = 512, .eps = 1e-6f,
+	 .rope_base = 10000.0f, .tied = true, .n_swa = 4, .attn_softcap = 50.0f,
+	 .final_softcap = 30.0f},
+	/* six layers: five sliding, one global */
+	{.name = "small-gemma3", .arch = "gemma3", .n_embd = 256, .n_layer = 6, .n_head = 4,
+	 .n_head_kv = 1, .n_ff = 768, .head_dim = 128, .n_ctx = 512, .eps = 1e-6f,
+	 .rope_base = 1000000.0f, .tied = true, .qk_norm = true, .n_swa = 4},
 };
 
 void tools_mkmodel_usage(FILE *o)
@@ -321,6 +353,12 @@ int tools_mkmodel_main(int argc, char **argv)
 		gguf_writer_set_u32(w, K("attention.value_length"), sh->head_dim);
 	}
 	gguf_writer_set_u32(w, K("rope.dimension_count"), sh->head_dim);
+	if (sh->n_swa)
+		gguf_writer_set_u32(w, K("attention.sliding_window"), sh->n_swa);
+	if (sh->attn_softcap > 0) {
+		gguf_writer_set_f32(w, K("attn_logit_softcapping"), sh->attn_softcap);
+		gguf_writer_set_f32(w, K("final_logit_softcapping"), sh->final_softcap);
+	}
 #undef K
 	if (vocab) {
 		if (gguf_open(vocab, &vf, &err) != 0)
@@ -347,6 +385,8 @@ int tools_mkmodel_main(int argc, char **argv)
 	if (!ts)
 		goto fail_oom;
 	uint32_t E = sh->n_embd, QD = sh->head_dim * sh->n_head, KD = sh->head_dim * sh->n_head_kv;
+	bool phi3 = strcmp(sh->arch, "phi3") == 0, gemma = strncmp(sh->arch, "gemma", 5) == 0;
+	bool post_norms = gemma && strcmp(sh->arch, "gemma") != 0;
 #define MAT(nm, nin, nout)                                                                 \
 	do {                                                                               \
 		struct gen_tensor *t_ = &ts[nt++];                                         \
@@ -369,7 +409,10 @@ int tools_mkmodel_main(int argc, char **argv)
 	} while (0)
 	char nm[GGUF_MAX_NAME];
 	MAT("token_embd.weight", E, n_vocab);
-	ts[nt - 1].std = 1.0f; /* embeddings: unit scale, RMSNorm follows */
+	/* embeddings: unit scale, RMSNorm follows; gemma scales them by
+	 * sqrt(n_embd) itself */
+	if (!gemma)
+		ts[nt - 1].std = 1.0f;
 	VEC("output_norm.weight", E, 0, 1.0f);
 	if (!sh->tied)
 		MAT("output.weight", E, n_vocab);
@@ -384,9 +427,13 @@ int tools_mkmodel_main(int argc, char **argv)
 	for (uint32_t l = 0; l < n_layer; l++) {
 #define N(s) (snprintf(nm, sizeof(nm), "blk.%u." s, l), nm)
 		VEC(N("attn_norm.weight"), E, 0, 1.0f);
-		MAT(N("attn_q.weight"), E, QD);
-		MAT(N("attn_k.weight"), E, KD);
-		MAT(N("attn_v.weight"), E, KD);
+		if (phi3) {
+			MAT(N("attn_qkv.weight"), E, QD + 2 * KD);
+		} else {
+			MAT(N("attn_q.weight"), E, QD);
+			MAT(N("attn_k.weight"), E, KD);
+			MAT(N("attn_v.weight"), E, KD);
+		}
 		if (sh->qkv_bias) {
 			VEC(N("attn_q.bias"), QD, 0.02f, 0);
 			VEC(N("attn_k.bias"), KD, 0.02f, 0);
@@ -397,10 +444,18 @@ int tools_mkmodel_main(int argc, char **argv)
 			VEC(N("attn_k_norm.weight"), sh->head_dim, 0, 1.0f);
 		}
 		MAT(N("attn_output.weight"), QD, E);
+		if (post_norms)
+			VEC(N("post_attention_norm.weight"), E, 0, 1.0f);
 		VEC(N("ffn_norm.weight"), E, 0, 1.0f);
-		MAT(N("ffn_gate.weight"), E, sh->n_ff);
-		MAT(N("ffn_up.weight"), E, sh->n_ff);
+		if (phi3) {
+			MAT(N("ffn_up.weight"), E, 2 * sh->n_ff); /* gate rows, then up */
+		} else {
+			MAT(N("ffn_gate.weight"), E, sh->n_ff);
+			MAT(N("ffn_up.weight"), E, sh->n_ff);
+		}
 		MAT(N("ffn_down.weight"), sh->n_ff, E);
+		if (post_norms)
+			VEC(N("post_ffw_norm.weight"), E, 0, 1.0f);
 #undef N
 	}
 #undef MAT

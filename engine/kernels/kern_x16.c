@@ -1,0 +1,215 @@
+/* engine/kernels/kern_x16.c: the x16 repacked weight layout (kern.h) and
+ * its scalar reference kernel.
+ *
+ * Why repack: a decode kernel over the file's layout reads 16 rows as 16
+ * separate streams and must collapse each row's block products with
+ * horizontal adds (kern_avx512.c, gemv_*). In the x16 layout one 64-byte
+ * load gives 4 elements of each of 16 rows in the lanes where vpdpbusd
+ * accumulates them, so the 16 outputs of a panel build up in one register
+ * and the panel is one forward stream (cpu-kernels.md §2: the interleaved
+ * layouts of the fastest engines). The layout is the same size as the
+ * rows it replaces, so repacking happens in place.
+ *
+ * Built without ISA flags, like kern_generic.c. */
+#include "engine/kernels/kern.h"
+
+#include "engine/quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+bool kern_x16_supported(uint32_t type)
+{
+	return type == ENGINE_DTYPE_Q4_0 || type == ENGINE_DTYPE_Q8_0 ||
+	       type == ENGINE_DTYPE_Q4_K || type == ENGINE_DTYPE_Q6_K;
+}
+
+/* Bytes of codes and of metadata per block of a 16-row panel; blocks are
+ * the type's own (32 elements, or 256 for the K-quants). */
+static size_t codes_per_block(uint32_t type)
+{
+	switch (type) {
+	case ENGINE_DTYPE_Q4_0: return 256;
+	case ENGINE_DTYPE_Q8_0: return 512;
+	case ENGINE_DTYPE_Q4_K: return 2048;
+	default: return 3072; /* Q6_K */
+	}
+}
+
+static size_t meta_per_block(uint32_t type)
+{
+	switch (type) {
+	case ENGINE_DTYPE_Q4_0: return 32;
+	case ENGINE_DTYPE_Q8_0: return 32;
+	case ENGINE_DTYPE_Q4_K: return 256;
+	default: return 288; /* Q6_K */
+	}
+}
+
+/* Move one block of row r between the native layout (`blk`) and the panel
+ * (codes `pc`, metadata `pm` of that block); `pack` says which way. Every
+ * byte of the block has exactly one place in the panel (kern.h). */
+static void x16_block(uint32_t type, bool pack, uint8_t *blk, uint8_t *pc, uint8_t *pm, int r)
+{
+#define MOVE(nat, pan, len)                         \
+	do {                                        \
+		if (pack)                           \
+			memcpy((pan), (nat), (len)); \
+		else                                \
+			memcpy((nat), (pan), (len)); \
+	} while (0)
+	switch (type) {
+	case ENGINE_DTYPE_Q4_0: {
+		struct block_q4_0 *x = (struct block_q4_0 *)blk;
+		MOVE(&x->d, pm + 2 * r, 2);
+		for (int j = 0; j < 4; j++)
+			MOVE(x->qs + 4 * j, pc + j * 64 + 4 * r, 4);
+		break;
+	}
+	case ENGINE_DTYPE_Q8_0: {
+		struct block_q8_0 *x = (struct block_q8_0 *)blk;
+		MOVE(&x->d, pm + 2 * r, 2);
+		for (int e = 0; e < 32; e++) {
+			uint8_t *c = pc + (e / 4) * 64 + 4 * r + e % 4;
+			if (pack)
+				*c = (uint8_t)x->qs[e] ^ 0x80;
+			else
+				x->qs[e] = (int8_t)(*c ^ 0x80);
+		}
+		break;
+	}
+	case ENGINE_DTYPE_Q4_K: {
+		struct block_q4_K *x = (struct block_q4_K *)blk;
+		MOVE(&x->d, pm + 2 * r, 2);
+		MOVE(&x->dmin, pm + 32 + 2 * r, 2);
+		for (int k = 0; k < K_SCALE_SIZE; k++)
+			MOVE(&x->scales[k], pm + 64 + 16 * k + r, 1);
+		for (int j = 0; j < 4; j++)
+			for (int i = 0; i < 8; i++)
+				MOVE(x->qs + 32 * j + 4 * i, pc + j * 512 + i * 64 + 4 * r, 4);
+		break;
+	}
+	default: { /* Q6_K */
+		struct block_q6_K *x = (struct block_q6_K *)blk;
+		for (int j = 0; j < QK_K / 16; j++)
+			MOVE(&x->scales[j], pm + 16 * j + r, 1);
+		MOVE(&x->d, pm + 256 + 2 * r, 2);
+		for (int h = 0; h < 2; h++)
+			for (int i = 0; i < 8; i++) {
+				uint8_t *ph = pc + h * 1536 + i * 64 + 4 * r;
+				MOVE(x->ql + 64 * h + 4 * i, ph, 4);
+				MOVE(x->ql + 64 * h + 32 + 4 * i, ph + 512, 4);
+				MOVE(x->qh + 32 * h + 4 * i, ph + 1024, 4);
+			}
+		break;
+	}
+	}
+#undef MOVE
+}
+
+static void x16_move(uint32_t type, bool pack, uint8_t *rows, size_t row_stride, int64_t n,
+		     uint8_t *panel)
+{
+	const struct dtype_info *di = dtype_get(type);
+	int64_t nb = n / di->blck;
+	size_t cb = codes_per_block(type), mb = meta_per_block(type);
+	for (int r = 0; r < KERN_X16_ROWS; r++)
+		for (int64_t b = 0; b < nb; b++)
+			x16_block(type, pack, rows + (size_t)r * row_stride + (size_t)b * di->size,
+				  panel + (size_t)b * cb, panel + (size_t)nb * cb + (size_t)b * mb,
+				  r);
+}
+
+void kern_x16_unpack_row(uint32_t type, const void *panel, int64_t n, int r, void *row)
+{
+	const struct dtype_info *di = dtype_get(type);
+	int64_t nb = n / di->blck;
+	size_t cb = codes_per_block(type), mb = meta_per_block(type);
+	uint8_t *p = (uint8_t *)(uintptr_t)panel; /* only read when unpacking */
+	for (int64_t b = 0; b < nb; b++)
+		x16_block(type, false, (uint8_t *)row + (size_t)b * di->size, p + (size_t)b * cb,
+			  p + (size_t)nb * cb + (size_t)b * mb, r);
+}
+
+void kern_x16_pack(uint32_t type, const void *rows, size_t row_stride, int64_t n, void *panel)
+{
+	/* x16_move only reads `rows` when packing */
+	x16_move(type, true, (uint8_t *)(uintptr_t)rows, row_stride, n, panel);
+}
+
+void kern_x16_unpack(uint32_t type, const void *panel, int64_t n, void *rows, size_t row_stride)
+{
+	x16_move(type, false, rows, row_stride, n, (uint8_t *)(uintptr_t)panel);
+}
+
+/* Unsigned code of row r, element e of a panel block, and its offset. */
+static int code_at(uint32_t type, const uint8_t *pb, int r, int e)
+{
+	if (type == ENGINE_DTYPE_Q4_0) {
+		int lo = e < 16, k = lo ? e : e - 16;
+		uint8_t byte = pb[(k / 4) * 64 + 4 * r + k % 4];
+		return lo ? byte & 0x0f : byte >> 4;
+	}
+	return pb[(e / 4) * 64 + 4 * r + e % 4];
+}
+
+/* The K-quants: their SIMD kernels finish each super-block with the scalar
+ * reference's own float expression (kern_generic.c), so the reference of
+ * the x16 kernel is the generic vec_dot over the unpacked rows. */
+static void gemm_x16_ref_k(uint32_t type, int64_t n, int nr, int nt, const void *w,
+			   size_t w_stride, const void *a, size_t a_stride, float *s,
+			   size_t s_stride)
+{
+	uint8_t *rows = malloc(KERN_X16_ROWS * w_stride);
+	if (!rows)
+		abort(); /* a test-only oracle: no way to report */
+	for (int p = 0; p < nr / KERN_X16_ROWS; p++) {
+		kern_x16_unpack(type, (const uint8_t *)w + (size_t)p * KERN_X16_ROWS * w_stride, n,
+				rows, w_stride);
+		for (int t = 0; t < nt; t++)
+			for (int r = 0; r < KERN_X16_ROWS; r++)
+				kern_generic_ops.t[type].vec_dot(
+					n, &s[(size_t)t * s_stride + (size_t)p * KERN_X16_ROWS + r],
+					rows + (size_t)r * w_stride,
+					(const uint8_t *)a + (size_t)t * a_stride);
+	}
+	free(rows);
+}
+
+void kern_gemm_x16_ref(uint32_t type, int64_t n, int nr, int nt, const void *w,
+		       size_t w_stride, const void *a, size_t a_stride, const float *aux,
+		       size_t aux_stride, float *s, size_t s_stride)
+{
+	if (type == ENGINE_DTYPE_Q4_K || type == ENGINE_DTYPE_Q6_K) {
+		gemm_x16_ref_k(type, n, nr, nt, w, w_stride, a, a_stride, s, s_stride);
+		return;
+	}
+	int64_t nb = n / 32;
+	size_t cb = codes_per_block(type);
+	int32_t off = type == ENGINE_DTYPE_Q4_0 ? 8 : 128;
+	(void)aux;
+	(void)aux_stride;
+	for (int p = 0; p < nr / KERN_X16_ROWS; p++) {
+		const uint8_t *panel = (const uint8_t *)w + (size_t)p * KERN_X16_ROWS * w_stride;
+		const uint8_t *scales = panel + (size_t)nb * cb;
+		for (int t = 0; t < nt; t++) {
+			const struct block_q8_0 *ab =
+				(const struct block_q8_0 *)((const uint8_t *)a + (size_t)t * a_stride);
+			for (int r = 0; r < KERN_X16_ROWS; r++) {
+				float acc = 0.0f;
+				for (int64_t b = 0; b < nb; b++) {
+					const uint8_t *pb = panel + (size_t)b * cb;
+					int32_t isum = 0;
+					for (int e = 0; e < 32; e++)
+						isum += (code_at(type, pb, r, e) - off) * ab[b].qs[e];
+					uint16_t dh;
+					memcpy(&dh, scales + (size_t)b * 32 + 2 * r, 2);
+					float dw = fp16_to_f32(dh), da = fp16_to_f32(ab[b].d);
+					acc = fmaf((float)isum, dw * da, acc);
+				}
+				s[(size_t)t * s_stride + (size_t)p * KERN_X16_ROWS + r] = acc;
+			}
+		}
+	}
+}

@@ -1,0 +1,178 @@
+/* tests/unit/test_repack.c: load-time repacking into the x16 layout
+ * (engine/repack.c, kern.h).
+ *
+ * On a CPU whose best kernel variant reads the layout, a synthetic Q4_0,
+ * Q8_0 and Q4_K_M model loads with repack on and off: on, the tensors are reported
+ * repacked; the logits agree with the file layout's (the same integer block
+ * dots; only the few native tail rows take another float order); greedy
+ * generation is the same; the model file on disk is not modified; a batch
+ * and token-by-token processing agree. Off, nothing is repacked. */
+#include "engine/engine.h"
+#include "tests/test.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *tool(void)
+{
+	static char b[4096];
+	const char *build = getenv("BUILD");
+	snprintf(b, sizeof(b), "%s/bin/edgelm-gguf", build && *build ? build : "build");
+	return b;
+}
+
+static const char *mkmodel(const char *type)
+{
+	static char out[4096];
+	char cmd[9000];
+	snprintf(out, sizeof(out), "%s/edgelm-repack-%d-%s.gguf", test_tmpdir(), (int)getpid(),
+		 type);
+	snprintf(cmd, sizeof(cmd), "'%s' mkmodel --shape small --vocab synthetic --type %s -o '%s' >/dev/null",
+		 tool(), type, out);
+	return system(cmd) == 0 ? out : NULL;
+}
+
+static uint64_t file_hash(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	uint64_t h = 1469598103934665603ull;
+	int c;
+	if (!f)
+		return 0;
+	while ((c = getc(f)) != EOF)
+		h = (h ^ (uint64_t)c) * 1099511628211ull;
+	fclose(f);
+	return h;
+}
+
+enum { N = 9, GEN = 12 };
+
+/* Logits of a 9-token batch, then GEN greedy tokens; returns the model's
+ * info through *ret_info. */
+static void run(const char *path, int repack, float *logits, int32_t *gen,
+		struct engine_model_info *ret_info)
+{
+	struct engine_params p = {.n_threads = 2, .isa = getenv("EDGELM_ISA"), .repack = repack};
+	engine_model *m = NULL;
+	engine_ctx *c = NULL;
+	struct cm_err err = {0};
+	memset(ret_info, 0, sizeof(*ret_info));
+	CHECK_OK(engine_model_load(path, &p, &m, &err));
+	if (!m)
+		return;
+	engine_model_get_info(m, ret_info);
+	int nv = (int)ret_info->n_vocab;
+	struct engine_ctx_params cp = {.n_ctx = 64, .n_seq = 1, .n_batch = N};
+	CHECK_OK(engine_ctx_new(m, &cp, &c, &err));
+	if (!c)
+		goto out;
+	int32_t toks[N], pos[N];
+	bool want[N];
+	for (int i = 0; i < N; i++) {
+		toks[i] = (int32_t)((i * 7919 + 13) % nv);
+		pos[i] = i;
+		want[i] = true;
+	}
+	struct engine_batch b = {.n = N, .tokens = toks, .pos = pos, .want_logits = want};
+	CHECK_OK(engine_decode(c, &b, &err));
+	for (int i = 0; i < N; i++) {
+		const float *l = engine_get_logits(c, i);
+		CHECK(l != NULL);
+		if (l)
+			memcpy(logits + (size_t)i * nv, l, (size_t)nv * sizeof(float));
+	}
+	for (int g = 0; g < GEN; g++) {
+		const float *l = engine_get_logits_last(c);
+		int best = 0;
+		for (int i = 1; i < nv; i++)
+			best = l[i] > l[best] ? i : best;
+		gen[g] = best;
+		CHECK_OK(engine_eval(c, &gen[g], 1, N + g, &err));
+	}
+out:
+	engine_ctx_free(c);
+	engine_model_free(m);
+}
+
+static void check_type(const char *type)
+{
+	const char *path = mkmodel(type);
+	CHECK_MSG(path != NULL, "mkmodel %s failed", type);
+	if (!path)
+		return;
+	uint64_t h0 = file_hash(path);
+	struct engine_model_info on, off;
+	enum { MAXV = 1 << 16 };
+	float *l_on = calloc((size_t)N * MAXV, sizeof(float));
+	float *l_off = calloc((size_t)N * MAXV, sizeof(float));
+	int32_t g_on[GEN], g_off[GEN];
+	run(path, 1, l_on, g_on, &on);
+	run(path, -1, l_off, g_off, &off);
+	CHECK(off.n_x16_tensors == 0 && off.x16_bytes == 0);
+	if (on.n_x16_tensors == 0) {
+		TEST_SKIP("kernel variant %s has no x16 kernels for %s", on.isa, type);
+		goto out;
+	}
+	CHECK(on.x16_bytes > 0 && on.x16_bytes <= on.weight_bytes);
+	/* every matrix of the small shape (n_embd 256, n_ff 768) is repacked;
+	 * the output is too, unless tied to the embedding */
+	CHECK_MSG(on.n_x16_tensors >= 7 * on.n_layer, "%u tensors repacked", on.n_x16_tensors);
+	int nv = (int)on.n_vocab;
+	double worst = 0, scale = 1e-12;
+	for (size_t i = 0; i < (size_t)N * nv; i++) {
+		double d = fabs((double)l_on[i] - l_off[i]);
+		if (!(d <= worst))
+			worst = d;
+		if (fabs(l_off[i]) > scale)
+			scale = fabs(l_off[i]);
+	}
+	fprintf(stderr, "%s: %u tensors repacked (%.1f KiB), logits max relative diff %.3g\n",
+		type, on.n_x16_tensors, (double)on.x16_bytes / 1024, worst / scale);
+	CHECK_MSG(worst / scale <= 1e-5, "%s: repacked logits differ by %g relative", type,
+		  worst / scale);
+	CHECK_MSG(memcmp(g_on, g_off, sizeof(g_on)) == 0, "%s: greedy tokens differ", type);
+	CHECK_MSG(file_hash(path) == h0, "%s: the model file changed on disk", type);
+out:
+	free(l_on);
+	free(l_off);
+	unlink(path);
+}
+
+static void test_q4_0(void)
+{
+	check_type("Q4_0");
+}
+
+static void test_q8_0(void)
+{
+	check_type("Q8_0");
+}
+
+/* Q4_K and Q6_K (the mix people download) */
+static void test_q4_k_m(void)
+{
+	check_type("Q4_K_M");
+}
+
+static void test_parse(void)
+{
+	int m = 5;
+	CHECK(engine_repack_parse(NULL, &m) == 0 && m == 0);
+	CHECK(engine_repack_parse("auto", &m) == 0 && m == 0);
+	CHECK(engine_repack_parse("on", &m) == 0 && m == 1);
+	CHECK(engine_repack_parse("off", &m) == 0 && m == -1);
+	CHECK(engine_repack_parse("yes", &m) == -EINVAL);
+	CHECK(engine_repack_parse("", &m) == -EINVAL);
+}
+
+int main(void)
+{
+	TEST_RUN(test_parse);
+	TEST_RUN(test_q4_0);
+	TEST_RUN(test_q8_0);
+	TEST_RUN(test_q4_k_m);
+	return test_finish();
+}
