@@ -76,7 +76,8 @@ static bool setup(void)
 /* edgelm-bench on the small model, short runs, --json; `pre` is put
  * before the command (environment, wrappers), `args` after. Returns the
  * parsed object (NULL on failure, with a CHECK); stderr goes to *ret_err
- * when asked. */
+ * when asked. --repack off: repacking writes every Q4_0 weight at load,
+ * which would make them resident whether --prefault works or not. */
 static json_t *bench(const char *pre, const char *args, char **ret_err)
 {
 	if (!setup()) {
@@ -86,8 +87,8 @@ static json_t *bench(const char *pre, const char *args, char **ret_err)
 	char cmd[16384], errf[4200], *out = NULL;
 	snprintf(errf, sizeof(errf), "%s/stderr", tmp);
 	snprintf(cmd, sizeof(cmd),
-	         "%s %s -m '%s' --bw-mib 16 --reps 1 --prompts 8 --contexts 0 -n 4 --json %s "
-	         "2>'%s'",
+	         "%s %s -m '%s' --repack off --bw-mib 16 --reps 1 --prompts 8 --contexts 0 -n 4 "
+	         "--json %s 2>'%s'",
 	         pre, bin("edgelm-bench"), model, args, errf);
 	int rc = run(cmd, &out);
 	CHECK_MSG(rc == 0, "%s: exit %d", cmd, rc);
