@@ -1321,11 +1321,12 @@ static void handle_info(struct daemon *d, ipc_call *call)
 	struct ipc_reply rep = {.op = IPC_OP_INFO, .retry_after_ms = -1};
 	struct ipc_info_reply *in = &rep.u.info;
 	char kernels[128];
+	const char *kv = engine_kv_type_name(engine_ctx_kv_type(d->ctx));
 	if (mi.n_x16_tensors)
-		snprintf(kernels, sizeof(kernels), "%s, %u tensors repacked x16 (%.1f MiB)", mi.isa,
-			 mi.n_x16_tensors, (double)mi.x16_bytes / (1 << 20));
+		snprintf(kernels, sizeof(kernels), "%s, %u tensors repacked x16 (%.1f MiB), KV cache %s",
+			 mi.isa, mi.n_x16_tensors, (double)mi.x16_bytes / (1 << 20), kv);
 	else
-		snprintf(kernels, sizeof(kernels), "%s", mi.isa);
+		snprintf(kernels, sizeof(kernels), "%s, KV cache %s", mi.isa, kv);
 	in->version = EDGELM_VERSION;
 	in->model = d->model_name;
 	in->architecture = mi.arch;

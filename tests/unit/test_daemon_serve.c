@@ -348,6 +348,9 @@ static void test_tokenize_info(void)
 	json_t *j = info ? json_loads(info, 0, NULL) : NULL;
 	CHECK_STREQ(json_string_value(json_object_get(j, "architecture")), "llama");
 	CHECK_EQ_INT(json_integer_value(json_object_get(j, "n_vocab")), 512);
+	/* the kernels line names the KV cache type in force (default f16) */
+	const char *kern = json_string_value(json_object_get(j, "kernels"));
+	CHECK_MSG(kern && strstr(kern, "KV cache f16"), "kernels: %s", kern ? kern : "(none)");
 	json_decref(j);
 	edgelm_free(info);
 	edgelm_close(c);
