@@ -107,8 +107,9 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 			/* a plain product goes straight to the output */
 			ko->gemm_x16(w->n_in, nr, nt, wd, w->row_bytes,
 				     a->rows + (size_t)t0 * a->stride, a->stride,
-				     a->aux + (size_t)t0 * a->aux_stride, a->aux_stride,
-				     direct ? o : tmp, direct ? m->out_stride : TILE_ROWS);
+				     a->aux ? a->aux + (size_t)t0 * a->aux_stride : NULL,
+				     a->aux_stride, direct ? o : tmp,
+				     direct ? m->out_stride : TILE_ROWS);
 			if (!direct)
 				for (int t = 0; t < nt; t++)
 					store_row(m, o + (size_t)t * m->out_stride,
