@@ -33,7 +33,7 @@
 #include <time.h>
 
 #define MAX_STOP 16
-#define PREFILL_CHUNK_MIN 8 /* prompt tokens per step at least, so prefill progresses */
+#define PREFILL_CHUNK_MIN 4 /* prompt tokens per step at least, so prefill progresses */
 /* Prompts this short are fed whole in one step, whatever the chunk */
 #define SHORT_PROMPT 32
 /* A step carrying prompt tokens may take this many plain decode steps */
