@@ -183,6 +183,11 @@ static void copy_to_hugepages(struct daemon *d)
 {
 	struct engine_region wr;
 	struct cm_err err = {0};
+	if (d->minfo.weights_anon) {
+		log_info("hugepages: the repacked weights already live in 2 MiB-aligned anonymous "
+			 "memory (see the repack line); no copy made");
+		return;
+	}
 	engine_model_region(d->model, &wr);
 	if (tuning_hugepage_alloc(&d->tpaths, wr.len, &d->hpbuf, &err) != 0 ||
 	    engine_model_relocate(d->model, d->hpbuf.addr, d->hpbuf.len, &err) != 0) {
@@ -581,10 +586,20 @@ int main(int argc, char **argv)
 			 d->model_name, d->minfo.arch, d->minfo.n_layer, d->cfg.ctx_size,
 			 d->cfg.parallel, (double)kv / (1 << 20), engine_kv_type_name(kvt),
 			 d->minfo.isa, d->minfo.n_threads);
-		if (d->minfo.n_x16_tensors)
+		if (d->minfo.n_x16_tensors) {
+			struct engine_region wr;
+			uint64_t rss = 0, huge = 0;
+			engine_model_region(d->model, &wr);
+			if (d->minfo.weights_anon)
+				(void)tuning_memory_rss(&d->tpaths, wr.addr, wr.len, &rss, &huge,
+							NULL);
 			log_info("repack: %u tensors in the kernels' x16 layout, %.1f MiB of private "
-				 "memory (repack=off keeps the file's pages shared)",
-				 d->minfo.n_x16_tensors, (double)d->minfo.x16_bytes / (1 << 20));
+				 "memory (repack=off keeps the file's pages shared); weights in %s, "
+				 "%.1f MiB in huge pages",
+				 d->minfo.n_x16_tensors, (double)d->minfo.x16_bytes / (1 << 20),
+				 d->minfo.weights_anon ? "anonymous memory" : "the file mapping",
+				 (double)huge / (1 << 20));
+		}
 	}
 	if (d->cfg.tuning && d->cfg.hugepages)
 		copy_to_hugepages(d);

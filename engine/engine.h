@@ -54,6 +54,11 @@ struct engine_model_info {
 	int n_fallback;              /* tensors kept wider than requested (quantizer) */
 	uint32_t n_x16_tensors;      /* tensors repacked at load (engine_params.repack) */
 	uint64_t x16_bytes;          /* their bytes, now private memory */
+	/* The weights live in the engine's own 2 MiB-aligned anonymous copy
+	 * with MADV_HUGEPAGE (made when repacking: the pages become private
+	 * memory anyway, and a file mapping never gets huge pages), so a
+	 * caller's hugepages copy (engine_model_relocate) has nothing to do. */
+	bool weights_anon;
 };
 
 /* engine_params.repack from "auto", "on" or "off" (NULL: auto); -EINVAL

@@ -86,7 +86,11 @@ struct engine_model {
 	void **owned; /* converted vectors to free */
 	int n_owned, cap_owned;
 	bool vocab_only;
-	void *relocated; /* engine_model_relocate's buffer (not owned), or NULL */
+	void *relocated; /* engine_model_relocate's buffer, or NULL */
+	/* the anonymous copy repacking made (repack.c), owned: relocated
+	 * points at it; own_copy_len is whole 2 MiB pages */
+	void *own_copy;
+	size_t own_copy_len;
 	engine_tokenizer *tok;
 	const struct kern_ops *kern;
 	struct pool *pool;
@@ -97,6 +101,9 @@ struct engine_model {
 /* Every matmul weight of the model (layers, then the output), in a new
  * array (*ret, cm_free it); returns the count. */
 int engine_model_matrices(engine_model *m, struct weight ***ret);
+/* Point every tensor into `buf`, a copy of the file's bytes, and let the
+ * mapping's pages go (engine_model_relocate without the copy). */
+void model_rebase(engine_model *m, void *buf);
 
 /* ---- load-time repacking (repack.c) --------------------------------------
  * Repack the Q4_0/Q8_0 matrices into the kernel variant's x16 layout, in

@@ -650,6 +650,8 @@ void engine_model_free(engine_model *m)
 		cm_free(m->owned[i]);
 	cm_free(m->owned);
 	cm_free(m->layers);
+	if (m->own_copy)
+		munmap(m->own_copy, m->own_copy_len);
 	gguf_close(m->file);
 	cm_free(m);
 }
@@ -671,7 +673,9 @@ const engine_tokenizer *engine_model_tokenizer(const engine_model *m)
 void engine_model_region(const engine_model *m, struct engine_region *ret)
 {
 	ret->addr = m->relocated ? m->relocated : (void *)m->file->base;
-	ret->len = m->file->size;
+	/* the engine's own copy in whole 2 MiB pages: an mlock of a range
+	 * that ends inside a huge page would split it */
+	ret->len = m->own_copy ? m->own_copy_len : m->file->size;
 	ret->what = "weights";
 }
 
@@ -682,16 +686,10 @@ static void rebase(const void **p, const uint8_t *old, size_t size, uint8_t *buf
 		*p = buf + (q - old);
 }
 
-int engine_model_relocate(engine_model *m, void *buf, size_t len, struct cm_err *err)
+void model_rebase(engine_model *m, void *buf)
 {
 	const uint8_t *old = m->file->base;
 	size_t size = m->file->size;
-	if (m->vocab_only || m->relocated)
-		return cm_err_set(err, -EINVAL, "model: nothing to relocate");
-	if (len < size)
-		return cm_err_set(err, -EINVAL, "model: relocation buffer of %zu bytes < %zu", len,
-				  size);
-	memcpy(buf, old, size);
 	uint8_t *nb = buf;
 #define RB(x) rebase((const void **)&(x), old, size, nb)
 	RB(m->tok_embd.data);
@@ -726,6 +724,17 @@ int engine_model_relocate(engine_model *m, void *buf, size_t len, struct cm_err 
 	 * pages need not stay resident: compute reads only the copy now. */
 	if (m->file->mapped)
 		(void)madvise((void *)old, size, MADV_DONTNEED);
+}
+
+int engine_model_relocate(engine_model *m, void *buf, size_t len, struct cm_err *err)
+{
+	if (m->vocab_only || m->relocated)
+		return cm_err_set(err, -EINVAL, "model: nothing to relocate");
+	if (len < m->file->size)
+		return cm_err_set(err, -EINVAL, "model: relocation buffer of %zu bytes < %zu", len,
+				  m->file->size);
+	memcpy(buf, m->file->base, m->file->size);
+	model_rebase(m, buf);
 	return 0;
 }
 

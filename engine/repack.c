@@ -2,10 +2,16 @@
  * kernels' x16 layout (kern.h).
  *
  * The panels take exactly the bytes of the 16 rows they replace, so each
- * matrix is rewritten in place in the file's private mapping: the pages
- * written become the process's own memory (the file is never modified),
- * which is the memory cost reported in info.x16_bytes. The page cache copy
- * of those pages is no longer used and the kernel may drop it. An output
+ * matrix is rewritten in place. The pages written become the process's own
+ * memory either way (the file is never modified), which is the memory cost
+ * reported in info.x16_bytes, so the weights are first copied into a
+ * 2 MiB-aligned anonymous buffer advised MADV_HUGEPAGE (info.weights_anon):
+ * the kernel backs that with huge pages where transparent huge pages are
+ * on, which a file mapping never gets (one TLB entry per 2 MiB instead of
+ * per 4 KiB: decode +10-25% on this box, docs/performance.md §2). Where the
+ * copy cannot be made, the matrices are rewritten in the file's private
+ * mapping instead. The page cache copy of the file is no longer used and
+ * the kernel may drop it. An output
  * tied to the token embedding is repacked too (on Llama 3.2 1B and Qwen2.5
  * 0.5B it is 28-41% of the bytes read per token); the embedding lookup then
  * takes its row out of the panel (kern_x16_unpack_row).
@@ -62,6 +68,61 @@ int engine_repack_parse(const char *s, int *ret_mode)
 	return 0;
 }
 
+#define HUGE_2M ((size_t)2 << 20)
+
+struct copy_job {
+	uint8_t *dst;
+	const uint8_t *src;
+	size_t size;
+	_Alignas(64) atomic_long next;
+};
+
+/* 2 MiB pieces claimed from one counter: the pool's threads fault the huge
+ * pages in (each zeroed by the kernel) and copy in parallel */
+static void copy_worker(void *arg, int ith, int nth)
+{
+	struct copy_job *j = arg;
+	(void)ith, (void)nth;
+	for (;;) {
+		size_t o = (size_t)atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) *
+			   HUGE_2M;
+		if (o >= j->size)
+			break;
+		memcpy(j->dst + o, j->src + o, CM_MIN(HUGE_2M, j->size - o));
+	}
+}
+
+/* Copy the weights into 2 MiB-aligned anonymous memory with MADV_HUGEPAGE
+ * and compute from the copy. Returns false, and leaves the model on its
+ * mapping, when the memory cannot be had. */
+static bool copy_to_anon(engine_model *m)
+{
+	if (m->vocab_only || m->relocated)
+		return false;
+	size_t len = (m->file->size + HUGE_2M - 1) & ~(HUGE_2M - 1);
+	uint8_t *p = mmap(NULL, len + HUGE_2M, PROT_READ | PROT_WRITE,
+			  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED)
+		return false;
+	uint8_t *a = (uint8_t *)(((uintptr_t)p + HUGE_2M - 1) & ~(uintptr_t)(HUGE_2M - 1));
+	if (a > p)
+		munmap(p, (size_t)(a - p));
+	if (a + len < p + len + HUGE_2M)
+		munmap(a + len, (size_t)(p + len + HUGE_2M - (a + len)));
+	(void)madvise(a, len, MADV_HUGEPAGE); /* THP off or "never": 4 KiB pages */
+	struct copy_job j = {.dst = a, .src = m->file->base, .size = m->file->size};
+	atomic_store_explicit(&j.next, 0, memory_order_relaxed);
+	pool_run(m->pool, copy_worker, &j);
+	/* the last page's tail too: the whole region is resident, as mlock
+	 * and the RSS figures count it */
+	memset(a + m->file->size, 0, len - m->file->size);
+	model_rebase(m, a);
+	m->own_copy = a;
+	m->own_copy_len = len;
+	m->info.weights_anon = true;
+	return true;
+}
+
 int engine_model_repack(engine_model *m, int mode, struct cm_err *err)
 {
 	struct weight **mats = NULL;
@@ -116,17 +177,20 @@ int engine_model_repack(engine_model *m, int mode, struct cm_err *err)
 		}
 	for (int i = 0; i < n_w; i++)
 		j.first[i + 1] = j.first[i] + sel[i]->n_out / KERN_X16_ROWS;
-	void *base = (void *)m->file->base;
-	if (mprotect(base, m->file->size, PROT_READ | PROT_WRITE) != 0) {
+	/* (a model relocated by its caller is rewritten where it lies) */
+	bool copied = copy_to_anon(m);
+	void *base = m->relocated ? m->relocated : (void *)m->file->base;
+	size_t size = m->own_copy ? m->own_copy_len : m->file->size;
+	if (mprotect(base, size, PROT_READ | PROT_WRITE) != 0) {
 		r = cm_err_set(err, -errno, "model: repacking: mprotect: %s", strerror(errno));
 		goto done;
 	}
-	/* Make the pages private and writable in one sweep first: a write
-	 * fault on a page already mapped from the page cache replaces a live
-	 * entry, which costs a TLB shootdown to every thread of the process
-	 * (measured: 40% of a TinyLlama load). Older kernels lack the advice;
-	 * the writes below then fault page by page. */
-	for (int i = 0; i < n_w; i++) {
+	/* On the file mapping, make the pages private and writable in one
+	 * sweep first: a write fault on a page already mapped from the page
+	 * cache replaces a live entry, which costs a TLB shootdown to every
+	 * thread of the process (measured: 40% of a TinyLlama load). Older
+	 * kernels lack the advice; the writes below then fault page by page. */
+	for (int i = 0; i < n_w && !copied; i++) {
 		uintptr_t a0 = (uintptr_t)sel[i]->data & ~(uintptr_t)(page - 1);
 		uintptr_t a1 = (uintptr_t)sel[i]->data + (size_t)sel[i]->n_out * sel[i]->row_bytes;
 		(void)madvise((void *)a0, a1 - a0, MADV_POPULATE_WRITE);
@@ -134,7 +198,7 @@ int engine_model_repack(engine_model *m, int mode, struct cm_err *err)
 	atomic_store_explicit(&j.next, 0, memory_order_relaxed);
 	pool_run(m->pool, repack_worker, &j);
 	/* back to read-only: a stray write into the weights faults */
-	(void)mprotect(base, m->file->size, PROT_READ);
+	(void)mprotect(base, size, PROT_READ);
 	/* every view of a repacked matrix reads the new layout, the token
 	 * embedding included when the output is tied to it */
 	for (int i = 0; i < n; i++)

@@ -435,11 +435,12 @@ int main(int argc, char **argv)
 		tools_json_str(stdout, info.name);
 		printf(",\"arch\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
 		       "\"kv_type\":\"%s\",\"batch\":%d,"
-		       "\"repacked_tensors\":%u,\"repacked_bytes\":%llu,"
+		       "\"repacked_tensors\":%u,\"repacked_bytes\":%llu,\"weights_anon\":%s,"
 		       "\"weight_bytes_per_token\":%.0f,\"read_bandwidth_gbs\":%.3f,\"prefill\":[",
 		       info.arch, info.isa, info.n_threads,
 		       engine_kv_type_name(engine_ctx_kv_type(cx)), n_batch, info.n_x16_tensors,
-		       (unsigned long long)info.x16_bytes, wb, bw / 1e9);
+		       (unsigned long long)info.x16_bytes, info.weights_anon ? "true" : "false", wb,
+		       bw / 1e9);
 		for (int i = 0; i < n_prompts; i++)
 			printf("%s{\"tokens\":%d,\"tok_s\":%.2f}", i ? "," : "", prompts[i], pre[i]);
 		printf("],\"decode\":[");
@@ -459,6 +460,9 @@ int main(int argc, char **argv)
 		if (info.n_x16_tensors)
 			printf(", %u tensors repacked x16 (%.1f MiB)", info.n_x16_tensors,
 			       (double)info.x16_bytes / (1 << 20));
+		if (info.weights_anon)
+			printf(", weights in anonymous memory (%.1f MiB in huge pages)",
+			       (double)tools_tuning_huge_bytes(tt) / (1 << 20));
 		printf("\n");
 		printf("kv cache     %s, %.1f KiB per token; prefill in chunks of %d\n",
 		       engine_kv_type_name(engine_ctx_kv_type(cx)),

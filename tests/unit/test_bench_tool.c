@@ -334,6 +334,30 @@ static void test_pin_refused(void)
 	json_decref(j);
 }
 
+/* Repacking already copied the weights into 2 MiB-aligned anonymous
+ * memory (engine.h, info.weights_anon): --hugepages reports that as
+ * applied, makes no second copy, and the evidence holds. */
+static void test_hugepages_repacked(void)
+{
+	json_t *j = bench("", "--repack on --hugepages", NULL);
+	if (!j)
+		return;
+	if (!json_is_true(json_object_get(j, "weights_anon"))) {
+		TEST_SKIP("the %s kernels do not repack: no engine copy",
+		          json_string_value(json_object_get(j, "isa")));
+		json_decref(j);
+		return;
+	}
+	CHECK_MSG(strcmp(status(j, "hugepages"), "applied") == 0, "hugepages: %s %s",
+	          status(j, "hugepages"), reason(j, "hugepages"));
+	const char *d = json_string_value(json_object_get(
+	    json_object_get(json_object_get(j, "tuning"), "hugepages"), "detail"));
+	CHECK_MSG(d && strstr(d, "no copy made"), "detail: %s", d ? d : "(none)");
+	check_evidence(j, "hugepages");
+	CHECK(mem(j, "weights_bytes") % (2u << 20) == 0);
+	json_decref(j);
+}
+
 static void test_hugepages_blocked(void)
 {
 	if (!setup())
@@ -469,6 +493,7 @@ int main(void)
 	TEST_RUN(test_mlock_refused);
 	TEST_RUN(test_pin_refused);
 	TEST_RUN(test_hugepages_blocked);
+	TEST_RUN(test_hugepages_repacked);
 	TEST_RUN(test_table);
 	TEST_RUN(test_tokenize);
 	if (tmp[0]) {

@@ -6,7 +6,12 @@
  * repacked; the logits agree with the file layout's (the same integer block
  * dots; only the few native tail rows take another float order); greedy
  * generation is the same; the model file on disk is not modified; a batch
- * and token-by-token processing agree. Off, nothing is repacked. */
+ * and token-by-token processing agree. Off, nothing is repacked.
+ *
+ * Repacking copies the weights into 2 MiB-aligned anonymous memory advised
+ * MADV_HUGEPAGE (info.weights_anon): the region is whole 2 MiB pages, the
+ * kernel has the advice (smaps VmFlags "hg"), and a second copy
+ * (engine_model_relocate, the hugepages knob) is refused. */
 #include "engine/engine.h"
 #include "tests/test.h"
 
@@ -157,6 +162,72 @@ static void test_q4_k_m(void)
 	check_type("Q4_K_M");
 }
 
+/* The VmFlags line of the smaps entry starting at addr ("" if none) */
+static void vm_flags(const void *addr, char *out, size_t cap)
+{
+	FILE *f = fopen("/proc/self/smaps", "r");
+	char line[512];
+	bool in = false;
+	out[0] = 0;
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long a, b;
+		if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' '))
+			in = a == (unsigned long)(uintptr_t)addr;
+		else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+			snprintf(out, cap, "%s", line + 8);
+			break;
+		}
+	}
+	fclose(f);
+}
+
+static void test_anon_copy(void)
+{
+	const char *path = mkmodel("Q4_0");
+	CHECK_MSG(path != NULL, "mkmodel failed");
+	if (!path)
+		return;
+	struct cm_err err = {0};
+	for (int repack = 1; repack >= -1; repack -= 2) {
+		struct engine_params p = {.n_threads = 2, .isa = getenv("EDGELM_ISA"),
+					  .repack = repack};
+		engine_model *m = NULL;
+		CHECK_OK(engine_model_load(path, &p, &m, &err));
+		if (!m)
+			break;
+		struct engine_model_info info;
+		struct engine_region r;
+		engine_model_get_info(m, &info);
+		engine_model_region(m, &r);
+		if (repack < 0 || info.n_x16_tensors == 0) {
+			CHECK(!info.weights_anon);
+			engine_model_free(m);
+			if (repack > 0)
+				TEST_SKIP("kernel variant %s has no x16 kernels", info.isa);
+			continue;
+		}
+		CHECK(info.weights_anon);
+		const size_t huge = (size_t)2 << 20;
+		CHECK_MSG((uintptr_t)r.addr % huge == 0 && r.len % huge == 0,
+			  "region %p + %zu not in whole 2 MiB pages", r.addr, r.len);
+		CHECK(r.len >= info.weight_bytes);
+		char flags[512];
+		vm_flags(r.addr, flags, sizeof(flags));
+		if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0)
+			CHECK_MSG(strstr(flags, " hg") != NULL,
+				  "no MADV_HUGEPAGE on the weights: VmFlags%s", flags);
+		/* read-only again after repacking */
+		CHECK_MSG(strstr(flags, " rd") && !strstr(flags, " wr"), "VmFlags%s", flags);
+		/* the hugepages knob's copy has nothing left to do */
+		static char buf[4 << 20];
+		CHECK(engine_model_relocate(m, buf, sizeof(buf), &err) == -EINVAL);
+		engine_model_free(m);
+	}
+	unlink(path);
+}
+
 static void test_parse(void)
 {
 	int m = 5;
@@ -174,5 +245,6 @@ int main(void)
 	TEST_RUN(test_q4_0);
 	TEST_RUN(test_q8_0);
 	TEST_RUN(test_q4_k_m);
+	TEST_RUN(test_anon_copy);
 	return test_finish();
 }

@@ -70,6 +70,7 @@ struct tools_tuning {
 	int threads_asked;
 	struct knob k[K_COUNT];
 	struct tuning_hugepage_buf hp;
+	bool hp_engine; /* hp is the engine's own copy (info.weights_anon) */
 	/* memory, bytes */
 	uint64_t weights, kv, resident_before, hp_rss, hp_huge;
 	uint64_t rss, rss_anon, rss_file, locked, peak;
@@ -198,6 +199,17 @@ static void copy_to_hugepages(struct tools_tuning *t, engine_model *m)
 	struct engine_region wr;
 	struct cm_err err = {0};
 	engine_model_region(m, &wr);
+	struct engine_model_info info;
+	engine_model_get_info(m, &info);
+	if (info.weights_anon) {
+		/* repacking already copied them there (engine.h): the same
+		 * memory the copy below would make; report it as that */
+		t->hp_engine = true;
+		t->hp.addr = wr.addr; /* not owned: map_addr stays NULL */
+		t->hp.len = wr.len;
+		k->status = KNOB_APPLIED;
+		return;
+	}
 	double t0 = cm_now();
 	if (tuning_hugepage_alloc(&t->paths, wr.len, &t->hp, &err) != 0 ||
 	    engine_model_relocate(m, t->hp.addr, t->hp.len, &err) != 0) {
@@ -391,24 +403,42 @@ static void check_pinning(struct tools_tuning *t, int n_threads)
 	}
 }
 
+uint64_t tools_tuning_huge_bytes(const struct tools_tuning *t)
+{
+	return t->hp_huge;
+}
+
 void tools_tuning_check(struct tools_tuning *t, engine_model *m)
 {
 	struct engine_model_info info;
 	engine_model_get_info(m, &info);
 	check_pinning(t, info.n_threads);
 	struct knob *k = &t->k[K_HUGEPAGES];
+	if (info.weights_anon && k->status != KNOB_APPLIED) {
+		/* repacking put the weights in huge-page memory unasked */
+		struct engine_region wr;
+		engine_model_region(m, &wr);
+		(void)tuning_memory_rss(&t->live, wr.addr, wr.len, &t->hp_rss, &t->hp_huge, NULL);
+	}
 	if (k->status == KNOB_APPLIED) {
 		(void)tuning_memory_rss(&t->live, t->hp.addr, t->hp.len, &t->hp_rss, &t->hp_huge,
 		                        NULL);
-		snprintf(k->detail, sizeof(k->detail),
-		         "weights copied to 2 MiB-aligned anonymous memory in %.0f ms (THP %s): "
-		         "%.1f MiB resident, %.1f MiB of it in huge pages",
-		         k->ms, t->hp.thp_enabled[0] ? t->hp.thp_enabled : "unknown",
-		         t->hp_rss / 1048576.0, t->hp_huge / 1048576.0);
+		if (t->hp_engine)
+			snprintf(k->detail, sizeof(k->detail),
+			         "the repacked weights already live in 2 MiB-aligned anonymous "
+			         "memory (MADV_HUGEPAGE, no copy made): %.1f MiB resident, %.1f MiB of "
+			         "it in huge pages",
+			         t->hp_rss / 1048576.0, t->hp_huge / 1048576.0);
+		else
+			snprintf(k->detail, sizeof(k->detail),
+			         "weights copied to 2 MiB-aligned anonymous memory in %.0f ms (THP "
+			         "%s): %.1f MiB resident, %.1f MiB of it in huge pages",
+			         k->ms, t->hp.thp_enabled[0] ? t->hp.thp_enabled : "unknown",
+			         t->hp_rss / 1048576.0, t->hp_huge / 1048576.0);
 		if (t->hp_huge == 0) {
 			size_t l = strlen(k->detail);
 			snprintf(k->detail + l, sizeof(k->detail) - l, "; none in huge pages: %s",
-			         !t->hp.thp_effective ? "MADV_HUGEPAGE refused or THP off"
+			         !t->hp_engine && !t->hp.thp_effective ? "MADV_HUGEPAGE refused or THP off"
 			         : t->k[K_MLOCK].status == KNOB_APPLIED
 			             ? "mlock of a range that ends inside a 2 MiB page splits it"
 			             : "no free 2 MiB page (see transparent_hugepage/defrag)");

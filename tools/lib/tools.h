@@ -100,6 +100,9 @@ void tools_tuning_apply(struct tools_tuning *t, engine_model *m, engine_ctx *c);
 /* After the runs: check what the kernel did (each worker's affinity, the
  * copy's huge pages, VmLck) and read the memory figures. */
 void tools_tuning_check(struct tools_tuning *t, engine_model *m);
+/* Bytes of the weights in huge pages (after tools_tuning_check): the
+ * hugepages copy's, or the engine's own copy when repacking made one. */
+uint64_t tools_tuning_huge_bytes(const struct tools_tuning *t);
 /* The report: lines for the table, or `"tuning":{...},"memory":{...}`. */
 void tools_tuning_print(const struct tools_tuning *t, FILE *o);
 void tools_tuning_json(const struct tools_tuning *t, FILE *o);
