@@ -533,6 +533,12 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
  * to it, and so to themselves whatever nt (decode = prefill numerics). */
 
 #define X16_TOKENS 8
+#ifndef X16_PF_SCALES
+#define X16_PF_SCALES 1
+#endif
+#ifndef X16_HI_TOKENS
+#define X16_HI_TOKENS 2 /* Q4_0: up to this many tokens, high nibbles unshifted */
+#endif
 #ifndef X16_PREFETCH
 #define X16_PREFETCH 2048 /* bytes ahead */
 #endif
@@ -570,7 +576,22 @@ x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, s
 		 * which is what comes next) */
 		_Pragma("GCC unroll 8") for (size_t l = 0; l < cb; l += 64)
 			_mm_prefetch((const char *)pb + X16_PREFETCH + l, X16_HINT);
-		if (q4) {
+#if X16_PF_SCALES
+		/* the scales are a second, slower stream at the panel's end:
+		 * fetch the next panel's a panel ahead, or every panel would
+		 * start on a miss */
+		_mm_prefetch((const char *)scales + (size_t)nb * (cb + 32) + 32 * b, X16_HINT);
+#endif
+		if (q4 && NT <= X16_HI_TOKENS) {
+			/* few tokens: keep the high nibbles in place (16 x code),
+			 * one and instead of a shift and an and per vector; the
+			 * token's high sum is taken down by 16 once (exact) */
+			_Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+				__m512i v = _mm512_loadu_si512(pb + 64 * j);
+				c[j] = _mm512_and_si512(v, low);
+				c[j + 4] = _mm512_andnot_si512(low, v);
+			}
+		} else if (q4) {
 			_Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
 				__m512i v = _mm512_loadu_si512(pb + 64 * j);
 				c[j] = _mm512_and_si512(v, low);
@@ -585,9 +606,18 @@ x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, s
 			const int8_t *q = ((const struct block_q8_0 *)(a + (size_t)t * a_stride))[b].qs;
 			const float *x = aux + (size_t)t * aux_stride + 2 * b;
 			__m512i s0 = _mm512_setzero_si512(), s1 = s0;
-			_Pragma("GCC unroll 4") for (int g = 0; g < 8; g += 2) {
-				s0 = dpbusd_bcst(s0, c[g], q + 4 * g);
-				s1 = dpbusd_bcst(s1, c[g + 1], q + 4 * g + 4);
+			if (q4 && NT <= X16_HI_TOKENS) {
+				/* s0: low nibbles (elements 0..15), s1: 16 x high */
+				_Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
+					s0 = dpbusd_bcst(s0, c[g], q + 4 * g);
+					s1 = dpbusd_bcst(s1, c[g + 4], q + 16 + 4 * g);
+				}
+				s1 = _mm512_srai_epi32(s1, 4);
+			} else {
+				_Pragma("GCC unroll 4") for (int g = 0; g < 8; g += 2) {
+					s0 = dpbusd_bcst(s0, c[g], q + 4 * g);
+					s1 = dpbusd_bcst(s1, c[g + 1], q + 4 * g + 4);
+				}
 			}
 			__m512 f = _mm512_fnmadd_ps(offv, _mm512_set1_ps(x[1]),
 						    _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)));
@@ -682,6 +712,11 @@ x16_q4_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 		const uint8_t *pc = panel + (size_t)b * 2048, *pm = meta + (size_t)b * 256;
 		_Pragma("GCC unroll 32") for (size_t l = 0; l < 2048; l += 64)
 			_mm_prefetch((const char *)pc + X16_PREFETCH * 8 + l, X16_HINT);
+#if X16_PF_SCALES
+		/* the next panel's metadata, a panel ahead (as in x16_panel) */
+		_Pragma("GCC unroll 5") for (size_t l = 0; l < 256; l += 64)
+			_mm_prefetch((const char *)pm + (size_t)nb * (2048 + 256) + l, X16_HINT);
+#endif
 		/* 6-bit scales and mins of the 8 sub-blocks, 16 rows each
 		 * (quant_scale_min_k4 on 16 lanes); mins as (m, m) int16 pairs */
 		__m128i q[12];
@@ -758,6 +793,11 @@ x16_q6_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 		const uint8_t *pc = panel + (size_t)b * 3072, *pm = meta + (size_t)b * 288;
 		_Pragma("GCC unroll 48") for (size_t l = 0; l < 3072; l += 64)
 			_mm_prefetch((const char *)pc + X16_PREFETCH * 8 + l, X16_HINT);
+#if X16_PF_SCALES
+		/* the next panel's metadata, a panel ahead (as in x16_panel) */
+		_Pragma("GCC unroll 5") for (size_t l = 0; l < 288; l += 64)
+			_mm_prefetch((const char *)pm + (size_t)nb * (3072 + 288) + l, X16_HINT);
+#endif
 		/* int8 scales of the 16 sub-blocks; as (sc 2p, sc 2p+1) int16
 		 * pairs for the offset term */
 		__m512i sp[8];
