@@ -25,6 +25,25 @@ void pool_free(struct pool *p);
 int pool_size(const struct pool *p);
 void pool_run(struct pool *p, pool_fn fn, void *arg);
 
+/* Work items [0, total) cut into n contiguous ranges, one per participant:
+ * pool_ranges_claim(r, ith) gives ith the front of its own range (ith % n),
+ * front to back, and when that is empty the back of another's, so each
+ * participant walks one long run of items (memory streams the prefetchers
+ * follow) while a participant that never comes has its range finished by
+ * the others. Every item is handed out exactly once; -1 when none is left.
+ * Lock-free (one compare-and-swap per item), no allocation. */
+#define POOL_RANGES 64
+struct pool_ranges {
+	int n;
+	struct {
+		/* front (low 32 bits) and back (high 32) of the unclaimed ids */
+		_Alignas(64) _Atomic uint64_t fb;
+	} r[POOL_RANGES];
+};
+/* n is clamped to [1, POOL_RANGES] and to total; total < 2^32 */
+void pool_ranges_init(struct pool_ranges *r, int64_t total, int n);
+int64_t pool_ranges_claim(struct pool_ranges *r, int ith);
+
 /* ---- model (model.c) ----------------------------------------------------- */
 
 enum arch_kind { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_PHI3, ARCH_GEMMA, ARCH_GEMMA2, ARCH_GEMMA3 };

@@ -5,9 +5,19 @@
  * engine_matmul_multi() runs several matmuls that read the same input (Q, K
  * and V; gate and up) as one job: the input is converted once per distinct
  * activation layout (kern_ops.t[type].act_type), and all the rows of all
- * the weights are split into chunks that the workers claim from one atomic
- * counter, in one pool_run, so one barrier covers the group (cpu-kernels.md
- * §1). One token (decode) uses the variant's gemv over a chunk of rows, or
+ * the weights are split into chunks that the workers claim, in one
+ * pool_run, so one barrier covers the group (cpu-kernels.md §1).
+ *
+ * Claiming: the chunks are cut into one contiguous range per worker; a
+ * worker takes its own range's chunks front to back, then steals from the
+ * back of the others' (pool_ranges_claim). Each worker thus streams one
+ * long run of weights, which the prefetchers follow (TinyLlama Q4_0 decode
+ * ~60 -> ~76 tok/s over chunks dealt alternately from one counter, where
+ * every 64 rows a stream ended and another restarted cold), and a
+ * descheduled worker's range is still finished by the others, chunk by
+ * chunk.
+ *
+ * One token (decode) uses the variant's gemv over a chunk of rows, or
  * vec_dot row by row; more tokens use the variant's tile kernel (gemm) when
  * it has one, which reads a weight panel once for a tile of tokens.
  * Weights repacked at load (weight.n_x16, kern.h's x16 layout) use the
@@ -42,9 +52,7 @@ struct mm_job {
 	bool tile[MM_MAX];
 	bool x16[MM_MAX];
 	int n, n_tok;
-	/* claimed by every worker: its own cache line, away from the fields
-	 * they only read */
-	_Alignas(64) atomic_int next;
+	struct pool_ranges ranges;
 };
 
 static void store(const struct engine_mm *m, int t, int64_t r, float s)
@@ -163,12 +171,10 @@ static void run_rows(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 static void mm_worker(void *arg, int ith, int nth)
 {
 	struct mm_job *j = arg;
-	int64_t total = j->first_chunk[j->n];
-	(void)ith;
 	(void)nth;
 	for (;;) {
-		int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-		if (c >= total)
+		int64_t c = pool_ranges_claim(&j->ranges, ith);
+		if (c < 0)
 			break;
 		int i = 0;
 		while (c >= j->first_chunk[i + 1])
@@ -299,7 +305,7 @@ void engine_matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_t
 		j.first_chunk[i + 1] =
 			j.first_chunk[i] + (w->n_out + j.chunk_rows[i] - 1) / j.chunk_rows[i];
 	}
-	atomic_store_explicit(&j.next, 0, memory_order_relaxed);
+	pool_ranges_init(&j.ranges, j.first_chunk[n], pool_size(c->m->pool));
 	pool_run(c->m->pool, mm_worker, &j);
 }
 

@@ -249,3 +249,39 @@ void pool_run(struct pool *p, pool_fn fn, void *arg)
 		pthread_mutex_unlock(&p->mu);
 	}
 }
+
+/* ---- ranges ---------------------------------------------------------------- */
+
+void pool_ranges_init(struct pool_ranges *r, int64_t total, int n)
+{
+	n = CM_MAX(1, CM_MIN(n, POOL_RANGES));
+	if (total < n)
+		n = (int)CM_MAX(1, total);
+	r->n = n;
+	for (int i = 0; i < n; i++) {
+		uint64_t f = (uint64_t)(total * i / n), b = (uint64_t)(total * (i + 1) / n);
+		atomic_store_explicit(&r->r[i].fb, b << 32 | f, memory_order_relaxed);
+	}
+}
+
+int64_t pool_ranges_claim(struct pool_ranges *r, int ith)
+{
+	int own = ith % r->n;
+	for (int k = 0; k < r->n; k++) {
+		_Atomic uint64_t *p = &r->r[(own + k) % r->n].fb;
+		uint64_t v = atomic_load_explicit(p, memory_order_relaxed);
+		for (;;) {
+			uint32_t f = (uint32_t)v, b = (uint32_t)(v >> 32);
+			if (f >= b)
+				break;
+			/* the owner takes the front, a thief the back */
+			uint64_t nv = k == 0 ? v + 1 : (uint64_t)(b - 1) << 32 | f;
+			/* relaxed: items are only distributed; the run's end
+			 * (pool_run) orders the work done on them */
+			if (atomic_compare_exchange_weak_explicit(p, &v, nv, memory_order_relaxed,
+								  memory_order_relaxed))
+				return k == 0 ? (int64_t)f : (int64_t)b - 1;
+		}
+	}
+	return -1;
+}
