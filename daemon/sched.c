@@ -38,6 +38,9 @@
 #define SHORT_PROMPT 32
 /* A step carrying prompt tokens may take this many plain decode steps */
 #define STEP_FACTOR 1.0
+/* A long prompt passed over this many steps in a row (each completed
+ * shorter prompts) takes its chunk in the next one anyway */
+#define PREFILL_MAX_WAIT 2
 
 struct held_poll {
 	ipc_call *call;
@@ -72,6 +75,7 @@ struct daemon_request {
 	/* scheduler thread only */
 	int slot;
 	int n_fed;   /* prompt tokens in the KV */
+	int n_waited; /* steps in a row its prompt was passed over (add_prefill) */
 	int n_cached; /* of those, reused from the prefix cache */
 	int n_gen;
 	int32_t last_tok;
@@ -617,6 +621,7 @@ static void housekeeping(struct sched *s)
  * tokens added; *ret_chunked tells whether a prompt was cut by the chunk. */
 static int add_prefill(struct sched *s, int n, int budget, int room, bool *ret_chunked)
 {
+	const int chunk = budget;
 	struct daemon_request *pre[256];
 	int np = 0;
 	for (int i = 0; i < s->n_slots && np < 256; i++) {
@@ -637,7 +642,9 @@ static int add_prefill(struct sched *s, int n, int budget, int room, bool *ret_c
 	 * that arrives during a long prefill is done in one step. A step that
 	 * completes prompts carries no partial chunk of a longer one: the
 	 * short request's first token then costs about what it costs on an
-	 * idle daemon, and the long prompt pauses for that one step. */
+	 * idle daemon, and the long prompt pauses for that one step; after
+	 * PREFILL_MAX_WAIT such steps in a row it takes its chunk anyway, so a
+	 * steady stream of short prompts cannot starve it. */
 	int added = 0, completed = 0;
 	for (int i = 0; i < np && room > 0; i++) {
 		struct daemon_request *r = pre[i];
@@ -646,12 +653,16 @@ static int add_prefill(struct sched *s, int n, int budget, int room, bool *ret_c
 		 * about what a decode token does, and its step is its first
 		 * token); a long one takes the chunk's budget */
 		int take;
-		if (left <= SHORT_PROMPT && left <= room)
+		if (left <= SHORT_PROMPT && left <= room) {
 			take = left;
-		else if (completed > 0 || budget <= 0)
+		} else if ((completed > 0 || budget <= 0) && r->n_waited < PREFILL_MAX_WAIT) {
+			/* (the short prompts took the chunk's budget) */
+			r->n_waited++;
 			break;
-		else
-			take = CM_MIN(left, CM_MIN(budget, room));
+		} else {
+			take = CM_MIN(left, CM_MIN(CM_MAX(budget, chunk), room));
+		}
+		r->n_waited = 0;
 		completed += take == left;
 		*ret_chunked |= take < left;
 		struct slot *sl = &s->slots[r->slot];
