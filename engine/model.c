@@ -1216,6 +1216,7 @@ struct attn_task {
 	engine_ctx *c;
 	int layer;
 	int n_swa; /* sliding window of the layer, 0: full causal */
+	int split; /* runs of query heads per KV head (attn_worker) */
 };
 
 /* gemma2's soft-capping of attention scores and logits */
@@ -1224,46 +1225,74 @@ static float softcap(float s, float cap)
 	return cap * tanhf(s / cap);
 }
 
+static void attn_head(struct attn_task *at, int ith, int t, int h)
+{
+	engine_ctx *c = at->c;
+	const struct hparams *hp = &c->m->hp;
+	int hd = (int)hp->head_dim, nh = (int)hp->n_head;
+	int group = (int)(hp->n_head / hp->n_head_kv), kvh = h / group;
+	float scale = hp->attn_scale, cap = hp->attn_softcap;
+	float *sc = c->scores + (size_t)ith * c->n_ctx;
+	int pos = c->pos[t], seq = c->seq[t];
+	const float *q = c->q + (size_t)t * nh * hd + (size_t)h * hd;
+	size_t base = (size_t)seq * c->kv_seq_stride + (size_t)at->layer * c->kv_layer_stride +
+		      (size_t)kvh * c->kv_head_bytes;
+	/* sliding window: only the last n_swa keys (the cache keeps all) */
+	int p0 = at->n_swa > 0 && pos >= at->n_swa ? pos - at->n_swa + 1 : 0;
+	const uint8_t *kc = c->k_cache + base + (size_t)p0 * c->kv_row_bytes;
+	const uint8_t *vc = c->v_cache + base + (size_t)p0 * c->kv_row_bytes;
+	attn_scores(c, ith, q, kc, pos - p0 + 1, scale, sc + p0);
+	float mx = -INFINITY;
+	for (int p = p0; p <= pos; p++) {
+		if (cap > 0)
+			sc[p] = softcap(sc[p], cap);
+		if (sc[p] > mx)
+			mx = sc[p];
+	}
+	float sum = c->m->kern->exp_sum_f32(pos - p0 + 1, sc + p0, mx);
+	float inv = 1.0f / sum;
+	for (int p = p0; p <= pos; p++)
+		sc[p] *= inv;
+	float *o = c->att + (size_t)t * nh * hd + (size_t)h * hd;
+	attn_values(c, sc + p0, vc, pos - p0 + 1, o);
+}
+
+/* A task is (token, KV head, a run of its query heads): the query heads
+ * that share a KV head run one after another on one thread, so its K and V
+ * rows come from memory once and from that core's cache for the others
+ * (dealt one head per task, both cores pulled every KV head, each head
+ * again). at->split runs per KV head keep enough tasks for the pool when
+ * the batch is one token. Every head's arithmetic is the same whatever
+ * the split. */
+/* Runs per KV head: 1 when tokens x KV heads give every thread two
+ * tasks, else as many as that takes (at most one per query head) */
+static int attn_split(const engine_ctx *c, int T)
+{
+	const struct hparams *hp = &c->m->hp;
+	int group = (int)(hp->n_head / hp->n_head_kv);
+	int tasks = T * (int)hp->n_head_kv, want = 2 * pool_size(c->m->pool);
+	return CM_MAX(1, CM_MIN(group, (want + tasks - 1) / tasks));
+}
+
 static void attn_worker(void *arg, int ith, int nth)
 {
 	struct attn_task *at = arg;
 	engine_ctx *c = at->c;
 	const struct hparams *hp = &c->m->hp;
-	int hd = (int)hp->head_dim, nh = (int)hp->n_head;
-	int group = (int)(hp->n_head / hp->n_head_kv);
-	float scale = hp->attn_scale, cap = hp->attn_softcap;
-	float *sc = c->scores + (size_t)ith * c->n_ctx;
+	int nkv = (int)hp->n_head_kv, group = (int)(hp->n_head / hp->n_head_kv);
+	int per = (group + at->split - 1) / at->split;
 	(void)nth;
 	for (;;) {
 		int i = atomic_fetch_add(&c->chunk, 1);
-		if (i >= c->n_tok * nh)
+		if (i >= c->n_tok * nkv * at->split)
 			break;
-		int t = i / nh, h = i % nh, kvh = h / group;
-		int pos = c->pos[t], seq = c->seq[t];
-		const float *q = c->q + (size_t)t * nh * hd + (size_t)h * hd;
-		size_t base = (size_t)seq * c->kv_seq_stride + (size_t)at->layer * c->kv_layer_stride +
-			      (size_t)kvh * c->kv_head_bytes;
-		/* sliding window: only the last n_swa keys (the cache keeps all) */
-		int p0 = at->n_swa > 0 && pos >= at->n_swa ? pos - at->n_swa + 1 : 0;
-		const uint8_t *kc = c->k_cache + base + (size_t)p0 * c->kv_row_bytes;
-		const uint8_t *vc = c->v_cache + base + (size_t)p0 * c->kv_row_bytes;
-		attn_scores(c, ith, q, kc, pos - p0 + 1, scale, sc + p0);
-		float mx = -INFINITY;
-		for (int p = p0; p <= pos; p++) {
-			if (cap > 0)
-				sc[p] = softcap(sc[p], cap);
-			if (sc[p] > mx)
-				mx = sc[p];
-		}
-		float sum = c->m->kern->exp_sum_f32(pos - p0 + 1, sc + p0, mx);
-		float inv = 1.0f / sum;
-		for (int p = p0; p <= pos; p++)
-			sc[p] *= inv;
-		float *o = c->att + (size_t)t * nh * hd + (size_t)h * hd;
-		attn_values(c, sc + p0, vc, pos - p0 + 1, o);
+		int t = i / (nkv * at->split), r = i % (nkv * at->split);
+		int kvh = r / at->split, part = r % at->split;
+		int h0 = kvh * group + part * per, h1 = CM_MIN(h0 + per, (kvh + 1) * group);
+		for (int h = h0; h < h1; h++)
+			attn_head(at, ith, t, h);
 	}
 }
-
 
 /* tanh GELU; beyond |x| >= 10 it is x or 0 to float precision (ggml
  * takes the same shortcut) */
@@ -1381,7 +1410,8 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 			kv_store(c, c->k_cache + off, k);
 			kv_store(c, c->v_cache + off, c->v + t * KD);
 		}
-		struct attn_task at = {c, (int)l, (int)CM_MIN(L->n_swa, (uint32_t)INT32_MAX)};
+		struct attn_task at = {c, (int)l, (int)CM_MIN(L->n_swa, (uint32_t)INT32_MAX),
+				       attn_split(c, T)};
 		atomic_store(&c->chunk, 0);
 		pool_run(m->pool, attn_worker, &at);
 		if (L->post_attn_norm)
