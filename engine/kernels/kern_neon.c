@@ -287,41 +287,35 @@ static void attn_vsum_f16(int hd, int n, const float *w, const void *v, size_t s
 	}
 }
 
-static void attn_score_q8_0(int hd, int n, const void *vq, const void *k, size_t stride,
-			    float scale, float *s)
-{
-	const struct block_q8_0 *q = vq;
-	int nb = (hd + QK8_0 - 1) / QK8_0;
-	for (int i = 0; i < n; i++) {
-		const struct block_q8_0 *r =
-			(const struct block_q8_0 *)((const uint8_t *)k + (size_t)i * stride);
-		float sum = 0.0f;
-		for (int b = 0; b < nb; b++) {
-			int32x4_t p = dot16(vdupq_n_s32(0), vld1q_s8(r[b].qs), vld1q_s8(q[b].qs));
-			p = dot16(p, vld1q_s8(r[b].qs + 16), vld1q_s8(q[b].qs + 16));
-			sum += (half(q[b].d) * half(r[b].d)) * (float)vaddvq_s32(p);
-		}
-		s[i] = sum * scale;
+/* score_q8_0 for both tables, one body: DOT is the 16-byte int8 dot into
+ * int32 lanes (dot16 in kern_neon_ops, sdot in kern_neon_dotprod_ops) and
+ * ATTR the function's target. A macro, not an always_inline function with
+ * a constant flag: GCC refuses to inline vdotq_s32 into a function without
+ * the dotprod target even in a branch the flag would fold away. */
+#define ATTN_SCORE_Q8_0(NAME, ATTR, DOT)                                                     \
+	static ATTR void NAME(int hd, int n, const void *vq, const void *k, size_t stride,   \
+			      float scale, float *s)                                         \
+	{                                                                                    \
+		const struct block_q8_0 *q = vq;                                             \
+		int nb = (hd + QK8_0 - 1) / QK8_0;                                           \
+		for (int i = 0; i < n; i++) {                                                \
+			const struct block_q8_0 *r =                                         \
+				(const struct block_q8_0 *)((const uint8_t *)k +             \
+							    (size_t)i * stride);             \
+			float sum = 0.0f;                                                    \
+			for (int b = 0; b < nb; b++) {                                       \
+				int32x4_t p = DOT(vdupq_n_s32(0), vld1q_s8(r[b].qs),         \
+						  vld1q_s8(q[b].qs));                        \
+				p = DOT(p, vld1q_s8(r[b].qs + 16), vld1q_s8(q[b].qs + 16));  \
+				sum += (half(q[b].d) * half(r[b].d)) * (float)vaddvq_s32(p); \
+			}                                                                    \
+			s[i] = sum * scale;                                                  \
+		}                                                                            \
 	}
-}
 
-static DOTPROD void attn_score_q8_0_dp(int hd, int n, const void *vq, const void *k,
-				       size_t stride, float scale, float *s)
-{
-	const struct block_q8_0 *q = vq;
-	int nb = (hd + QK8_0 - 1) / QK8_0;
-	for (int i = 0; i < n; i++) {
-		const struct block_q8_0 *r =
-			(const struct block_q8_0 *)((const uint8_t *)k + (size_t)i * stride);
-		float sum = 0.0f;
-		for (int b = 0; b < nb; b++) {
-			int32x4_t p = vdotq_s32(vdupq_n_s32(0), vld1q_s8(r[b].qs), vld1q_s8(q[b].qs));
-			p = vdotq_s32(p, vld1q_s8(r[b].qs + 16), vld1q_s8(q[b].qs + 16));
-			sum += (half(q[b].d) * half(r[b].d)) * (float)vaddvq_s32(p);
-		}
-		s[i] = sum * scale;
-	}
-}
+ATTN_SCORE_Q8_0(attn_score_q8_0, , dot16)
+ATTN_SCORE_Q8_0(attn_score_q8_0_dp, DOTPROD, vdotq_s32)
+#undef ATTN_SCORE_Q8_0
 
 /* acc[0..8) += c * the 32 codes of a block. */
 static inline void vsum_q8_block(float32x4_t acc[8], float c, const int8_t *qs)
