@@ -14,6 +14,7 @@
  * nibbles are made signed (minus 8) before the signed dot. Tested under
  * qemu-aarch64 by `make check-aarch64`. */
 #include "engine/kernels/kern.h"
+#include "engine/kernels/kern_tiles.h"
 
 #include "engine/quant.h"
 
@@ -431,17 +432,12 @@ x16_gemm_dp(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride,
 	int64_t nb = n / 32;
 	for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {
 		const uint8_t *panel = w + (size_t)r0 * w_stride;
-		for (int t = 0; t < nt; t += X16N_TOKENS) {
-			const uint8_t *at = a + (size_t)t * a_stride;
-			const float *xt = aux + (size_t)t * aux_stride;
-			float *st = s + (size_t)t * s_stride + r0;
-			switch (nt - t) {
-			case 1: x16_panel_dp(q4, nb, 1, panel, at, a_stride, xt, aux_stride, st, s_stride); break;
-			case 2: x16_panel_dp(q4, nb, 2, panel, at, a_stride, xt, aux_stride, st, s_stride); break;
-			case 3: x16_panel_dp(q4, nb, 3, panel, at, a_stride, xt, aux_stride, st, s_stride); break;
-			default: x16_panel_dp(q4, nb, 4, panel, at, a_stride, xt, aux_stride, st, s_stride); break;
-			}
-		}
+#define X16N_TILE(q4, t, NT)                                                               \
+	x16_panel_dp(q4, nb, NT, panel, a + (size_t)(t) * a_stride, a_stride,              \
+		     aux + (size_t)(t) * aux_stride, aux_stride,                           \
+		     s + (size_t)(t) * s_stride + r0, s_stride)
+		KERN_TILES(nt, X16N_TOKENS, X16N_TILE, q4);
+#undef X16N_TILE
 	}
 }
 
