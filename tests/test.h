@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 static int test_n_pass, test_n_fail, test_n_skip;
 static int test_cur_failed, test_cur_skipped; /* 1: environment, 2: data */
@@ -160,6 +161,28 @@ static inline const char *test_tmpdir(void)
 	if (!t || !*t)
 		t = getenv("TMPDIR");
 	return t && *t ? t : "/tmp";
+}
+
+/* Run a shell command through popen(), capture its stdout in a malloc'ed,
+ * NUL-terminated buffer (*ret_out, the caller frees it) and return its exit
+ * status, or -1 when it did not exit normally. When popen() itself fails it
+ * returns -1 and leaves *ret_out untouched. */
+static inline int test_run_capture(const char *cmd, char **ret_out)
+{
+	FILE *p = popen(cmd, "r");
+	if (!p)
+		return -1;
+	size_t cap = 1 << 16, n = 0, r;
+	char *buf = malloc(cap + 1);
+	while ((r = fread(buf + n, 1, cap - n, p)) > 0) {
+		n += r;
+		if (n == cap)
+			buf = realloc(buf, (cap *= 2) + 1);
+	}
+	buf[n] = '\0';
+	int st = pclose(p);
+	*ret_out = buf;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 #endif

@@ -26,6 +26,7 @@
  * float operations are the same sequence whatever the tiling, so the
  * result does not depend on how the caller splits rows or tokens. */
 #include "engine/kernels/kern.h"
+#include "engine/kernels/kern_tiles.h"
 
 #include "engine/quant.h"
 
@@ -486,23 +487,12 @@ gemm_panel(panel_fn unpack, int64_t n, int nr, int nt, const void *vw, size_t w_
 			unpack(&P, w + (size_t)r0 * w_stride, w_stride, rows, b0, nbs);
 			const uint8_t *ab = a + (size_t)b0 * sizeof(struct block_q8_0);
 			const float *xb = aux + 2 * b0;
-			int t = 0;
-			for (; t + TILE_TOKENS <= nt; t += TILE_TOKENS)
-				panel_tokens(&P, nbs, TILE_TOKENS, ab + (size_t)t * a_stride,
-					     a_stride, xb + (size_t)t * aux_stride, aux_stride,
-					     s + (size_t)t * s_stride + r0, s_stride, m, b0 == 0);
-			switch (nt - t) {
-#define TAIL(k)                                                                            \
-	case k:                                                                            \
-		panel_tokens(&P, nbs, k, ab + (size_t)t * a_stride, a_stride,              \
-			     xb + (size_t)t * aux_stride, aux_stride,                      \
-			     s + (size_t)t * s_stride + r0, s_stride, m, b0 == 0);         \
-		break;
-				TAIL(1) TAIL(2) TAIL(3) TAIL(4) TAIL(5) TAIL(6) TAIL(7)
-#undef TAIL
-			default:
-				break;
-			}
+#define PANEL_TILE(P, t, NT)                                                               \
+	panel_tokens(P, nbs, NT, ab + (size_t)(t) * a_stride, a_stride,                    \
+		     xb + (size_t)(t) * aux_stride, aux_stride,                            \
+		     s + (size_t)(t) * s_stride + r0, s_stride, m, b0 == 0)
+			KERN_TILES(nt, TILE_TOKENS, PANEL_TILE, &P);
+#undef PANEL_TILE
 		}
 	}
 }
@@ -636,24 +626,12 @@ x16_gemm(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, co
 	int64_t nb = n / 32;
 	for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {
 		const uint8_t *panel = w + (size_t)r0 * w_stride;
-		int t = 0;
-		for (; t + X16_TOKENS <= nt; t += X16_TOKENS)
-			x16_panel(q4, nb, X16_TOKENS, panel, a + (size_t)t * a_stride, a_stride,
-				  aux + (size_t)t * aux_stride, aux_stride,
-				  s + (size_t)t * s_stride + r0, s_stride);
-		switch (nt - t) {
-#define X16_TAIL(k)                                                                        \
-	case k:                                                                            \
-		x16_panel(q4, nb, k, panel, a + (size_t)t * a_stride, a_stride,             \
-			  aux + (size_t)t * aux_stride, aux_stride,                         \
-			  s + (size_t)t * s_stride + r0, s_stride);                         \
-		break;
-			X16_TAIL(1) X16_TAIL(2) X16_TAIL(3) X16_TAIL(4) X16_TAIL(5) X16_TAIL(6)
-			X16_TAIL(7)
-#undef X16_TAIL
-		default:
-			break;
-		}
+#define X16_TILE(q4, t, NT)                                                                \
+	x16_panel(q4, nb, NT, panel, a + (size_t)(t) * a_stride, a_stride,                 \
+		  aux + (size_t)(t) * aux_stride, aux_stride,                              \
+		  s + (size_t)(t) * s_stride + r0, s_stride)
+		KERN_TILES(nt, X16_TOKENS, X16_TILE, q4);
+#undef X16_TILE
 	}
 }
 
@@ -862,6 +840,11 @@ x16_q6_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 	}
 }
 
+/* One tile of NT tokens for X16K_GEMM; PANEL is the type's panel function. */
+#define X16K_TILE(PANEL, t, NT)                                                            \
+	PANEL(nb, NT, panel, a + (size_t)(t) * a_stride, a_stride,                         \
+	      s + (size_t)(t) * s_stride + r0, s_stride)
+
 #define X16K_GEMM(NAME, PANEL)                                                             \
 	static VNNI void NAME(int64_t n, int nr, int nt, const void *vw, size_t w_stride,  \
 			      const void *va, size_t a_stride, const float *aux,           \
@@ -873,27 +856,7 @@ x16_q6_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 		(void)aux_stride;                                                          \
 		for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {          \
 			const uint8_t *panel = w + (size_t)r0 * w_stride;                  \
-			int t = 0;                                                         \
-			for (; t + X16K_TOKENS <= nt; t += X16K_TOKENS)                    \
-				PANEL(nb, X16K_TOKENS, panel, a + (size_t)t * a_stride,    \
-				      a_stride, s + (size_t)t * s_stride + r0, s_stride);  \
-			switch (nt - t) {                                                  \
-			case 1: PANEL(nb, 1, panel, a + (size_t)t * a_stride, a_stride,    \
-				      s + (size_t)t * s_stride + r0, s_stride); break;     \
-			case 2: PANEL(nb, 2, panel, a + (size_t)t * a_stride, a_stride,    \
-				      s + (size_t)t * s_stride + r0, s_stride); break;     \
-			case 3: PANEL(nb, 3, panel, a + (size_t)t * a_stride, a_stride,    \
-				      s + (size_t)t * s_stride + r0, s_stride); break;     \
-			case 4: PANEL(nb, 4, panel, a + (size_t)t * a_stride, a_stride,    \
-				      s + (size_t)t * s_stride + r0, s_stride); break;     \
-			case 5: PANEL(nb, 5, panel, a + (size_t)t * a_stride, a_stride,    \
-				      s + (size_t)t * s_stride + r0, s_stride); break;     \
-			case 6: PANEL(nb, 6, panel, a + (size_t)t * a_stride, a_stride,    \
-				      s + (size_t)t * s_stride + r0, s_stride); break;     \
-			case 7: PANEL(nb, 7, panel, a + (size_t)t * a_stride, a_stride,    \
-				      s + (size_t)t * s_stride + r0, s_stride); break;     \
-			default: break;                                                    \
-			}                                                                  \
+			KERN_TILES(nt, X16K_TOKENS, X16K_TILE, PANEL);                     \
 		}                                                                          \
 	}
 

@@ -5,6 +5,7 @@
  * kern_avx512.c (Q4_0: nibble codes minus 8 * sum(a); Q8_0: |w| against
  * sign(w) * a). */
 #include "engine/kernels/kern.h"
+#include "engine/kernels/kern_tiles.h"
 
 #include "engine/quant.h"
 
@@ -201,18 +202,13 @@ x16_gemm(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, co
 			x16_one(q4, nb, panel, a, aux, s + r0);
 			continue;
 		}
-		for (int t = 0; t < nt; t += X16V_TOKENS) {
-			const uint8_t *at = a + (size_t)t * a_stride;
-			const float *xt = aux + (size_t)t * aux_stride;
-			float *st = s + (size_t)t * s_stride + r0;
-			for (int h = 0; h < 2; h++)
-				switch (nt - t) {
-				case 1: x16_half(q4, nb, 1, panel, h, at, a_stride, xt, aux_stride, st, s_stride); break;
-				case 2: x16_half(q4, nb, 2, panel, h, at, a_stride, xt, aux_stride, st, s_stride); break;
-				case 3: x16_half(q4, nb, 3, panel, h, at, a_stride, xt, aux_stride, st, s_stride); break;
-				default: x16_half(q4, nb, 4, panel, h, at, a_stride, xt, aux_stride, st, s_stride); break;
-				}
-		}
+#define X16V_TILE(q4, t, NT)                                                               \
+	for (int h = 0; h < 2; h++)                                                        \
+		x16_half(q4, nb, NT, panel, h, a + (size_t)(t) * a_stride, a_stride,       \
+			 aux + (size_t)(t) * aux_stride, aux_stride,                       \
+			 s + (size_t)(t) * s_stride + r0, s_stride)
+		KERN_TILES(nt, X16V_TOKENS, X16V_TILE, q4);
+#undef X16V_TILE
 	}
 }
 

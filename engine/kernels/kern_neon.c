@@ -14,6 +14,7 @@
  * nibbles are made signed (minus 8) before the signed dot. Tested under
  * qemu-aarch64 by `make check-aarch64`. */
 #include "engine/kernels/kern.h"
+#include "engine/kernels/kern_tiles.h"
 
 #include "engine/quant.h"
 
@@ -287,41 +288,35 @@ static void attn_vsum_f16(int hd, int n, const float *w, const void *v, size_t s
 	}
 }
 
-static void attn_score_q8_0(int hd, int n, const void *vq, const void *k, size_t stride,
-			    float scale, float *s)
-{
-	const struct block_q8_0 *q = vq;
-	int nb = (hd + QK8_0 - 1) / QK8_0;
-	for (int i = 0; i < n; i++) {
-		const struct block_q8_0 *r =
-			(const struct block_q8_0 *)((const uint8_t *)k + (size_t)i * stride);
-		float sum = 0.0f;
-		for (int b = 0; b < nb; b++) {
-			int32x4_t p = dot16(vdupq_n_s32(0), vld1q_s8(r[b].qs), vld1q_s8(q[b].qs));
-			p = dot16(p, vld1q_s8(r[b].qs + 16), vld1q_s8(q[b].qs + 16));
-			sum += (half(q[b].d) * half(r[b].d)) * (float)vaddvq_s32(p);
-		}
-		s[i] = sum * scale;
+/* score_q8_0 for both tables, one body: DOT is the 16-byte int8 dot into
+ * int32 lanes (dot16 in kern_neon_ops, sdot in kern_neon_dotprod_ops) and
+ * ATTR the function's target. A macro, not an always_inline function with
+ * a constant flag: GCC refuses to inline vdotq_s32 into a function without
+ * the dotprod target even in a branch the flag would fold away. */
+#define ATTN_SCORE_Q8_0(NAME, ATTR, DOT)                                                     \
+	static ATTR void NAME(int hd, int n, const void *vq, const void *k, size_t stride,   \
+			      float scale, float *s)                                         \
+	{                                                                                    \
+		const struct block_q8_0 *q = vq;                                             \
+		int nb = (hd + QK8_0 - 1) / QK8_0;                                           \
+		for (int i = 0; i < n; i++) {                                                \
+			const struct block_q8_0 *r =                                         \
+				(const struct block_q8_0 *)((const uint8_t *)k +             \
+							    (size_t)i * stride);             \
+			float sum = 0.0f;                                                    \
+			for (int b = 0; b < nb; b++) {                                       \
+				int32x4_t p = DOT(vdupq_n_s32(0), vld1q_s8(r[b].qs),         \
+						  vld1q_s8(q[b].qs));                        \
+				p = DOT(p, vld1q_s8(r[b].qs + 16), vld1q_s8(q[b].qs + 16));  \
+				sum += (half(q[b].d) * half(r[b].d)) * (float)vaddvq_s32(p); \
+			}                                                                    \
+			s[i] = sum * scale;                                                  \
+		}                                                                            \
 	}
-}
 
-static DOTPROD void attn_score_q8_0_dp(int hd, int n, const void *vq, const void *k,
-				       size_t stride, float scale, float *s)
-{
-	const struct block_q8_0 *q = vq;
-	int nb = (hd + QK8_0 - 1) / QK8_0;
-	for (int i = 0; i < n; i++) {
-		const struct block_q8_0 *r =
-			(const struct block_q8_0 *)((const uint8_t *)k + (size_t)i * stride);
-		float sum = 0.0f;
-		for (int b = 0; b < nb; b++) {
-			int32x4_t p = vdotq_s32(vdupq_n_s32(0), vld1q_s8(r[b].qs), vld1q_s8(q[b].qs));
-			p = vdotq_s32(p, vld1q_s8(r[b].qs + 16), vld1q_s8(q[b].qs + 16));
-			sum += (half(q[b].d) * half(r[b].d)) * (float)vaddvq_s32(p);
-		}
-		s[i] = sum * scale;
-	}
-}
+ATTN_SCORE_Q8_0(attn_score_q8_0, , dot16)
+ATTN_SCORE_Q8_0(attn_score_q8_0_dp, DOTPROD, vdotq_s32)
+#undef ATTN_SCORE_Q8_0
 
 /* acc[0..8) += c * the 32 codes of a block. */
 static inline void vsum_q8_block(float32x4_t acc[8], float c, const int8_t *qs)
@@ -437,17 +432,12 @@ x16_gemm_dp(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride,
 	int64_t nb = n / 32;
 	for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {
 		const uint8_t *panel = w + (size_t)r0 * w_stride;
-		for (int t = 0; t < nt; t += X16N_TOKENS) {
-			const uint8_t *at = a + (size_t)t * a_stride;
-			const float *xt = aux + (size_t)t * aux_stride;
-			float *st = s + (size_t)t * s_stride + r0;
-			switch (nt - t) {
-			case 1: x16_panel_dp(q4, nb, 1, panel, at, a_stride, xt, aux_stride, st, s_stride); break;
-			case 2: x16_panel_dp(q4, nb, 2, panel, at, a_stride, xt, aux_stride, st, s_stride); break;
-			case 3: x16_panel_dp(q4, nb, 3, panel, at, a_stride, xt, aux_stride, st, s_stride); break;
-			default: x16_panel_dp(q4, nb, 4, panel, at, a_stride, xt, aux_stride, st, s_stride); break;
-			}
-		}
+#define X16N_TILE(q4, t, NT)                                                               \
+	x16_panel_dp(q4, nb, NT, panel, a + (size_t)(t) * a_stride, a_stride,              \
+		     aux + (size_t)(t) * aux_stride, aux_stride,                           \
+		     s + (size_t)(t) * s_stride + r0, s_stride)
+		KERN_TILES(nt, X16N_TOKENS, X16N_TILE, q4);
+#undef X16N_TILE
 	}
 }
 

@@ -12,6 +12,7 @@
 #include "engine/kernels/kern.h"
 #include "engine/quant.h"
 
+#include "tests/kernels/kern_test_util.h"
 #include "tests/test.h"
 
 #include <float.h>
@@ -23,20 +24,9 @@
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static uint64_t rng_u64(void)
-{
-	/* splitmix64 */
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
 static double rng_unif(double lo, double hi)
 {
-	return lo + (hi - lo) * ((double)(rng_u64() >> 11) * 0x1.0p-53);
+	return lo + (hi - lo) * kt_rng_unit();
 }
 
 static double rng_normal(void)
@@ -57,16 +47,6 @@ static float u2f(uint32_t u)
 	float f;
 	memcpy(&f, &u, 4);
 	return f;
-}
-
-static void *xmalloc(size_t n)
-{
-	void *p = malloc(n ? n : 1);
-	if (!p) {
-		fprintf(stderr, "test_kern: out of memory\n");
-		exit(2);
-	}
-	return p;
 }
 
 /* Independent decoders, from the spec text only. */
@@ -94,11 +74,6 @@ static double ref_bf16(uint16_t b)
 	else
 		v = ldexp(128 + m, e - 134);
 	return (b & 0x8000) ? -v : v;
-}
-
-static uint16_t rd16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] | p[1] << 8);
 }
 
 static const int iq4k[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
@@ -132,29 +107,29 @@ static void ref_decode2(uint32_t type, const void *src, int64_t n, double *out, 
 		break;
 	case ENGINE_DTYPE_F16:
 		for (int64_t i = 0; i < n; i++)
-			out[i] = ref_f16(rd16(p + 2 * i));
+			out[i] = ref_f16(kt_rd16(p + 2 * i));
 		break;
 	case ENGINE_DTYPE_BF16:
 		for (int64_t i = 0; i < n; i++)
-			out[i] = ref_bf16(rd16(p + 2 * i));
+			out[i] = ref_bf16(kt_rd16(p + 2 * i));
 		break;
 	case ENGINE_DTYPE_Q8_0:
 		for (int64_t b = 0; b < n / 32; b++, p += 34) {
-			double d = ref_f16(rd16(p));
+			double d = ref_f16(kt_rd16(p));
 			for (int j = 0; j < 32; j++)
 				out[32 * b + j] = d * (int8_t)p[2 + j];
 		}
 		break;
 	case ENGINE_DTYPE_Q8_1: /* f16 d, f16 s, i8 qs[32] */
 		for (int64_t b = 0; b < n / 32; b++, p += 36) {
-			double d = ref_f16(rd16(p));
+			double d = ref_f16(kt_rd16(p));
 			for (int j = 0; j < 32; j++)
 				out[32 * b + j] = d * (int8_t)p[4 + j];
 		}
 		break;
 	case ENGINE_DTYPE_Q4_0:
 		for (int64_t b = 0; b < n / 32; b++, p += 18) {
-			double d = ref_f16(rd16(p));
+			double d = ref_f16(kt_rd16(p));
 			for (int j = 0; j < 16; j++) {
 				out[32 * b + j] = d * ((p[2 + j] & 15) - 8);
 				out[32 * b + j + 16] = d * ((p[2 + j] >> 4) - 8);
@@ -163,7 +138,7 @@ static void ref_decode2(uint32_t type, const void *src, int64_t n, double *out, 
 		break;
 	case ENGINE_DTYPE_Q4_1: /* f16 d, f16 m, qs[16] */
 		for (int64_t b = 0; b < n / 32; b++, p += 20) {
-			double d = ref_f16(rd16(p)), m = ref_f16(rd16(p + 2));
+			double d = ref_f16(kt_rd16(p)), m = ref_f16(kt_rd16(p + 2));
 			for (int j = 0; j < 32; j++) {
 				int q = j < 16 ? p[4 + j] & 15 : p[4 + j - 16] >> 4;
 				out[32 * b + j] = d * q + m;
@@ -177,7 +152,7 @@ static void ref_decode2(uint32_t type, const void *src, int64_t n, double *out, 
 	{
 		int q51 = type == ENGINE_DTYPE_Q5_1, bs = q51 ? 24 : 22, o = q51 ? 4 : 2;
 		for (int64_t b = 0; b < n / 32; b++, p += bs) {
-			double d = ref_f16(rd16(p)), m = q51 ? ref_f16(rd16(p + 2)) : 0;
+			double d = ref_f16(kt_rd16(p)), m = q51 ? ref_f16(kt_rd16(p + 2)) : 0;
 			uint32_t H = p[o] | p[o + 1] << 8 | p[o + 2] << 16 |
 				     (uint32_t)p[o + 3] << 24;
 			for (int j = 0; j < 32; j++) {
@@ -192,7 +167,7 @@ static void ref_decode2(uint32_t type, const void *src, int64_t n, double *out, 
 	}
 	case ENGINE_DTYPE_IQ4_NL:
 		for (int64_t b = 0; b < n / 32; b++, p += 18) {
-			double d = ref_f16(rd16(p));
+			double d = ref_f16(kt_rd16(p));
 			for (int j = 0; j < 16; j++) {
 				out[32 * b + j] = d * iq4k[p[2 + j] & 15];
 				out[32 * b + j + 16] = d * iq4k[p[2 + j] >> 4];
@@ -201,7 +176,7 @@ static void ref_decode2(uint32_t type, const void *src, int64_t n, double *out, 
 		break;
 	case ENGINE_DTYPE_Q2_K: /* scales[16], qs[64], f16 d, f16 dmin */
 		for (int64_t b = 0; b < n / 256; b++, p += 84) {
-			double d = ref_f16(rd16(p + 80)), dmin = ref_f16(rd16(p + 82));
+			double d = ref_f16(kt_rd16(p + 80)), dmin = ref_f16(kt_rd16(p + 82));
 			for (int e = 0; e < 256; e++) {
 				int h = e / 128, g = (e % 128) / 32, l = e % 32;
 				int q = (p[16 + 32 * h + l] >> (2 * g)) & 3;
@@ -214,7 +189,7 @@ static void ref_decode2(uint32_t type, const void *src, int64_t n, double *out, 
 		break;
 	case ENGINE_DTYPE_Q3_K: /* hmask[32], qs[64], scales[12], f16 d */
 		for (int64_t b = 0; b < n / 256; b++, p += 110) {
-			double d = ref_f16(rd16(p + 108));
+			double d = ref_f16(kt_rd16(p + 108));
 			const uint8_t *sc = p + 96;
 			for (int e = 0; e < 256; e++) {
 				int h = e / 128, g = (e % 128) / 32, l = e % 32, i = e / 16;
@@ -231,7 +206,7 @@ static void ref_decode2(uint32_t type, const void *src, int64_t n, double *out, 
 	{
 		int q5 = type == ENGINE_DTYPE_Q5_K, bs = q5 ? 176 : 144, oq = q5 ? 48 : 16;
 		for (int64_t b = 0; b < n / 256; b++, p += bs) {
-			double d = ref_f16(rd16(p)), dmin = ref_f16(rd16(p + 2));
+			double d = ref_f16(kt_rd16(p)), dmin = ref_f16(kt_rd16(p + 2));
 			for (int e = 0; e < 256; e++) {
 				int sb = e / 32, l = e % 32, sc, m;
 				ref_k4(p + 4, sb, &sc, &m);
@@ -247,7 +222,7 @@ static void ref_decode2(uint32_t type, const void *src, int64_t n, double *out, 
 	}
 	case ENGINE_DTYPE_Q6_K: /* ql[128], qh[64], i8 scales[16], f16 d */
 		for (int64_t b = 0; b < n / 256; b++, p += 210) {
-			double d = ref_f16(rd16(p + 208));
+			double d = ref_f16(kt_rd16(p + 208));
 			for (int e = 0; e < 256; e++) {
 				int h = e / 128, k = (e % 128) / 32, l = e % 32;
 				int lo = (p[64 * h + 32 * (k & 1) + l] >> (k < 2 ? 0 : 4)) & 15;
@@ -267,8 +242,8 @@ static void ref_decode2(uint32_t type, const void *src, int64_t n, double *out, 
 		break;
 	case ENGINE_DTYPE_IQ4_XS: /* f16 d, u16 scales_h, scales_l[4], qs[128] */
 		for (int64_t b = 0; b < n / 256; b++, p += 136) {
-			double d = ref_f16(rd16(p));
-			int sh = rd16(p + 2);
+			double d = ref_f16(kt_rd16(p));
+			int sh = kt_rd16(p + 2);
 			for (int ib = 0; ib < 8; ib++) {
 				int ls = ((p[4 + ib / 2] >> (4 * (ib % 2))) & 15) |
 					 ((sh >> (2 * ib)) & 3) << 4;
@@ -365,9 +340,9 @@ static const int *half_fields(uint32_t type)
 /* A random half with a normal exponent in [emin, emax] (biased) and sign. */
 static uint16_t rand_half(int emin, int emax, int allow_neg)
 {
-	uint16_t e = (uint16_t)(emin + (int)(rng_u64() % (uint64_t)(emax - emin + 1)));
-	uint16_t h = (uint16_t)((e << 10) | (rng_u64() & 1023));
-	if (allow_neg && (rng_u64() & 1))
+	uint16_t e = (uint16_t)(emin + (int)(kt_rng_u64() % (uint64_t)(emax - emin + 1)));
+	uint16_t h = (uint16_t)((e << 10) | (kt_rng_u64() & 1023));
+	if (allow_neg && (kt_rng_u64() & 1))
 		h |= 0x8000;
 	return h;
 }
@@ -488,7 +463,7 @@ static void test_fp16_known_values(void)
 static void test_fp16_random_nearest(void)
 {
 	for (int i = 0; i < 200000; i++) {
-		float f = u2f((uint32_t)rng_u64());
+		float f = u2f((uint32_t)kt_rng_u64());
 		if (isnan(f))
 			continue;
 		uint16_t h = fp32_to_fp16(f);
@@ -756,7 +731,7 @@ static int check_q8_0_bound(const float *x, const uint8_t *y, int64_t n, const c
 		double amax = 0;
 		for (int j = 0; j < 32; j++)
 			amax = fmax(amax, fabs((double)x[32 * b + j]));
-		double d = amax / 127.0, d_h = ref_f16(rd16(blk));
+		double d = amax / 127.0, d_h = ref_f16(kt_rd16(blk));
 		/* The stored scale is d correctly rounded to half. */
 		double ulp = d_h >= ldexp(1, -14) ? ldexp(d_h, -10) : ldexp(1, -24);
 		if (!(fabs(d - d_h) <= ulp / 2 * (1 + 1e-6)) || signbit(d_h)) {
@@ -792,7 +767,7 @@ static int check_q4_0_bound(const float *x, const uint8_t *y, int64_t n, const c
 				max = x[32 * b + j];
 			}
 		}
-		double d = max / -8.0, d_h = ref_f16(rd16(blk));
+		double d = max / -8.0, d_h = ref_f16(kt_rd16(blk));
 		double ulp = fabs(d_h) >= ldexp(1, -14) ? ldexp(fabs(d_h), -10) : ldexp(1, -24);
 		if (!(fabs(d - d_h) <= ulp / 2 * (1 + 1e-6))) {
 			if (bad++ < 5)
@@ -826,7 +801,7 @@ static void fill_input(float *x, int64_t n, float huge)
 {
 	for (int64_t b = 0; b < n / 32; b++) {
 		double scale = exp(rng_unif(-9, 9));
-		int kind = (int)(rng_u64() % 8);
+		int kind = (int)(kt_rng_u64() % 8);
 		for (int j = 0; j < 32; j++) {
 			float v;
 			switch (kind) {
@@ -834,7 +809,8 @@ static void fill_input(float *x, int64_t n, float huge)
 				v = 0.0f;
 				break;
 			case 1: /* ties for q8_0: amax 127 -> d 1, x = k + 0.5 */
-				v = j == 0 ? 127.0f : (float)((int)(rng_u64() % 200) - 100) + 0.5f;
+				v = j == 0 ? 127.0f
+					   : (float)((int)(kt_rng_u64() % 200) - 100) + 0.5f;
 				break;
 			case 2: /* subnormal-half scales */
 				v = (float)(rng_normal() * 1e-5);
@@ -846,7 +822,7 @@ static void fill_input(float *x, int64_t n, float huge)
 		}
 	}
 	if (huge != 0 && n > 0)
-		x[rng_u64() % (uint64_t)n] = huge;
+		x[kt_rng_u64() % (uint64_t)n] = huge;
 }
 
 static void test_q8_0_roundtrip_bound(void)
@@ -854,8 +830,8 @@ static void test_q8_0_roundtrip_bound(void)
 	static const int64_t sizes[] = { 32, 64, 4096, 32 * 33 };
 	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
 		int64_t n = sizes[si];
-		float *x = xmalloc((size_t)n * sizeof(float));
-		uint8_t *y = xmalloc(ref_bytes(ENGINE_DTYPE_Q8_0, n));
+		float *x = kt_xmalloc((size_t)n * sizeof(float));
+		uint8_t *y = kt_xmalloc(ref_bytes(ENGINE_DTYPE_Q8_0, n));
 		for (int rep = 0; rep < 20; rep++) {
 			fill_input(x, n, (rep & 1) ? 1e6f : 0.0f);
 			CHECK_OK(quantize_row(ENGINE_DTYPE_Q8_0, x, y, n));
@@ -885,8 +861,8 @@ static void test_q4_0_roundtrip_bound(void)
 	static const int64_t sizes[] = { 32, 64, 4096, 32 * 33 };
 	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
 		int64_t n = sizes[si];
-		float *x = xmalloc((size_t)n * sizeof(float));
-		uint8_t *y = xmalloc(ref_bytes(ENGINE_DTYPE_Q4_0, n));
+		float *x = kt_xmalloc((size_t)n * sizeof(float));
+		uint8_t *y = kt_xmalloc(ref_bytes(ENGINE_DTYPE_Q4_0, n));
 		for (int rep = 0; rep < 20; rep++) {
 			fill_input(x, n, (rep & 1) ? -4e5f : 0.0f);
 			/* Put the far side of the range in some blocks: x = -max. */
@@ -935,9 +911,9 @@ static const struct {
 static void test_roundtrip_budget(void)
 {
 	const int64_t n = 256 * 16;
-	float *x = xmalloc((size_t)n * sizeof(float));
-	uint8_t *y = xmalloc(ref_bytes(ENGINE_DTYPE_Q8_K, n));
-	double *r = xmalloc((size_t)n * sizeof(double));
+	float *x = kt_xmalloc((size_t)n * sizeof(float));
+	uint8_t *y = kt_xmalloc(ref_bytes(ENGINE_DTYPE_Q8_K, n));
+	double *r = kt_xmalloc((size_t)n * sizeof(double));
 	for (size_t ti = 0; ti < sizeof(rt_budget) / sizeof(rt_budget[0]); ti++) {
 		uint32_t type = rt_budget[ti].type;
 		double sum_rel = 0, worst = 0;
@@ -992,9 +968,9 @@ static void test_roundtrip_budget(void)
 static void test_act_quantizers(void)
 {
 	const int64_t n = 256 * 8;
-	float *x = xmalloc((size_t)n * sizeof(float));
-	uint8_t *y = xmalloc(ref_bytes(ENGINE_DTYPE_Q8_K, n));
-	double *r = xmalloc((size_t)n * sizeof(double));
+	float *x = kt_xmalloc((size_t)n * sizeof(float));
+	uint8_t *y = kt_xmalloc(ref_bytes(ENGINE_DTYPE_Q8_K, n));
+	double *r = kt_xmalloc((size_t)n * sizeof(double));
 	for (int rep = 0; rep < 10; rep++) {
 		fill_input(x, n, (rep & 1) ? -1e6f : 0.0f);
 		CHECK_OK(quantize_row(ENGINE_DTYPE_Q8_K, x, y, n));
@@ -1019,7 +995,7 @@ static void test_act_quantizers(void)
 				int sum = 0;
 				for (int j = 0; j < 16; j++)
 					sum += (int8_t)blk[4 + 16 * i + j];
-				bad += (int16_t)rd16(blk + 260 + 2 * i) != sum;
+				bad += (int16_t)kt_rd16(blk + 260 + 2 * i) != sum;
 			}
 			for (int j = 0; j < 256; j++) {
 				double e = fabs(r[256 * b + j] - x[256 * b + j]);
@@ -1032,20 +1008,20 @@ static void test_act_quantizers(void)
 		CHECK_MSG(!bad, "q8_K: %d violations", bad);
 
 		CHECK_OK(quantize_row(ENGINE_DTYPE_Q8_1, x, y, n));
-		uint8_t *q8 = xmalloc(ref_bytes(ENGINE_DTYPE_Q8_0, n));
+		uint8_t *q8 = kt_xmalloc(ref_bytes(ENGINE_DTYPE_Q8_0, n));
 		quantize_row_q8_0_ref(x, q8, n);
 		bad = 0;
 		for (int64_t b = 0; b < n / 32; b++) {
 			const uint8_t *blk = y + 36 * b, *ref = q8 + 34 * b;
 			int sum = 0;
 			float amax = 0;
-			bad += rd16(blk) != rd16(ref) || memcmp(blk + 4, ref + 2, 32) != 0;
+			bad += kt_rd16(blk) != kt_rd16(ref) || memcmp(blk + 4, ref + 2, 32) != 0;
 			for (int j = 0; j < 32; j++) {
 				sum += (int8_t)blk[4 + j];
 				amax = fmaxf(amax, fabsf(x[32 * b + j]));
 			}
 			/* s uses the float scale, before its rounding to f16. */
-			bad += rd16(blk + 2) != fp32_to_fp16((float)sum * (amax / 127.0f));
+			bad += kt_rd16(blk + 2) != fp32_to_fp16((float)sum * (amax / 127.0f));
 		}
 		CHECK_MSG(!bad, "q8_1: %d blocks differ from Q8_0 + s", bad);
 		free(q8);
@@ -1060,7 +1036,7 @@ static void test_act_quantizers(void)
 static void check_elems(uint32_t type, const uint8_t *blk, int n, const int *idx,
 			const float *want, int count)
 {
-	float *y = xmalloc((size_t)n * sizeof(float));
+	float *y = kt_xmalloc((size_t)n * sizeof(float));
 	CHECK_OK(dequantize_row(type, blk, y, n));
 	for (int i = 0; i < count; i++)
 		CHECK_MSG(y[idx[i]] == want[i], "%s elem %d: %g, expected %g", dtype_name(type),
@@ -1189,15 +1165,15 @@ static void test_row_dispatch(void)
 	CHECK_OK(quantize_row(ENGINE_DTYPE_F16, x, buf, 63));
 	CHECK_OK(dequantize_row(ENGINE_DTYPE_F16, buf, y, 63));
 	for (int i = 0; i < 63; i++) {
-		CHECK(rd16(buf + 2 * i) == fp32_to_fp16(x[i]));
-		CHECK(y[i] == ref_f16(rd16(buf + 2 * i)));
+		CHECK(kt_rd16(buf + 2 * i) == fp32_to_fp16(x[i]));
+		CHECK(y[i] == ref_f16(kt_rd16(buf + 2 * i)));
 		/* nearest half: relative error <= 2^-11 */
 		CHECK(fabs(y[i] - x[i]) <= ldexp(fabs(x[i]), -11));
 	}
 	CHECK_OK(quantize_row(ENGINE_DTYPE_BF16, x, buf, 63));
 	CHECK_OK(dequantize_row(ENGINE_DTYPE_BF16, buf, y, 63));
 	for (int i = 0; i < 63; i++) {
-		CHECK(y[i] == ref_bf16(rd16(buf + 2 * i)));
+		CHECK(y[i] == ref_bf16(kt_rd16(buf + 2 * i)));
 		CHECK(fabs(y[i] - x[i]) <= ldexp(fabs(x[i]), -8));
 	}
 
@@ -1250,15 +1226,15 @@ static void make_weight(uint32_t type, int64_t n, enum wmode m, uint8_t *w)
 				h = m == W_MAX_POS ? 0x7bff
 				    : m == W_MAX_NEG ? 0xfbff
 				    : m == W_MAX_MIX ? ((i & 1) ? 0x7bff : 0xfbfe)
-						     : (uint16_t)(rng_u64() & 0xffff);
+						     : (uint16_t)(kt_rng_u64() & 0xffff);
 				if ((h & 0x7c00) == 0x7c00) /* no inf/nan */
 					h &= 0xbfff;
 			} else {
 				h = m == W_MAX_POS ? 0x5e80 /* 2^62 */
 				    : m == W_MAX_NEG ? 0xde80
 				    : m == W_MAX_MIX ? ((i & 1) ? 0x5e80 : 0xde7f)
-						     : (uint16_t)(((rng_u64() % 60 + 97) << 7) |
-								  (rng_u64() & 0x807f));
+						     : (uint16_t)(((kt_rng_u64() % 60 + 97) << 7) |
+								  (kt_rng_u64() & 0x807f));
 			}
 			w[2 * i] = (uint8_t)h;
 			w[2 * i + 1] = (uint8_t)(h >> 8);
@@ -1279,7 +1255,7 @@ static void make_weight(uint32_t type, int64_t n, enum wmode m, uint8_t *w)
 			for (size_t j = 0; j < nq; j++) {
 				uint8_t v;
 				if (m == W_RANDOM || m == W_ZERO_SCALE)
-					v = (uint8_t)rng_u64(); /* includes q8 -128 */
+					v = (uint8_t)kt_rng_u64(); /* includes q8 -128 */
 				else if (m == W_MAX_POS)
 					v = q8 ? 0x7f : 0xff; /* +127 / +7 */
 				else if (m == W_MAX_NEG)
@@ -1300,7 +1276,7 @@ static void make_weight(uint32_t type, int64_t n, enum wmode m, uint8_t *w)
 		for (int64_t b = 0; b < n / blck; b++) {
 			uint8_t *blk = w + (size_t)bs * b;
 			for (int j = 0; j < bs; j++)
-				blk[j] = m == W_RANDOM || m == W_ZERO_SCALE ? (uint8_t)rng_u64()
+				blk[j] = m == W_RANDOM || m == W_ZERO_SCALE ? (uint8_t)kt_rng_u64()
 					 : m == W_MAX_POS		   ? 0xff
 					 : m == W_MAX_NEG		   ? 0x00
 					 : (j & 1)			   ? 0xf0
@@ -1334,7 +1310,7 @@ static void make_act(uint32_t act_type, int64_t n, enum amode m, float *x, uint8
 	 * 65504 (a limit of the format, as in ggml): its extremes stay below. */
 	const bool q81 = act_type == ENGINE_DTYPE_Q8_1;
 	if (m == A_HUGE)
-		x[rng_u64() % (uint64_t)n] = q81 ? -6e4f : -1e6f;
+		x[kt_rng_u64() % (uint64_t)n] = q81 ? -6e4f : -1e6f;
 	if (m == A_QUANT || m == A_HUGE || act_type != ENGINE_DTYPE_Q8_0) {
 		if (act_type != ENGINE_DTYPE_Q8_0 && m != A_QUANT && m != A_HUGE) {
 			float big = q81 ? 2047.0f : 65504.0f;
@@ -1354,7 +1330,7 @@ static void make_act(uint32_t act_type, int64_t n, enum amode m, float *x, uint8
 		blk[1] = (uint8_t)(d >> 8);
 		for (int j = 0; j < 32; j++) {
 			int q = m == A_ZERO	       ? 0
-				: m == A_ZERO_SCALE ? (int)(rng_u64() % 255) - 127
+				: m == A_ZERO_SCALE ? (int)(kt_rng_u64() % 255) - 127
 				: m == A_MAX_POS    ? 127
 						    : -127;
 			blk[2 + j] = (uint8_t)(int8_t)q;
@@ -1377,9 +1353,9 @@ static void check_dot(uint32_t type, int64_t n, const uint8_t *w, const uint8_t 
 		      const char *label)
 {
 	const struct kern_type_ops *to = &V->t[type];
-	double *dw = xmalloc((size_t)n * sizeof(double));
-	double *da = xmalloc((size_t)n * sizeof(double));
-	double *mw = xmalloc((size_t)n * sizeof(double));
+	double *dw = kt_xmalloc((size_t)n * sizeof(double));
+	double *da = kt_xmalloc((size_t)n * sizeof(double));
+	double *mw = kt_xmalloc((size_t)n * sizeof(double));
 	ref_decode2(type, w, n, dw, mw);
 	ref_decode(to->act_type, a, n, da);
 	double ref = 0, S = 0, Sm = 0;
@@ -1408,11 +1384,11 @@ static void check_dot(uint32_t type, int64_t n, const uint8_t *w, const uint8_t 
 		 * exactly, block by block. */
 		for (int64_t b = 0; b < n / 32; b++) {
 			const uint8_t *ab = a + 36 * b;
-			double d = ref_f16(rd16(ab)), sh = ref_f16(rd16(ab + 2)), sq = 0;
+			double d = ref_f16(kt_rd16(ab)), sh = ref_f16(kt_rd16(ab + 2)), sq = 0;
 			for (int j = 0; j < 32; j++)
 				sq += (int8_t)ab[4 + j];
 			int wbs = type == ENGINE_DTYPE_Q4_1 ? 20 : 24;
-			double mwt = ref_f16(rd16(w + wbs * b + 2));
+			double mwt = ref_f16(kt_rd16(w + wbs * b + 2));
 			tol += fabs(mwt) * fabs(sh - d * sq) * (1 + 4 * u);
 		}
 	}
@@ -1495,9 +1471,9 @@ static void test_variant_dequant(void)
 		for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
 			/* K-quants: 256, 512, 4096 and 256 * 33 elements. */
 			int64_t n = blck == 256 ? sizes[si] * 8 : sizes[si];
-			uint8_t *w = xmalloc(ref_bytes(type, n));
-			float *y = xmalloc((size_t)n * sizeof(float));
-			double *r = xmalloc((size_t)n * sizeof(double));
+			uint8_t *w = kt_xmalloc(ref_bytes(type, n));
+			float *y = kt_xmalloc((size_t)n * sizeof(float));
+			double *r = kt_xmalloc((size_t)n * sizeof(double));
 			for (int m = 0; m < W_COUNT; m++) {
 				make_weight(type, n, (enum wmode)m, w);
 				ref_decode(type, w, n, r);
@@ -1506,7 +1482,7 @@ static void test_variant_dequant(void)
 				/* d * q is exact in f32 for the 32-blocks; K-quants
 				 * round d * scale * q (and the min) in float, within
 				 * a few units of the scale and min parts. */
-				double *mg = xmalloc((size_t)n * sizeof(double));
+				double *mg = kt_xmalloc((size_t)n * sizeof(double));
 				ref_decode2(type, w, n, r, mg);
 				for (int64_t i = 0; i < n; i++) {
 					double t = blck == 256 ? 3 * 0x1p-24 * mg[i] : 0;
@@ -1540,9 +1516,9 @@ static void test_variant_vec_dot(void)
 		uint32_t at = V->t[type].act_type;
 		for (size_t si = 0; si < nsizes; si++) {
 			int64_t n = sizes[si];
-			uint8_t *w = xmalloc(ref_bytes(type, n));
-			uint8_t *a = xmalloc(ref_bytes(at, n) + 64);
-			float *x = xmalloc((size_t)n * sizeof(float));
+			uint8_t *w = kt_xmalloc(ref_bytes(type, n));
+			uint8_t *a = kt_xmalloc(ref_bytes(at, n) + 64);
+			float *x = kt_xmalloc((size_t)n * sizeof(float));
 			for (int wm = 0; wm < W_COUNT; wm++) {
 				for (int am = 0; am < A_COUNT; am++) {
 					int reps = wm == W_RANDOM && am == A_QUANT ? 8 : 1;
@@ -1586,11 +1562,13 @@ static void test_variant_x16(void)
 		for (int64_t n = blck; n <= 8 * blck; n *= 3) {
 			size_t wrs = ref_bytes(type, n), ars = ref_bytes(at, n);
 			size_t al = kern_act_aux_len(at, n);
-			uint8_t *w = xmalloc(wrs * NR), *panel = xmalloc(wrs * NR), *back = xmalloc(wrs * NR);
-			uint8_t *a = xmalloc(ars * NT + 64);
-			float *x = xmalloc((size_t)n * sizeof(float));
-			float *aux = xmalloc((al ? al : 1) * NT * sizeof(float));
-			float *ref = xmalloc(sizeof(float) * NR * NT), *got = xmalloc(sizeof(float) * NR * NT);
+			uint8_t *w = kt_xmalloc(wrs * NR), *panel = kt_xmalloc(wrs * NR);
+			uint8_t *back = kt_xmalloc(wrs * NR);
+			uint8_t *a = kt_xmalloc(ars * NT + 64);
+			float *x = kt_xmalloc((size_t)n * sizeof(float));
+			float *aux = kt_xmalloc((al ? al : 1) * NT * sizeof(float));
+			float *ref = kt_xmalloc(sizeof(float) * NR * NT);
+			float *got = kt_xmalloc(sizeof(float) * NR * NT);
 			for (int r = 0; r < NR; r++)
 				make_weight(type, n, r % 5 == 4 ? W_MAX_MIX : W_RANDOM, w + r * wrs);
 			for (int t = 0; t < NT; t++) {
@@ -1615,7 +1593,7 @@ static void test_variant_x16(void)
 				 * 32-element formats, whose reference uses fma */
 				bool k = blck == 256;
 				double big = 0;
-				float *d = xmalloc(sizeof(float) * NR * NT);
+				float *d = kt_xmalloc(sizeof(float) * NR * NT);
 				for (int t = 0; t < NT; t++)
 					for (int r = 0; r < NR; r++) {
 						kern_generic_ops.t[type].vec_dot(
@@ -1659,9 +1637,9 @@ static void test_variant_quant_act(void)
 	static const int64_t sizes[] = { 32, 64, 4096, 32 * 33 };
 	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
 		int64_t n = sizes[si];
-		float *x = xmalloc((size_t)n * sizeof(float));
-		uint8_t *a = xmalloc(ref_bytes(ENGINE_DTYPE_Q8_0, n));
-		uint8_t *g = xmalloc(ref_bytes(ENGINE_DTYPE_Q8_0, n));
+		float *x = kt_xmalloc((size_t)n * sizeof(float));
+		uint8_t *a = kt_xmalloc(ref_bytes(ENGINE_DTYPE_Q8_0, n));
+		uint8_t *g = kt_xmalloc(ref_bytes(ENGINE_DTYPE_Q8_0, n));
 		for (int rep = 0; rep < 10; rep++) {
 			fill_input(x, n, (rep & 1) ? 1e6f : 0.0f);
 			V->quant_act[ENGINE_DTYPE_Q8_0](x, a, n);
@@ -1669,7 +1647,7 @@ static void test_variant_quant_act(void)
 			quantize_row_q8_0_ref(x, g, n);
 			int bad = 0;
 			for (int64_t b = 0; b < n / 32; b++) {
-				bad += rd16(a + 34 * b) != rd16(g + 34 * b);
+				bad += kt_rd16(a + 34 * b) != kt_rd16(g + 34 * b);
 				for (int j = 0; j < 32; j++)
 					bad += abs((int8_t)a[34 * b + 2 + j] -
 						   (int8_t)g[34 * b + 2 + j]) > 1;
@@ -1682,16 +1660,16 @@ static void test_variant_quant_act(void)
 		x[n - 1] = 1e6f;
 		V->quant_act[ENGINE_DTYPE_Q8_0](x, a, n);
 		CHECK_EQ_INT(check_q8_0_bound(x, a, n, V_name), 0);
-		double d_last = ref_f16(rd16(a + 34 * (n / 32 - 1)));
+		double d_last = ref_f16(kt_rd16(a + 34 * (n / 32 - 1)));
 		CHECK_NEAR(d_last, 1e6 / 127, 1e6 / 127 * 0x1p-11);
 		CHECK_EQ_INT((int8_t)a[34 * (n / 32 - 1) + 33], 127);
 		if (n > 32)
-			CHECK(ref_f16(rd16(a)) < 1.0);
+			CHECK(ref_f16(kt_rd16(a)) < 1.0);
 
 		/* F32 activations are a plain copy. */
 		uint32_t ft = V->t[ENGINE_DTYPE_F32].act_type;
 		if (ft == ENGINE_DTYPE_F32) {
-			float *c = xmalloc((size_t)n * sizeof(float));
+			float *c = kt_xmalloc((size_t)n * sizeof(float));
 			V->quant_act[ENGINE_DTYPE_F32](x, c, n);
 			CHECK(memcmp(c, x, (size_t)n * sizeof(float)) == 0);
 			free(c);
@@ -1707,9 +1685,9 @@ static void test_variant_f32_helpers(void)
 	static const int64_t sizes[] = { 0, 1, 7, 31, 64, 1000, 4096 };
 	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
 		int64_t n = sizes[si];
-		float *a = xmalloc((size_t)(n + 1) * sizeof(float));
-		float *b = xmalloc((size_t)(n + 1) * sizeof(float));
-		float *y = xmalloc((size_t)(n + 1) * sizeof(float));
+		float *a = kt_xmalloc((size_t)(n + 1) * sizeof(float));
+		float *b = kt_xmalloc((size_t)(n + 1) * sizeof(float));
+		float *y = kt_xmalloc((size_t)(n + 1) * sizeof(float));
 		double ref = 0, S = 0;
 		for (int64_t i = 0; i < n; i++) {
 			a[i] = (float)rng_normal();
@@ -1728,7 +1706,7 @@ static void test_variant_f32_helpers(void)
 		for (int64_t i = 0; i < n; i++)
 			y[i] = (float)rng_normal();
 		y[n] = 12345.0f; /* must stay untouched */
-		float *y0 = xmalloc((size_t)(n + 1) * sizeof(float));
+		float *y0 = kt_xmalloc((size_t)(n + 1) * sizeof(float));
 		memcpy(y0, y, (size_t)(n + 1) * sizeof(float));
 		V->axpy_f32(n, alpha, a, y);
 		int bad = 0;
@@ -1876,6 +1854,7 @@ static void run_variant_test(void (*fn)(void), const char *test)
 
 int main(void)
 {
+	kt_rng_seed(0x2545f4914f6cdd1dull);
 	TEST_RUN(test_fp16_decode_exhaustive);
 	TEST_RUN(test_fp16_roundtrip_exhaustive);
 	TEST_RUN(test_fp16_rne_midpoints);

@@ -25,6 +25,7 @@
 #include "engine/kernels/kern.h"
 #include "engine/quant.h"
 
+#include "tests/kernels/kern_test_util.h"
 #include "tests/test.h"
 
 #include <math.h>
@@ -33,35 +34,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rng_state = 0x6a09e667f3bcc909ull;
-
-static uint64_t rng_u64(void)
-{
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static double rng_unif(void)
-{
-	return (double)(rng_u64() >> 11) * 0x1.0p-53;
-}
-
 static double rng_normal(void)
 {
-	double u = rng_unif() + 1e-12, v = rng_unif();
+	double u = kt_rng_unit() + 1e-12, v = kt_rng_unit();
 	return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
-
-static void *xcalloc(size_t n)
-{
-	void *p = calloc(1, n ? n : 1);
-	if (!p) {
-		fprintf(stderr, "test_kern_attn: out of memory\n");
-		exit(2);
-	}
-	return p;
 }
 
 /* IEEE half from its bits, by the definition (independent of quant.c). */
@@ -70,11 +46,6 @@ static double dec_f16(uint16_t h)
 	int e = (h >> 10) & 31, m = h & 1023;
 	double v = e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
 	return (h & 0x8000) ? -v : v;
-}
-
-static uint16_t rd16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] | p[1] << 8);
 }
 
 static const int head_dims[] = {1,  2,  3,  4,  5,  6,  7,  8,   9,   12,  15,  16,  17,  31,
@@ -89,11 +60,11 @@ static float value(int mode)
 	case 1: /* f16 subnormals and tiny normals */
 		return (float)(rng_normal() * 1e-6);
 	case 2: /* large, still finite in f16 */
-		return (float)((rng_unif() * 2 - 1) * 6e4);
+		return (float)((kt_rng_unit() * 2 - 1) * 6e4);
 	case 3:
 		return 0.0f;
 	default: /* mostly small, a few spikes */
-		return rng_u64() % 17 == 0 ? 300.0f : (float)(rng_normal() * 0.01);
+		return kt_rng_u64() % 17 == 0 ? 300.0f : (float)(rng_normal() * 0.01);
 	}
 }
 
@@ -114,10 +85,10 @@ static void cache_alloc(struct cache *c, int n, int hd, size_t row_bytes, int he
 	c->stride = row_bytes * (size_t)heads;
 	size_t off = row_bytes * (size_t)head;
 	size_t len = off + (size_t)(n - 1) * c->stride + row_bytes;
-	c->buf = xcalloc(len);
+	c->buf = kt_xcalloc(len);
 	/* fill the other heads with noise: a kernel must not read them */
 	for (size_t i = 0; i < len; i++)
-		c->buf[i] = (uint8_t)rng_u64();
+		c->buf[i] = (uint8_t)kt_rng_u64();
 	c->rows = c->buf + off;
 }
 
@@ -141,16 +112,16 @@ static void fill_f16(struct cache *c, int mode)
 static void fill_q8(struct cache *c, int mode)
 {
 	int nb = (c->hd + QK8_0 - 1) / QK8_0;
-	float *x = xcalloc(sizeof(float) * (size_t)nb * QK8_0);
+	float *x = kt_xcalloc(sizeof(float) * (size_t)nb * QK8_0);
 	for (int i = 0; i < c->n; i++) {
 		if (mode == 5) {
 			struct block_q8_0 *b = (struct block_q8_0 *)row(c, i);
 			for (int k = 0; k < nb; k++) {
-				b[k].d = fp32_to_fp16((float)(rng_unif() * 0.1));
+				b[k].d = fp32_to_fp16((float)(kt_rng_unit() * 0.1));
 				for (int j = 0; j < QK8_0; j++)
 					b[k].qs[j] = k * QK8_0 + j < c->hd
-							     ? (int8_t)((int)(rng_u64() % 255) - 127)
-							     : 0;
+							? (int8_t)((int)(kt_rng_u64() % 255) - 127)
+							: 0;
 			}
 			continue;
 		}
@@ -179,20 +150,21 @@ static void test_reference_f16(void)
 			struct cache c;
 			cache_alloc(&c, n, hd, (size_t)hd * 2, 1 + mode % 4, mode % 4);
 			fill_f16(&c, mode);
-			float *q = xcalloc(sizeof(float) * (size_t)hd), *w = xcalloc(sizeof(float) * (size_t)n);
-			float *s = xcalloc(sizeof(float) * (size_t)(n + 1));
-			float *o = xcalloc(sizeof(float) * (size_t)(hd + 1));
+			float *q = kt_xcalloc(sizeof(float) * (size_t)hd);
+			float *w = kt_xcalloc(sizeof(float) * (size_t)n);
+			float *s = kt_xcalloc(sizeof(float) * (size_t)(n + 1));
+			float *o = kt_xcalloc(sizeof(float) * (size_t)(hd + 1));
 			for (int j = 0; j < hd; j++)
 				q[j] = rnd_q(mode);
 			for (int i = 0; i < n; i++)
-				w[i] = (float)rng_unif();
+				w[i] = (float)kt_rng_unit();
 			float scale = 1.0f / sqrtf((float)hd);
 			G->attn_score_f16(hd, n, q, c.rows, c.stride, scale, s);
 			G->attn_vsum_f16(hd, n, w, c.rows, c.stride, o);
 			for (int i = 0; i < n; i++) {
 				double e = 0, m = 0;
 				for (int j = 0; j < hd; j++) {
-					double kv = dec_f16(rd16(row(&c, i) + 2 * j));
+					double kv = dec_f16(kt_rd16(row(&c, i) + 2 * j));
 					e += (double)q[j] * kv;
 					m += fabs((double)q[j] * kv);
 				}
@@ -207,7 +179,7 @@ static void test_reference_f16(void)
 			for (int j = 0; j < hd; j++) {
 				double e = 0, m = 0;
 				for (int i = 0; i < n; i++) {
-					double kv = dec_f16(rd16(row(&c, i) + 2 * j));
+					double kv = dec_f16(kt_rd16(row(&c, i) + 2 * j));
 					e += (double)w[i] * kv;
 					m += fabs((double)w[i] * kv);
 				}
@@ -240,10 +212,11 @@ static void test_reference_q8_0(void)
 			fill_q8(&c, mode);
 			cache_alloc(&qc, 1, hd, rb, 1, 0);
 			fill_q8(&qc, mode == 5 ? 5 : 0);
-			float *w = xcalloc(sizeof(float) * (size_t)n), *s = xcalloc(sizeof(float) * (size_t)n);
-			float *o = xcalloc(sizeof(float) * (size_t)hd);
+			float *w = kt_xcalloc(sizeof(float) * (size_t)n);
+			float *s = kt_xcalloc(sizeof(float) * (size_t)n);
+			float *o = kt_xcalloc(sizeof(float) * (size_t)hd);
 			for (int i = 0; i < n; i++)
-				w[i] = (float)rng_unif();
+				w[i] = (float)kt_rng_unit();
 			float scale = 0.125f;
 			G->attn_score_q8_0(hd, n, qc.rows, c.rows, c.stride, scale, s);
 			G->attn_vsum_q8_0(hd, n, w, c.rows, c.stride, o);
@@ -305,15 +278,16 @@ static void test_variant_f16(void)
 			struct cache c;
 			cache_alloc(&c, n, hd, (size_t)hd * 2, 1 + (int)ri % 8, (int)ri % 8);
 			fill_f16(&c, mode);
-			float *q = xcalloc(sizeof(float) * (size_t)hd), *w = xcalloc(sizeof(float) * (size_t)n);
-			float *s0 = xcalloc(sizeof(float) * (size_t)(n + 1));
-			float *s1 = xcalloc(sizeof(float) * (size_t)(n + 1));
-			float *o0 = xcalloc(sizeof(float) * (size_t)(hd + 1));
-			float *o1 = xcalloc(sizeof(float) * (size_t)(hd + 1));
+			float *q = kt_xcalloc(sizeof(float) * (size_t)hd);
+			float *w = kt_xcalloc(sizeof(float) * (size_t)n);
+			float *s0 = kt_xcalloc(sizeof(float) * (size_t)(n + 1));
+			float *s1 = kt_xcalloc(sizeof(float) * (size_t)(n + 1));
+			float *o0 = kt_xcalloc(sizeof(float) * (size_t)(hd + 1));
+			float *o1 = kt_xcalloc(sizeof(float) * (size_t)(hd + 1));
 			for (int j = 0; j < hd; j++)
 				q[j] = rnd_q(mode);
 			for (int i = 0; i < n; i++)
-				w[i] = (float)rng_unif();
+				w[i] = (float)kt_rng_unit();
 			s1[n] = o1[hd] = 1234.5f; /* guards */
 			for (int j = 0; j < hd; j++)
 				o1[j] = NAN; /* overwritten, never read */
@@ -326,7 +300,7 @@ static void test_variant_f16(void)
 				double m = 0;
 				for (int j = 0; j < hd; j++)
 					m += fabs((double)q[j] *
-						  fp16_to_f32(rd16(row(&c, i) + 2 * j)));
+						  fp16_to_f32(kt_rd16(row(&c, i) + 2 * j)));
 				double tol = (hd + 8) * 0x1p-24 * scale * m + 1e-38;
 				if (!(fabs((double)s1[i] - s0[i]) <= tol) && bad++ < 5)
 					fprintf(stderr, "%s score_f16 hd %d n %d row %d: %.9g vs %.9g\n",
@@ -365,13 +339,13 @@ static void test_variant_q8_0(void)
 			fill_q8(&c, mode);
 			cache_alloc(&qc, 1, hd, rb, 1, 0);
 			fill_q8(&qc, mode == 5 ? 5 : (int)ri % 5);
-			float *w = xcalloc(sizeof(float) * (size_t)n);
-			float *s0 = xcalloc(sizeof(float) * (size_t)(n + 1));
-			float *s1 = xcalloc(sizeof(float) * (size_t)(n + 1));
-			float *o0 = xcalloc(sizeof(float) * (size_t)(hd + 1));
-			float *o1 = xcalloc(sizeof(float) * (size_t)(hd + 1));
+			float *w = kt_xcalloc(sizeof(float) * (size_t)n);
+			float *s0 = kt_xcalloc(sizeof(float) * (size_t)(n + 1));
+			float *s1 = kt_xcalloc(sizeof(float) * (size_t)(n + 1));
+			float *o0 = kt_xcalloc(sizeof(float) * (size_t)(hd + 1));
+			float *o1 = kt_xcalloc(sizeof(float) * (size_t)(hd + 1));
 			for (int i = 0; i < n; i++)
-				w[i] = (float)rng_unif();
+				w[i] = (float)kt_rng_unit();
 			s1[n] = o1[hd] = 1234.5f;
 			for (int j = 0; j < hd; j++)
 				o1[j] = NAN;
@@ -451,6 +425,7 @@ static void run_variant_test(void (*fn)(void), const char *test)
 
 int main(void)
 {
+	kt_rng_seed(0x6a09e667f3bcc909ull);
 	quant_init();
 	TEST_RUN(test_tables);
 	TEST_RUN(test_reference_f16);

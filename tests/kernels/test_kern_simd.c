@@ -20,6 +20,7 @@
 #include "engine/kernels/kern.h"
 #include "engine/quant.h"
 
+#include "tests/kernels/kern_test_util.h"
 #include "tests/test.h"
 
 #include <math.h>
@@ -28,29 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-
-static uint64_t rnd(void)
-{
-	uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
+/* Uniform in [-1, 1). */
 static float unif(void)
 {
-	return (float)((double)(rnd() >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-}
-
-static void *xmalloc(size_t n)
-{
-	void *p = calloc(1, n ? n : 1);
-	if (!p) {
-		fprintf(stderr, "test_kern_simd: out of memory\n");
-		exit(2);
-	}
-	return p;
+	return (float)(kt_rng_unit() * 2.0 - 1.0);
 }
 
 /* Fill x[n] in one of several shapes. */
@@ -76,13 +58,15 @@ static void fill(float *x, int64_t n, int mode, int64_t blck)
 			x[i] = (i / blck) % 2 ? unif() : 0.0f;
 		break;
 	case 4: /* one spike per block */
-		for (int64_t i = 0; i < n; i++)
-			x[i] = (i % blck) == (int64_t)(rnd() % (uint64_t)blck) ? 100.0f : unif() * 0.01f;
+		for (int64_t i = 0; i < n; i++) {
+			int64_t spike = (int64_t)(kt_rng_u64() % (uint64_t)blck);
+			x[i] = (i % blck) == spike ? 100.0f : unif() * 0.01f;
+		}
 		break;
 	default: /* per-block scales spread over 8 decades */
 		for (int64_t i = 0; i < n; i++) {
 			if (i % blck == 0)
-				scale = powf(10.0f, (float)(rnd() % 8) - 4.0f);
+				scale = powf(10.0f, (float)(kt_rng_u64() % 8) - 4.0f);
 			x[i] = unif() * scale;
 		}
 		break;
@@ -133,9 +117,9 @@ static void test_quant_act_exact(void)
 			for (int mode = 0; mode < 6; mode++)
 				for (size_t bi = 0; bi < CM_ARRAY_LEN(blocks_list); bi++) {
 					int64_t n = (int64_t)blocks_list[bi] * di->blck;
-					float *x = xmalloc((size_t)n * sizeof(float));
+					float *x = kt_xcalloc((size_t)n * sizeof(float));
 					size_t rs = kern_act_row_size(at, n);
-					uint8_t *r = xmalloc(rs), *q = xmalloc(rs);
+					uint8_t *r = kt_xcalloc(rs), *q = kt_xcalloc(rs);
 					fill(x, n, mode, 32);
 					G->quant_act[at](x, r, n);
 					v[vi]->quant_act[at](x, q, n);
@@ -160,8 +144,8 @@ static void check_x16(const struct kern_ops *k, uint32_t type, int64_t n, const 
 		      int nr, int nt, const float *dots, const double *bound)
 {
 	const int P = KERN_X16_ROWS;
-	uint8_t *panel = xmalloc(wrs * P), *back = xmalloc(wrs * P);
-	float *ref = xmalloc(sizeof(float) * P * nt), *got = xmalloc(sizeof(float) * P * nt);
+	uint8_t *panel = kt_xcalloc(wrs * P), *back = kt_xcalloc(wrs * P);
+	float *ref = kt_xcalloc(sizeof(float) * P * nt), *got = kt_xcalloc(sizeof(float) * P * nt);
 	float one[KERN_X16_ROWS];
 	kern_x16_pack(type, w, wrs, n, panel);
 	kern_x16_unpack(type, panel, n, back, wrs);
@@ -203,13 +187,15 @@ static void check_type(const struct kern_ops *k, uint32_t type, int64_t nblocks,
 	int64_t n = nblocks * di->blck;
 	const int nr = 19, nt = 11; /* odd, past one tile of rows, tokens */
 	size_t wrs = dtype_row_size(type, n), ars = kern_act_row_size(at, n);
-	float *wf = xmalloc((size_t)n * sizeof(float)), *af = xmalloc((size_t)n * sizeof(float));
-	float *wd = xmalloc((size_t)n * sizeof(float)), *ad = xmalloc((size_t)n * sizeof(float));
-	uint8_t *w = xmalloc(wrs * nr), *a = xmalloc(ars * nt);
+	float *wf = kt_xcalloc((size_t)n * sizeof(float));
+	float *af = kt_xcalloc((size_t)n * sizeof(float));
+	float *wd = kt_xcalloc((size_t)n * sizeof(float));
+	float *ad = kt_xcalloc((size_t)n * sizeof(float));
+	uint8_t *w = kt_xcalloc(wrs * nr), *a = kt_xcalloc(ars * nt);
 	size_t aux_len = kern_act_aux_len(at, n);
-	float *aux = xmalloc((aux_len ? aux_len : 1) * nt * sizeof(float));
-	float *s = xmalloc(sizeof(float) * nr * nt), *dots = xmalloc(sizeof(float) * nr * nt);
-	double *bound = xmalloc(sizeof(double) * nr * nt);
+	float *aux = kt_xcalloc((aux_len ? aux_len : 1) * nt * sizeof(float));
+	float *s = kt_xcalloc(sizeof(float) * nr * nt), *dots = kt_xcalloc(sizeof(float) * nr * nt);
+	double *bound = kt_xcalloc(sizeof(double) * nr * nt);
 
 	for (int r = 0; r < nr; r++) {
 		fill(wf, n, mode + r, di->blck);
@@ -293,7 +279,7 @@ static void check_type(const struct kern_ops *k, uint32_t type, int64_t nblocks,
 			CHECK_MSG(fabs((double)s[i] - (double)dots[i]) <= 2 * bound[i],
 				  "%s %s gemm n %lld mode %d [%d]: %.9g vs vec_dot %.9g", k->name,
 				  di->name, (long long)n, mode, i, s[i], dots[i]);
-		float *s2 = xmalloc(sizeof(float) * nr * nt);
+		float *s2 = kt_xcalloc(sizeof(float) * nr * nt);
 		for (int r0 = 0; r0 < nr; r0 += 5)
 			for (int t0 = 0; t0 < nt; t0 += 3) {
 				int rr = CM_MIN(5, nr - r0), tt = CM_MIN(3, nt - t0);
@@ -351,8 +337,9 @@ static void test_f32_helpers(void)
 	int nv = variants(v, 8);
 	for (int vi = 0; vi < nv; vi++)
 		for (int n = 1; n < 300; n += 7) {
-			float *x = xmalloc(sizeof(float) * n), *y = xmalloc(sizeof(float) * n);
-			float *y1 = xmalloc(sizeof(float) * n), *y2 = xmalloc(sizeof(float) * n);
+			float *x = kt_xcalloc(sizeof(float) * n), *y = kt_xcalloc(sizeof(float) * n);
+			float *y1 = kt_xcalloc(sizeof(float) * n);
+			float *y2 = kt_xcalloc(sizeof(float) * n);
 			fill(x, n, n, 32);
 			fill(y, n, n + 1, 32);
 			float ref = G->dot_f32(n, x, y), got = v[vi]->dot_f32(n, x, y);
@@ -381,7 +368,7 @@ static void test_read_stream(void)
 	if (!buf)
 		return;
 	for (size_t i = 0; i < n / 8; i++)
-		buf[i] = rnd();
+		buf[i] = kt_rng_u64();
 	uint64_t ref = kern_read_stream_generic(buf, n);
 	for (int vi = 0; vi < nv; vi++) {
 		CHECK(v[vi]->read_stream != NULL);
@@ -528,6 +515,7 @@ static void test_threads_bitwise(void)
 
 int main(void)
 {
+	kt_rng_seed(0x9e3779b97f4a7c15ull);
 	quant_init();
 	TEST_RUN(test_quant_act_exact);
 	TEST_RUN(test_vec_dot_all_types);

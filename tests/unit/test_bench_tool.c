@@ -20,7 +20,6 @@
 #include <jansson.h>
 #include <sched.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 static char build_dir[512], tmp[1024], model[1100];
@@ -34,25 +33,6 @@ static const char *bin(const char *name)
 	return b[k];
 }
 
-/* Run a shell command, capture stdout (malloc'ed), return exit status. */
-static int run(const char *cmd, char **ret_out)
-{
-	FILE *p = popen(cmd, "r");
-	if (!p)
-		return -1;
-	size_t cap = 1 << 16, n = 0, r;
-	char *buf = malloc(cap + 1);
-	while ((r = fread(buf + n, 1, cap - n, p)) > 0) {
-		n += r;
-		if (n == cap)
-			buf = realloc(buf, (cap *= 2) + 1);
-	}
-	buf[n] = '\0';
-	int st = pclose(p);
-	*ret_out = buf;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static bool setup(void)
 {
 	if (model[0])
@@ -64,7 +44,7 @@ static bool setup(void)
 	char cmd[16384], *out = NULL;
 	snprintf(cmd, sizeof(cmd), "mkdir -p '%s' && %s mkmodel --shape small -o '%s' 2>&1", tmp,
 	         bin("edgelm-gguf"), model);
-	int rc = run(cmd, &out);
+	int rc = test_run_capture(cmd, &out);
 	free(out);
 	if (rc != 0) {
 		model[0] = '\0';
@@ -90,7 +70,7 @@ static json_t *bench(const char *pre, const char *args, char **ret_err)
 	         "%s %s -m '%s' --repack off --bw-mib 16 --reps 1 --prompts 8 --contexts 0 -n 4 "
 	         "--json %s 2>'%s'",
 	         pre, bin("edgelm-bench"), model, args, errf);
-	int rc = run(cmd, &out);
+	int rc = test_run_capture(cmd, &out);
 	CHECK_MSG(rc == 0, "%s: exit %d", cmd, rc);
 	json_error_t je;
 	json_t *j = json_loads(out, 0, &je);
@@ -295,7 +275,7 @@ static const char *fake_box(const char *box, const char *thp)
 	static char env[8192];
 	char cmd[8192], *out = NULL;
 	snprintf(cmd, sizeof(cmd), "sh tests/data/tuning/mktree.sh %s '%s/%s' 2>&1", box, tmp, box);
-	int rc = run(cmd, &out);
+	int rc = test_run_capture(cmd, &out);
 	free(out);
 	CHECK_EQ_INT(rc, 0);
 	if (thp) {
@@ -381,7 +361,7 @@ static void test_table(void)
 	snprintf(cmd, sizeof(cmd),
 	         "%s -m '%s' --bw-mib 16 --reps 1 --prompts 8 --contexts 0 -n 4 --pin --prefault",
 	         bin("edgelm-bench"), model);
-	CHECK_EQ_INT(run(cmd, &out), 0);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
 	CHECK_MSG(strstr(out, "pin        applied") && strstr(out, "prefault   applied") &&
 	              strstr(out, "hugepages  off") && strstr(out, "mlock      off") &&
 	              strstr(out, "first token"),
@@ -390,10 +370,10 @@ static void test_table(void)
 	/* usage errors */
 	snprintf(cmd, sizeof(cmd), "%s -m '%s' --tuning maybe 2>/dev/null", bin("edgelm-bench"),
 	         model);
-	CHECK_EQ_INT(run(cmd, &out), 1);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
 	free(out);
 	snprintf(cmd, sizeof(cmd), "%s -m '%s' extra-arg 2>/dev/null", bin("edgelm-bench"), model);
-	CHECK_EQ_INT(run(cmd, &out), 1);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
 	free(out);
 }
 
@@ -403,7 +383,7 @@ static json_t *tokbench(const char *env, const char *m, const char *args)
 	char cmd[16384], *out = NULL;
 	snprintf(cmd, sizeof(cmd), "%s %s --tokenize -m '%s' --reps 1 --json %s", env,
 	         bin("edgelm-bench"), m, args);
-	int rc = run(cmd, &out);
+	int rc = test_run_capture(cmd, &out);
 	CHECK_MSG(rc == 0, "%s: exit %d", cmd, rc);
 	json_t *j = json_loads(out, 0, NULL);
 	CHECK_MSG(j != NULL, "%s: not JSON: %s", cmd, out);
@@ -481,7 +461,7 @@ static void test_tokenize(void)
 	char cmd[8192], *out = NULL;
 	snprintf(cmd, sizeof(cmd), "%s --tokenize -m '%s' /nonexistent.txt 2>/dev/null",
 	         bin("edgelm-bench"), v);
-	CHECK_EQ_INT(run(cmd, &out), 2);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 2);
 	free(out);
 }
 

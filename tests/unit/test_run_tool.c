@@ -11,7 +11,6 @@
 #include "tests/test.h"
 
 #include <jansson.h>
-#include <sys/wait.h>
 
 static const char *bin(void)
 {
@@ -19,25 +18,6 @@ static const char *bin(void)
 	const char *build = getenv("BUILD");
 	snprintf(b, sizeof(b), "%s/bin/edgelm-run", build && *build ? build : "build");
 	return b;
-}
-
-/* Run a shell command, capture stdout (malloc'ed), return exit status. */
-static int run(const char *cmd, char **ret_out)
-{
-	FILE *p = popen(cmd, "r");
-	if (!p)
-		return -1;
-	size_t cap = 1 << 16, n = 0, r;
-	char *buf = malloc(cap + 1);
-	while ((r = fread(buf + n, 1, cap - n, p)) > 0) {
-		n += r;
-		if (n == cap)
-			buf = realloc(buf, (cap *= 2) + 1);
-	}
-	buf[n] = '\0';
-	int st = pclose(p);
-	*ret_out = buf;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 /* Single-quote a string for the shell. */
@@ -86,7 +66,7 @@ static void reference_text(const char *opts)
 		size_t n_steps = json_array_size(json_object_get(item, "steps"));
 		snprintf(cmd, sizeof(cmd), "%s -m '%s' -p %s -n %zu --temp 0 -q %s", bin(), model, q,
 			 n_steps, opts);
-		CHECK_EQ_INT(run(cmd, &out), 0);
+		CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
 		const char *want = json_string_value(json_object_get(item, "text"));
 		size_t wl = strlen(want);
 		CHECK_MSG(strncmp(out, want, wl) == 0 && strcmp(out + wl, "\n") == 0,
@@ -112,7 +92,7 @@ static void test_reference_text_options(void)
 	char cmd[16384], *out = NULL;
 	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Once upon a time' -n 32 --temp 0 -q --kv-type q8_0",
 		 bin(), test_data_path("models/stories260K-f32.gguf"));
-	CHECK_EQ_INT(run(cmd, &out), 0);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
 	CHECK(out && strlen(out) > 32);
 	free(out);
 }
@@ -126,7 +106,7 @@ static void json_mode(const char *opts, double tol)
 	shq(q, sizeof(q), json_string_value(json_object_get(item, "prompt")));
 	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p %s -n 16 --temp 0 -q --json --top-logits 8 %s",
 		 bin(), test_data_path("models/stories260K-f32.gguf"), q, opts);
-	CHECK_EQ_INT(run(cmd, &out), 0);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
 	json_t *steps = json_object_get(item, "steps");
 	char *line = out, *save = NULL;
 	int k = 0;
@@ -172,7 +152,7 @@ static void test_tokenize_mode(void)
 			shq(q, sizeof(q), json_string_value(json_object_get(item, "prompt")));
 			snprintf(cmd, sizeof(cmd), "%s -m '%s' -p %s --tokenize", bin(),
 				 test_data_path(files[f]), q);
-			CHECK_EQ_INT(run(cmd, &out), 0);
+			CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
 			json_t *got = json_loads(out, 0, NULL);
 			CHECK_MSG(json_equal(got, json_object_get(item, "prompt_tokens")),
 				  "prompt %zu: %s", i, out);
@@ -185,7 +165,7 @@ static void test_tokenize_mode(void)
 	if (test_file_exists(v)) {
 		char cmd[16384], *out = NULL;
 		snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Hello world' --tokenize", bin(), v);
-		CHECK_EQ_INT(run(cmd, &out), 0);
+		CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
 		CHECK_STREQ(out, "[1, 15043, 3186]\n");
 		free(out);
 	}
@@ -195,22 +175,22 @@ static void test_usage_errors(void)
 {
 	char cmd[16384], *out = NULL;
 	snprintf(cmd, sizeof(cmd), "%s 2>/dev/null", bin());
-	CHECK_EQ_INT(run(cmd, &out), 1);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
 	free(out);
 	snprintf(cmd, sizeof(cmd), "%s -m x.gguf --temp abc 2>/dev/null", bin());
-	CHECK_EQ_INT(run(cmd, &out), 1);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
 	free(out);
 	snprintf(cmd, sizeof(cmd), "%s -m /nonexistent.gguf -p hi 2>/dev/null", bin());
-	CHECK_EQ_INT(run(cmd, &out), 2);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 2);
 	free(out);
 	snprintf(cmd, sizeof(cmd), "%s -m x.gguf -p hi --kv-type q4_0 2>/dev/null", bin());
-	CHECK_EQ_INT(run(cmd, &out), 1);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
 	free(out);
 	snprintf(cmd, sizeof(cmd), "%s -m x.gguf -p hi --batch 0 2>/dev/null", bin());
-	CHECK_EQ_INT(run(cmd, &out), 1);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
 	free(out);
 	snprintf(cmd, sizeof(cmd), "%s --help", bin());
-	CHECK_EQ_INT(run(cmd, &out), 0);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
 	CHECK(strstr(out, "usage: edgelm-run") != NULL);
 	free(out);
 }

@@ -1,0 +1,46 @@
+/* engine/kernels/kern_tiles.h: the token-tiling loop of the tile kernels.
+ *
+ * KERN_TILES(nt, TOKENS, CALL, ARG) covers tokens [0, nt): CALL(ARG, t, NT)
+ * for each full tile of TOKENS tokens starting at token t (NT = TOKENS),
+ * then once for the nt % TOKENS tokens left, if any, with NT that remainder
+ * as a literal. The panel functions take NT as a compile-time constant
+ * (always_inline, their per-token arrays and loops fully unrolled), so the
+ * runtime remainder has to become one: that is the switch, one case per
+ * remainder. TOKENS must be a literal 4 or 8 (or a macro for one), as it
+ * picks the case list by name. ARG is passed through to CALL unchanged,
+ * for callers that are macros themselves and cannot define a CALL around
+ * their variable part (kern_avx512.c: X16K_GEMM).
+ *
+ * Only this macro lives here: ISA files share no inline functions through
+ * headers (docs/style.md, "ISA dispatch"), but a macro expands into each
+ * file's own code with that file's target flags. */
+#ifndef EDGELM_KERN_TILES_H
+#define EDGELM_KERN_TILES_H
+
+#define KERN_TILES(nt, TOKENS, CALL, ARG)                                 \
+	do {                                                              \
+		int kern_t0_ = 0;                                         \
+		for (; kern_t0_ + (TOKENS) <= (nt); kern_t0_ += (TOKENS)) \
+			CALL(ARG, kern_t0_, TOKENS);                      \
+		switch ((nt) - kern_t0_) {                                \
+			KERN_TILES_TAIL_(TOKENS, CALL, ARG, kern_t0_)     \
+		default:                                                  \
+			break;                                            \
+		}                                                         \
+	} while (0)
+
+/* The remainder cases, by TOKENS. KERN_TILES has expanded a TOKENS macro
+ * (X16_TOKENS) to its literal by the time it is pasted here. */
+#define KERN_TILES_TAIL_(TOKENS, CALL, ARG, t) KERN_TILES_TAIL_##TOKENS(CALL, ARG, t)
+#define KERN_TILES_TAIL_4(CALL, ARG, t)                                   \
+	case 1: CALL(ARG, t, 1); break;                                   \
+	case 2: CALL(ARG, t, 2); break;                                   \
+	case 3: CALL(ARG, t, 3); break;
+#define KERN_TILES_TAIL_8(CALL, ARG, t)                                   \
+	KERN_TILES_TAIL_4(CALL, ARG, t)                                   \
+	case 4: CALL(ARG, t, 4); break;                                   \
+	case 5: CALL(ARG, t, 5); break;                                   \
+	case 6: CALL(ARG, t, 6); break;                                   \
+	case 7: CALL(ARG, t, 7); break;
+
+#endif
