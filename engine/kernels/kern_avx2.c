@@ -18,12 +18,17 @@
  *   same d, same 1/d, same product, and roundf() (half away from zero)
  *   rebuilt from truncation instead of the vector round-to-nearest-even.
  * - dot_f32 accumulates in double like the reference; axpy_f32 multiplies
- *   then adds (no FMA), so it is bit-identical to the reference. */
+ *   then adds (no FMA), so it is bit-identical to the reference.
+ * - Q4_0 and Q8_0 weights repacked at load (the x16 layout, kern.h) run
+ *   gemm_x16 below: bit-identical to kern_gemm_x16_ref, like the VNNI
+ *   variants, so boxes without VNNI get the layout too. */
 #include "engine/kernels/kern.h"
+#include "engine/kernels/kern_tiles.h"
 
 #include "engine/quant.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 /* ---- small helpers (file-local: ISA files share none) -------------------- */
 
@@ -550,6 +555,158 @@ static void attn_vsum_q8_0(int hd, int n, const float *w, const void *v, size_t 
 		o[j0 + j] = tail[j - 8 * g8];
 }
 
+/* ---- the x16 repacked layout (kern.h), without VNNI -----------------------
+ * kern_avxvnni.c's panel walk (rows 0-7 in the first 32 bytes of each
+ * 64-byte vector, rows 8-15 in the second) with vpdpbusd built from
+ * vpmaddubsw and vpmaddwd:
+ * - Q4_0 codes (0..15) times int8 activations: pair sums within
+ *   2 x 15 x 128, no saturation; the code offset 8 comes off in float from
+ *   the activation's block sum (aux), as in the reference;
+ * - Q8_0 codes, stored as q + 128, are turned back into q (one xor) and go
+ *   through the sign trick of dot_i8 (pair sums within 2 x 128 x 127: our
+ *   quantizer keeps activations in [-127, 127]), which gives the signed sum
+ *   itself: its offset is 0. float(signed sum) is the exact value the
+ *   reference's float(unsigned sum) - 128 sum(a) has (integers < 2^24).
+ * Per (row, token) the integer sums are exact and the float steps are the
+ * reference's, so the results equal kern_gemm_x16_ref bit for bit whatever
+ * the token count. One token walks both halves of a panel at once (the
+ * memory streams while the compute runs); more walk each half in turn for
+ * up to 4 tokens. */
+#define X16A_TOKENS 4
+#define X16A_PREFETCH 2048
+
+static inline int32_t ld32(const void *p)
+{
+	int32_t v;
+	memcpy(&v, p, 4);
+	return v;
+}
+
+/* int32 lanes += sum of 4 products (codes c, activation bytes broadcast) */
+static inline __attribute__((always_inline)) __m256i x16_dot(bool q4, __m256i acc, __m256i c,
+							     __m256i a)
+{
+	if (q4)
+		return _mm256_add_epi32(
+			acc, _mm256_madd_epi16(_mm256_maddubs_epi16(c, a), _mm256_set1_epi16(1)));
+	return _mm256_add_epi32(acc, dot_i8(_mm256_xor_si256(c, _mm256_set1_epi8((char)0x80)), a));
+}
+
+/* 8 rows (half h of the panel) x one block: the exact integer sums */
+static inline __attribute__((always_inline)) __m256i x16_isum(bool q4, const uint8_t *pb, int h,
+							      const int8_t *q)
+{
+	__m256i s0 = _mm256_setzero_si256(), s1 = s0;
+	if (q4) {
+		const __m256i low = _mm256_set1_epi8(0x0f);
+		_Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+			__m256i v = _mm256_loadu_si256((const __m256i *)(pb + 64 * j + 32 * h));
+			s0 = x16_dot(true, s0, _mm256_and_si256(v, low),
+				     _mm256_set1_epi32(ld32(q + 4 * j)));
+			s1 = x16_dot(true, s1, _mm256_and_si256(_mm256_srli_epi16(v, 4), low),
+				     _mm256_set1_epi32(ld32(q + 16 + 4 * j)));
+		}
+	} else {
+		_Pragma("GCC unroll 4") for (int g = 0; g < 8; g += 2) {
+			s0 = x16_dot(false, s0,
+				     _mm256_loadu_si256((const __m256i *)(pb + 64 * g + 32 * h)),
+				     _mm256_set1_epi32(ld32(q + 4 * g)));
+			s1 = x16_dot(false, s1,
+				     _mm256_loadu_si256((const __m256i *)(pb + 64 * (g + 1) + 32 * h)),
+				     _mm256_set1_epi32(ld32(q + 4 * g + 4)));
+		}
+	}
+	return _mm256_add_epi32(s0, s1);
+}
+
+/* acc += (isum - off sum(a)) * (d_w * d_a): the reference's float steps */
+static inline __attribute__((always_inline)) __m256 x16_step(bool q4, __m256 acc, __m256i isum,
+							     const uint8_t *scales, int64_t b,
+							     int h, const float *x)
+{
+	__m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 32 * b + 16 * h)));
+	__m256 f = _mm256_fnmadd_ps(_mm256_set1_ps(q4 ? 8.0f : 0.0f), _mm256_set1_ps(x[1]),
+				    _mm256_cvtepi32_ps(isum));
+	return _mm256_fmadd_ps(f, _mm256_mul_ps(dw, _mm256_set1_ps(x[0])), acc);
+}
+
+static inline __attribute__((always_inline)) void
+x16a_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const float *aux, float *s)
+{
+	const size_t cb = q4 ? 256 : 512;
+	const uint8_t *scales = panel + (size_t)nb * cb;
+	__m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pb = panel + (size_t)b * cb;
+		for (size_t l = 0; l < cb; l += 64)
+			_mm_prefetch((const char *)pb + X16A_PREFETCH + l, _MM_HINT_T0);
+		/* the next panel's scales, a panel ahead */
+		_mm_prefetch((const char *)scales + (size_t)nb * (cb + 32) + 32 * b, _MM_HINT_T0);
+		const int8_t *q = ((const struct block_q8_0 *)a)[b].qs;
+		acc0 = x16_step(q4, acc0, x16_isum(q4, pb, 0, q), scales, b, 0, aux + 2 * b);
+		acc1 = x16_step(q4, acc1, x16_isum(q4, pb, 1, q), scales, b, 1, aux + 2 * b);
+	}
+	_mm256_storeu_ps(s, acc0);
+	_mm256_storeu_ps(s + 8, acc1);
+}
+
+static inline __attribute__((always_inline)) void
+x16a_half(bool q4, int64_t nb, int NT, const uint8_t *panel, int h, const uint8_t *a,
+	  size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride)
+{
+	const size_t cb = q4 ? 256 : 512;
+	const uint8_t *scales = panel + (size_t)nb * cb;
+	__m256 acc[X16A_TOKENS];
+	_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pb = panel + (size_t)b * cb;
+		_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) {
+			const int8_t *q = ((const struct block_q8_0 *)(a + (size_t)t * a_stride))[b].qs;
+			acc[t] = x16_step(q4, acc[t], x16_isum(q4, pb, h, q), scales, b, h,
+					  aux + (size_t)t * aux_stride + 2 * b);
+		}
+	}
+	_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
+		_mm256_storeu_ps(s + (size_t)t * s_stride + 8 * h, acc[t]);
+}
+
+static inline __attribute__((always_inline)) void
+x16a_gemm(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, const void *va,
+	  size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride)
+{
+	const uint8_t *w = vw, *a = va;
+	int64_t nb = n / 32;
+	for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {
+		const uint8_t *panel = w + (size_t)r0 * w_stride;
+		if (nt == 1) {
+			x16a_one(q4, nb, panel, a, aux, s + r0);
+			continue;
+		}
+#define X16A_TILE(q4, t, NT)                                                               \
+	for (int h = 0; h < 2; h++)                                                        \
+		x16a_half(q4, nb, NT, panel, h, a + (size_t)(t) * a_stride, a_stride,      \
+			  aux + (size_t)(t) * aux_stride, aux_stride,                      \
+			  s + (size_t)(t) * s_stride + r0, s_stride)
+		KERN_TILES(nt, X16A_TOKENS, X16A_TILE, q4);
+#undef X16A_TILE
+	}
+}
+
+static void gemm_x16_q4_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
+			  const void *a, size_t a_stride, const float *aux, size_t aux_stride,
+			  float *s, size_t s_stride)
+{
+	x16a_gemm(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+}
+
+static void gemm_x16_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
+			  const void *a, size_t a_stride, const float *aux, size_t aux_stride,
+			  float *s, size_t s_stride)
+{
+	x16a_gemm(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+}
+
 const struct kern_ops kern_avx2_ops = {
 	.name = "avx2",
 	.t = {
@@ -557,9 +714,9 @@ const struct kern_ops kern_avx2_ops = {
 		[ENGINE_DTYPE_F16] = { .act_type = ENGINE_DTYPE_F32, .vec_dot = vec_dot_f16 },
 		[ENGINE_DTYPE_BF16] = { .act_type = ENGINE_DTYPE_F32, .vec_dot = vec_dot_bf16 },
 		[ENGINE_DTYPE_Q8_0] = { .act_type = ENGINE_DTYPE_Q8_0,
-					.vec_dot = vec_dot_q8_0_q8_0 },
+					.vec_dot = vec_dot_q8_0_q8_0, .gemm_x16 = gemm_x16_q8_0 },
 		[ENGINE_DTYPE_Q4_0] = { .act_type = ENGINE_DTYPE_Q8_0,
-					.vec_dot = vec_dot_q4_0_q8_0 },
+					.vec_dot = vec_dot_q4_0_q8_0, .gemm_x16 = gemm_x16_q4_0 },
 		[ENGINE_DTYPE_Q4_K] = { .act_type = ENGINE_DTYPE_Q8_K,
 					.vec_dot = vec_dot_q4_K_q8_K },
 		[ENGINE_DTYPE_Q6_K] = { .act_type = ENGINE_DTYPE_Q8_K,
