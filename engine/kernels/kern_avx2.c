@@ -693,6 +693,239 @@ x16a_gemm(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, c
 	}
 }
 
+/* ---- x16 K-quants (Q4_K, Q6_K; Q8_K activations), without VNNI ----------
+ * kern_avx512.c's x16_q4_K_panel and x16_q6_K_panel on ymm, half a panel
+ * (8 rows) at a time inside each super-block, so the panel still streams
+ * once: the same exact sub-block sums (codes 0..15 or 0..63 times int8
+ * activations through vpmaddubsw, within int16 for any activation byte),
+ * scales, mins and offsets, and the reference's float expression per
+ * super-block: bit-identical to kern_generic's vec_dot. */
+#define X16K_PREFETCH 4096
+
+static inline __attribute__((always_inline)) __m256i dot_u8i8(__m256i acc, __m256i c,
+							      const int8_t *a4)
+{
+	return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(
+							       c, _mm256_set1_epi32(ld32(a4))),
+						       _mm256_set1_epi16(1)));
+}
+
+/* int32 lanes += (int16 pair in each lane) . (the int16 pair at p) */
+static inline __attribute__((always_inline)) __m256i madd_pair(__m256i acc, __m256i pairs,
+							       const int16_t *p)
+{
+	return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi32(ld32(p))));
+}
+
+static inline const int16_t *bsums_of(const struct block_q8_K *ab)
+{
+	return (const int16_t *)(const void *)((const uint8_t *)ab +
+					       offsetof(struct block_q8_K, bsums));
+}
+
+static inline float d_of(const struct block_q8_K *ab)
+{
+	float d;
+	memcpy(&d, &ab->d, sizeof(d));
+	return d;
+}
+
+static inline __attribute__((always_inline)) void
+x16a_q4_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride, float *s,
+	  size_t s_stride)
+{
+	const uint8_t *meta = panel + (size_t)nb * 2048;
+	const __m256i low = _mm256_set1_epi8(0x0f);
+	const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m48 = _mm_set1_epi8(0x30);
+	for (int t = 0; t < NT; t++) {
+		_mm256_storeu_ps(s + (size_t)t * s_stride, _mm256_setzero_ps());
+		_mm256_storeu_ps(s + (size_t)t * s_stride + 8, _mm256_setzero_ps());
+	}
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pc = panel + (size_t)b * 2048, *pm = meta + (size_t)b * 256;
+		for (size_t l = 0; l < 2048; l += 64)
+			_mm_prefetch((const char *)pc + X16K_PREFETCH + l, _MM_HINT_T0);
+		for (size_t l = 0; l < 256; l += 64)
+			_mm_prefetch((const char *)pm + (size_t)nb * (2048 + 256) + l, _MM_HINT_T0);
+		for (int hv = 0; hv < 2; hv++) {
+			/* 6-bit scales and mins of the 8 sub-blocks, rows 8hv.. */
+			__m128i q[12];
+			for (int k = 0; k < 12; k++)
+				q[k] = _mm_loadl_epi64((const __m128i *)(pm + 64 + 16 * k + 8 * hv));
+			__m256i sc[8], mp[8];
+			for (int j = 0; j < 8; j++) {
+				__m128i sj, mj;
+				if (j < 4) {
+					sj = _mm_and_si128(q[j], m63);
+					mj = _mm_and_si128(q[j + 4], m63);
+				} else {
+					sj = _mm_or_si128(_mm_and_si128(q[j + 4], m15),
+							  _mm_and_si128(_mm_srli_epi16(q[j - 4], 2), m48));
+					mj = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(q[j + 4], 4), m15),
+							  _mm_and_si128(_mm_srli_epi16(q[j], 2), m48));
+				}
+				sc[j] = _mm256_cvtepu8_epi32(sj);
+				__m256i m32 = _mm256_cvtepu8_epi32(mj);
+				mp[j] = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));
+			}
+			__m256i sumi[X16A_TOKENS];
+			_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
+				sumi[t] = _mm256_setzero_si256();
+			for (int jj = 0; jj < 4; jj++) {
+				__m256i i0[X16A_TOKENS], i1[X16A_TOKENS];
+				_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
+					i0[t] = i1[t] = _mm256_setzero_si256();
+				_Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+					__m256i v = _mm256_loadu_si256(
+						(const __m256i *)(pc + jj * 512 + i * 64 + 32 * hv));
+					__m256i lo = _mm256_and_si256(v, low);
+					__m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+					_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) {
+						const int8_t *aq =
+							((const struct block_q8_K *)(a + (size_t)t * a_stride))[b]
+								.qs +
+							64 * jj;
+						i0[t] = dot_u8i8(i0[t], lo, aq + 4 * i);
+						i1[t] = dot_u8i8(i1[t], hi, aq + 32 + 4 * i);
+					}
+				}
+				_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
+					sumi[t] = _mm256_add_epi32(
+						sumi[t],
+						_mm256_add_epi32(_mm256_mullo_epi32(i0[t], sc[2 * jj]),
+								 _mm256_mullo_epi32(i1[t], sc[2 * jj + 1])));
+			}
+			__m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pm + 16 * hv)));
+			__m256 dmv = _mm256_cvtph_ps(
+				_mm_loadu_si128((const __m128i *)(pm + 32 + 16 * hv)));
+			_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) {
+				const struct block_q8_K *ab =
+					(const struct block_q8_K *)(a + (size_t)t * a_stride) + b;
+				__m256i msum = _mm256_setzero_si256();
+				for (int j = 0; j < 8; j++)
+					msum = madd_pair(msum, mp[j], bsums_of(ab) + 2 * j);
+				__m256 da = _mm256_set1_ps(d_of(ab));
+				/* da * d * isum - da * dmin * msum, the reference's order */
+				__m256 t1 = _mm256_mul_ps(_mm256_mul_ps(da, dv), _mm256_cvtepi32_ps(sumi[t]));
+				__m256 t2 = _mm256_mul_ps(_mm256_mul_ps(da, dmv), _mm256_cvtepi32_ps(msum));
+				float *o = s + (size_t)t * s_stride + 8 * hv;
+				_mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_sub_ps(t1, t2)));
+			}
+		}
+	}
+}
+
+static inline __attribute__((always_inline)) void
+x16a_q6_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride, float *s,
+	  size_t s_stride)
+{
+	const uint8_t *meta = panel + (size_t)nb * 3072;
+	const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(0x30);
+	for (int t = 0; t < NT; t++) {
+		_mm256_storeu_ps(s + (size_t)t * s_stride, _mm256_setzero_ps());
+		_mm256_storeu_ps(s + (size_t)t * s_stride + 8, _mm256_setzero_ps());
+	}
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pc = panel + (size_t)b * 3072, *pm = meta + (size_t)b * 288;
+		for (size_t l = 0; l < 3072; l += 64)
+			_mm_prefetch((const char *)pc + X16K_PREFETCH + l, _MM_HINT_T0);
+		for (size_t l = 0; l < 288; l += 64)
+			_mm_prefetch((const char *)pm + (size_t)nb * (3072 + 288) + l, _MM_HINT_T0);
+		for (int hv = 0; hv < 2; hv++) {
+			/* int8 scales of the 16 sub-blocks as (sc 2p, sc 2p+1)
+			 * int16 pairs, rows 8hv.., for the offset term */
+			__m256i sp[8];
+			for (int p = 0; p < 8; p++) {
+				__m256i s0 = _mm256_cvtepi8_epi32(
+					_mm_loadl_epi64((const __m128i *)(pm + 32 * p + 8 * hv)));
+				__m256i s1 = _mm256_cvtepi8_epi32(
+					_mm_loadl_epi64((const __m128i *)(pm + 32 * p + 16 + 8 * hv)));
+				sp[p] = _mm256_or_si256(_mm256_and_si256(s0, _mm256_set1_epi32(0xffff)),
+							_mm256_slli_epi32(s1, 16));
+			}
+			__m256i sumi[X16A_TOKENS];
+			_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
+				sumi[t] = _mm256_setzero_si256();
+			for (int h = 0; h < 2; h++)
+				for (int i0 = 0; i0 < 8; i0 += 4)
+					for (int tt = 0; tt < 4; tt++) {
+						/* sub-block 8h + i0/4 + 2tt: codes of
+						 * elements 128h + 32tt + 4i, i = i0..i0+3 */
+						__m256i is[X16A_TOKENS];
+						_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
+							is[t] = _mm256_setzero_si256();
+						_Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+							const uint8_t *ph =
+								pc + h * 1536 + (i0 + i) * 64 + 32 * hv;
+							__m256i L = _mm256_loadu_si256(
+								(const __m256i *)(ph + (tt & 1) * 512));
+							__m256i H = _mm256_loadu_si256(
+								(const __m256i *)(ph + 1024));
+							if (tt >= 2)
+								L = _mm256_srli_epi16(L, 4);
+							H = tt == 0   ? _mm256_slli_epi16(H, 4)
+							    : tt == 1 ? _mm256_slli_epi16(H, 2)
+							    : tt == 2 ? H
+								      : _mm256_srli_epi16(H, 2);
+							__m256i c = _mm256_or_si256(
+								_mm256_and_si256(L, low),
+								_mm256_and_si256(H, two));
+							_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) {
+								const int8_t *aq =
+									((const struct block_q8_K *)(a + (size_t)t *
+														 a_stride))[b]
+										.qs +
+									128 * h;
+								is[t] = dot_u8i8(is[t], c,
+										 aq + 32 * tt + 4 * (i0 + i));
+							}
+						}
+						int j = 8 * h + i0 / 4 + 2 * tt;
+						__m256i scj = _mm256_cvtepi8_epi32(
+							_mm_loadl_epi64((const __m128i *)(pm + 16 * j + 8 * hv)));
+						_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
+							sumi[t] = _mm256_add_epi32(sumi[t],
+										   _mm256_mullo_epi32(is[t], scj));
+					}
+			__m256 dv = _mm256_cvtph_ps(
+				_mm_loadu_si128((const __m128i *)(pm + 256 + 16 * hv)));
+			_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) {
+				const struct block_q8_K *ab =
+					(const struct block_q8_K *)(a + (size_t)t * a_stride) + b;
+				__m256i off = _mm256_setzero_si256();
+				for (int p = 0; p < 8; p++)
+					off = madd_pair(off, sp[p], bsums_of(ab) + 2 * p);
+				__m256i isum = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(off, 5));
+				/* (da * d) * isum, the reference's order */
+				__m256 f = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d_of(ab)), dv),
+							 _mm256_cvtepi32_ps(isum));
+				float *o = s + (size_t)t * s_stride + 8 * hv;
+				_mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), f));
+			}
+		}
+	}
+}
+
+#define X16A_K_GEMM(name, panel_fn)                                                         \
+	static void name(int64_t n, int nr, int nt, const void *vw, size_t w_stride,        \
+			 const void *va, size_t a_stride, const float *aux, size_t aux_stride, \
+			 float *s, size_t s_stride)                                         \
+	{                                                                                   \
+		const uint8_t *w = vw, *a = va;                                             \
+		(void)aux, (void)aux_stride;                                                \
+		for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {           \
+			const uint8_t *panel = w + (size_t)r0 * w_stride;                   \
+			KERN_TILES(nt, X16A_TOKENS, X16A_K_TILE, panel_fn);                 \
+		}                                                                           \
+	}
+#define X16A_K_TILE(fn, t, NT)                                                              \
+	fn(n / QK_K, NT, panel, a + (size_t)(t) * a_stride, a_stride,                       \
+	   s + (size_t)(t) * s_stride + r0, s_stride)
+X16A_K_GEMM(gemm_x16_q4_K, x16a_q4_K)
+X16A_K_GEMM(gemm_x16_q6_K, x16a_q6_K)
+#undef X16A_K_GEMM
+#undef X16A_K_TILE
+
 static void gemm_x16_q4_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
 			  const void *a, size_t a_stride, const float *aux, size_t aux_stride,
 			  float *s, size_t s_stride)
@@ -718,9 +951,9 @@ const struct kern_ops kern_avx2_ops = {
 		[ENGINE_DTYPE_Q4_0] = { .act_type = ENGINE_DTYPE_Q8_0,
 					.vec_dot = vec_dot_q4_0_q8_0, .gemm_x16 = gemm_x16_q4_0 },
 		[ENGINE_DTYPE_Q4_K] = { .act_type = ENGINE_DTYPE_Q8_K,
-					.vec_dot = vec_dot_q4_K_q8_K },
+					.vec_dot = vec_dot_q4_K_q8_K, .gemm_x16 = gemm_x16_q4_K },
 		[ENGINE_DTYPE_Q6_K] = { .act_type = ENGINE_DTYPE_Q8_K,
-					.vec_dot = vec_dot_q6_K_q8_K },
+					.vec_dot = vec_dot_q6_K_q8_K, .gemm_x16 = gemm_x16_q6_K },
 	},
 	.quant_act = {
 		[ENGINE_DTYPE_Q8_0] = quant_q8_0,

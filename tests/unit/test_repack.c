@@ -3,8 +3,9 @@
  *
  * On a CPU whose best kernel variant reads the layout, a synthetic Q4_0,
  * Q8_0 and Q4_K_M model loads with repack on and off: on, the tensors are reported
- * repacked; the logits agree with the file layout's (the same integer block
- * dots; only the few native tail rows take another float order); greedy
+ * repacked; the logits agree with the file layout's (to rounding where
+ * both follow the reference's float order, to 2e-2 where the file layout
+ * runs a vec_dot with its own order: see check_type); greedy
  * generation is the same; the model file on disk is not modified; a batch
  * and token-by-token processing agree. Off, nothing is repacked.
  *
@@ -13,6 +14,7 @@
  * kernel has the advice (smaps VmFlags "hg"), and a second copy
  * (engine_model_relocate, the hugepages knob) is refused. */
 #include "engine/engine.h"
+#include "engine/kernels/kern.h"
 #include "tests/test.h"
 
 #include <math.h>
@@ -134,9 +136,20 @@ static void check_type(const char *type)
 		if (fabs(l_off[i]) > scale)
 			scale = fabs(l_off[i]);
 	}
-	fprintf(stderr, "%s: %u tensors repacked (%.1f KiB), logits max relative diff %.3g\n",
-		type, on.n_x16_tensors, (double)on.x16_bytes / 1024, worst / scale);
-	CHECK_MSG(worst / scale <= 1e-5, "%s: repacked logits differ by %g relative", type,
+	/* The x16 kernels follow the reference's float sequence; so does the
+	 * file layout's tile kernel where the variant has one (avx512vnni),
+	 * and the K-quants' vec_dot everywhere: then the two layouts agree to
+	 * rounding. A variant that runs the file's Q4_0/Q8_0 through vec_dot
+	 * (avx2, avxvnni: lanes summed at the end) differs from it by its
+	 * float order, which a random 4-layer model amplifies to ~6e-3. */
+	const struct kern_ops *ko = kern_select(NULL, getenv("EDGELM_ISA"));
+	bool same_order = ko && (strcmp(type, "Q4_K_M") == 0 ||
+				 (ko->t[ENGINE_DTYPE_Q4_0].gemm && ko->t[ENGINE_DTYPE_Q8_0].gemm));
+	double bound = same_order ? 1e-5 : 2e-2;
+	fprintf(stderr, "%s: %u tensors repacked (%.1f KiB), logits max relative diff %.3g "
+		"(bound %g)\n", type, on.n_x16_tensors, (double)on.x16_bytes / 1024, worst / scale,
+		bound);
+	CHECK_MSG(worst / scale <= bound, "%s: repacked logits differ by %g relative", type,
 		  worst / scale);
 	CHECK_MSG(memcmp(g_on, g_off, sizeof(g_on)) == 0, "%s: greedy tokens differ", type);
 	CHECK_MSG(file_hash(path) == h0, "%s: the model file changed on disk", type);
