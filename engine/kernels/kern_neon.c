@@ -455,6 +455,226 @@ static DOTPROD void gemm_x16_q8_0_dp(int64_t n, int nr, int nt, const void *w, s
 	x16_gemm_dp(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
 }
 
+/* ---- dotprod: x16 K-quants (Q4_K, Q6_K; Q8_K activations) ----------------
+ * kern_avx512.c's x16_q4_K_panel and x16_q6_K_panel on 4-row quarters of
+ * each super-block (the panel streams once): codes 0..15 or 0..63 are
+ * non-negative int8, so sdot gives the exact sub-block sums; the scales,
+ * the Q4_K mins against the activation's 16-element sums and the Q6_K
+ * code offset 32 stay exact in int32; then the reference's float
+ * expression per super-block (-std=c11 keeps GCC from contracting it into
+ * fused operations): bit-identical to kern_generic's vec_dot. */
+static inline const int16_t *q8k_bsums(const struct block_q8_K *ab)
+{
+	return (const int16_t *)(const void *)((const uint8_t *)ab +
+					       offsetof(struct block_q8_K, bsums));
+}
+
+static inline float q8k_d(const struct block_q8_K *ab)
+{
+	float d;
+	memcpy(&d, &ab->d, sizeof(d));
+	return d;
+}
+
+/* lanes 4qr..4qr+3 of 16 bytes, widened to int32 */
+static inline int32x4_t quarter_u8(uint8x16_t v, int qr)
+{
+	uint16x8_t w = qr < 2 ? vmovl_u8(vget_low_u8(v)) : vmovl_u8(vget_high_u8(v));
+	return vreinterpretq_s32_u32((qr & 1) ? vmovl_u16(vget_high_u16(w))
+					      : vmovl_u16(vget_low_u16(w)));
+}
+
+static inline int32x4_t quarter_s8(const int8_t *p)
+{
+	int8x8_t v = vcreate_s8(0);
+	int32_t x;
+	memcpy(&x, p, 4);
+	v = vreinterpret_s8_s32(vset_lane_s32(x, vreinterpret_s32_s8(v), 0));
+	return vmovl_s16(vget_low_s16(vmovl_s8(v)));
+}
+
+static inline float32x4_t quarter_f16(const uint8_t *p)
+{
+	uint16_t h[4];
+	memcpy(h, p, sizeof(h));
+	float32x4_t f = {half(h[0]), half(h[1]), half(h[2]), half(h[3])};
+	return f;
+}
+
+static inline __attribute__((always_inline)) DOTPROD void
+x16_q4_K_dp(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride, float *s,
+	    size_t s_stride)
+{
+	const uint8_t *meta = panel + (size_t)nb * 2048;
+	for (int t = 0; t < NT; t++)
+		for (int r = 0; r < KERN_X16_ROWS; r += 4)
+			vst1q_f32(s + (size_t)t * s_stride + r, vdupq_n_f32(0));
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pc = panel + (size_t)b * 2048, *pm = meta + (size_t)b * 256;
+		/* 6-bit scales and mins of the 8 sub-blocks, 16 rows each */
+		uint8x16_t q[12], scb[8], mnb[8];
+		for (int k = 0; k < 12; k++)
+			q[k] = vld1q_u8(pm + 64 + 16 * k);
+		for (int j = 0; j < 8; j++) {
+			if (j < 4) {
+				scb[j] = vandq_u8(q[j], vdupq_n_u8(63));
+				mnb[j] = vandq_u8(q[j + 4], vdupq_n_u8(63));
+			} else {
+				scb[j] = vorrq_u8(vandq_u8(q[j + 4], vdupq_n_u8(15)),
+						  vshlq_n_u8(vshrq_n_u8(q[j - 4], 6), 4));
+				mnb[j] = vorrq_u8(vshrq_n_u8(q[j + 4], 4),
+						  vshlq_n_u8(vshrq_n_u8(q[j], 6), 4));
+			}
+		}
+		for (int qr = 0; qr < 4; qr++) {
+			int32x4_t sumi[X16N_TOKENS], msum[X16N_TOKENS];
+			for (int t = 0; t < NT; t++)
+				sumi[t] = msum[t] = vdupq_n_s32(0);
+			for (int jj = 0; jj < 4; jj++) {
+				int8x16_t lo[8], hi[8];
+				for (int i = 0; i < 8; i++) {
+					uint8x16_t v = vld1q_u8(pc + jj * 512 + i * 64 + 16 * qr);
+					lo[i] = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f)));
+					hi[i] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+				}
+				int32x4_t s0 = quarter_u8(scb[2 * jj], qr), s1 = quarter_u8(scb[2 * jj + 1], qr);
+				for (int t = 0; t < NT; t++) {
+					const int8_t *aq =
+						((const struct block_q8_K *)(a + (size_t)t * a_stride))[b].qs +
+						64 * jj;
+					int8x16_t a0 = vld1q_s8(aq), a1 = vld1q_s8(aq + 16);
+					int8x16_t a2 = vld1q_s8(aq + 32), a3 = vld1q_s8(aq + 48);
+					int32x4_t i0 = vdupq_n_s32(0), i1 = i0;
+					i0 = vdotq_laneq_s32(i0, lo[0], a0, 0);
+					i0 = vdotq_laneq_s32(i0, lo[1], a0, 1);
+					i0 = vdotq_laneq_s32(i0, lo[2], a0, 2);
+					i0 = vdotq_laneq_s32(i0, lo[3], a0, 3);
+					i0 = vdotq_laneq_s32(i0, lo[4], a1, 0);
+					i0 = vdotq_laneq_s32(i0, lo[5], a1, 1);
+					i0 = vdotq_laneq_s32(i0, lo[6], a1, 2);
+					i0 = vdotq_laneq_s32(i0, lo[7], a1, 3);
+					i1 = vdotq_laneq_s32(i1, hi[0], a2, 0);
+					i1 = vdotq_laneq_s32(i1, hi[1], a2, 1);
+					i1 = vdotq_laneq_s32(i1, hi[2], a2, 2);
+					i1 = vdotq_laneq_s32(i1, hi[3], a2, 3);
+					i1 = vdotq_laneq_s32(i1, hi[4], a3, 0);
+					i1 = vdotq_laneq_s32(i1, hi[5], a3, 1);
+					i1 = vdotq_laneq_s32(i1, hi[6], a3, 2);
+					i1 = vdotq_laneq_s32(i1, hi[7], a3, 3);
+					sumi[t] = vmlaq_s32(vmlaq_s32(sumi[t], i0, s0), i1, s1);
+				}
+			}
+			float32x4_t dv = quarter_f16(pm + 8 * qr), dmv = quarter_f16(pm + 32 + 8 * qr);
+			for (int t = 0; t < NT; t++) {
+				const struct block_q8_K *ab =
+					(const struct block_q8_K *)(a + (size_t)t * a_stride) + b;
+				const int16_t *bs = q8k_bsums(ab);
+				for (int j = 0; j < 8; j++)
+					msum[t] = vmlaq_n_s32(msum[t], quarter_u8(mnb[j], qr),
+							      (int32_t)bs[2 * j] + bs[2 * j + 1]);
+				float32x4_t da = vdupq_n_f32(q8k_d(ab));
+				/* da * d * isum - da * dmin * msum, the reference's order */
+				float32x4_t t1 = vmulq_f32(vmulq_f32(da, dv), vcvtq_f32_s32(sumi[t]));
+				float32x4_t t2 = vmulq_f32(vmulq_f32(da, dmv), vcvtq_f32_s32(msum[t]));
+				float *o = s + (size_t)t * s_stride + 4 * qr;
+				vst1q_f32(o, vaddq_f32(vld1q_f32(o), vsubq_f32(t1, t2)));
+			}
+		}
+	}
+}
+
+static inline __attribute__((always_inline)) DOTPROD void
+x16_q6_K_dp(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride, float *s,
+	    size_t s_stride)
+{
+	const uint8_t *meta = panel + (size_t)nb * 3072;
+	const uint8x16_t low = vdupq_n_u8(0x0f), two = vdupq_n_u8(0x30);
+	for (int t = 0; t < NT; t++)
+		for (int r = 0; r < KERN_X16_ROWS; r += 4)
+			vst1q_f32(s + (size_t)t * s_stride + r, vdupq_n_f32(0));
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pc = panel + (size_t)b * 3072, *pm = meta + (size_t)b * 288;
+		for (int qr = 0; qr < 4; qr++) {
+			int32x4_t sumi[X16N_TOKENS];
+			for (int t = 0; t < NT; t++)
+				sumi[t] = vdupq_n_s32(0);
+			for (int h = 0; h < 2; h++)
+				for (int i0 = 0; i0 < 8; i0 += 4) {
+					/* codes of elements 128h + 32tt + 4i, i = i0..i0+3:
+					 * sub-block 8h + i0/4 + 2tt */
+					int8x16_t c[4][4];
+					for (int i = 0; i < 4; i++) {
+						const uint8_t *ph = pc + h * 1536 + (i0 + i) * 64 + 16 * qr;
+						uint8x16_t A = vld1q_u8(ph), B = vld1q_u8(ph + 512);
+						uint8x16_t H = vld1q_u8(ph + 1024);
+						c[0][i] = vreinterpretq_s8_u8(vorrq_u8(
+							vandq_u8(A, low), vandq_u8(vshlq_n_u8(H, 4), two)));
+						c[1][i] = vreinterpretq_s8_u8(vorrq_u8(
+							vandq_u8(B, low), vandq_u8(vshlq_n_u8(H, 2), two)));
+						c[2][i] = vreinterpretq_s8_u8(
+							vorrq_u8(vshrq_n_u8(A, 4), vandq_u8(H, two)));
+						c[3][i] = vreinterpretq_s8_u8(vorrq_u8(
+							vshrq_n_u8(B, 4), vandq_u8(vshrq_n_u8(H, 2), two)));
+					}
+					for (int tt = 0; tt < 4; tt++) {
+						int j = 8 * h + i0 / 4 + 2 * tt;
+						int32x4_t scj = quarter_s8((const int8_t *)pm + 16 * j + 4 * qr);
+						for (int t = 0; t < NT; t++) {
+							const int8_t *aq =
+								((const struct block_q8_K *)(a + (size_t)t *
+													 a_stride))[b]
+									.qs +
+								128 * h + 32 * tt + 4 * i0;
+							int8x16_t av = vld1q_s8(aq);
+							int32x4_t is = vdupq_n_s32(0);
+							is = vdotq_laneq_s32(is, c[tt][0], av, 0);
+							is = vdotq_laneq_s32(is, c[tt][1], av, 1);
+							is = vdotq_laneq_s32(is, c[tt][2], av, 2);
+							is = vdotq_laneq_s32(is, c[tt][3], av, 3);
+							sumi[t] = vmlaq_s32(sumi[t], is, scj);
+						}
+					}
+				}
+			float32x4_t dv = quarter_f16(pm + 256 + 8 * qr);
+			for (int t = 0; t < NT; t++) {
+				const struct block_q8_K *ab =
+					(const struct block_q8_K *)(a + (size_t)t * a_stride) + b;
+				const int16_t *bs = q8k_bsums(ab);
+				int32x4_t off = vdupq_n_s32(0);
+				for (int j = 0; j < 16; j++)
+					off = vmlaq_n_s32(off, quarter_s8((const int8_t *)pm + 16 * j + 4 * qr),
+							  bs[j]);
+				int32x4_t isum = vsubq_s32(sumi[t], vshlq_n_s32(off, 5));
+				/* (da * d) * isum, the reference's order */
+				float32x4_t f = vmulq_f32(vmulq_f32(vdupq_n_f32(q8k_d(ab)), dv),
+							  vcvtq_f32_s32(isum));
+				float *o = s + (size_t)t * s_stride + 4 * qr;
+				vst1q_f32(o, vaddq_f32(vld1q_f32(o), f));
+			}
+		}
+	}
+}
+
+#define X16NK_GEMM(name, panel_fn)                                                          \
+	static DOTPROD void name(int64_t n, int nr, int nt, const void *vw, size_t w_stride, \
+				 const void *va, size_t a_stride, const float *aux,          \
+				 size_t aux_stride, float *s, size_t s_stride)               \
+	{                                                                                   \
+		const uint8_t *w = vw, *a = va;                                             \
+		(void)aux, (void)aux_stride;                                                \
+		for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {           \
+			const uint8_t *panel = w + (size_t)r0 * w_stride;                   \
+			KERN_TILES(nt, X16N_TOKENS, X16NK_TILE, panel_fn);                  \
+		}                                                                           \
+	}
+#define X16NK_TILE(fn, t, NT)                                                               \
+	fn(n / QK_K, NT, panel, a + (size_t)(t) * a_stride, a_stride,                       \
+	   s + (size_t)(t) * s_stride + r0, s_stride)
+X16NK_GEMM(gemm_x16_q4_K_dp, x16_q4_K_dp)
+X16NK_GEMM(gemm_x16_q6_K_dp, x16_q6_K_dp)
+#undef X16NK_GEMM
+#undef X16NK_TILE
+
 /* ---- tables -------------------------------------------------------------- */
 
 const struct kern_ops kern_neon_ops = {
@@ -486,6 +706,8 @@ const struct kern_ops kern_neon_dotprod_ops = {
 					.vec_dot = vec_dot_q8_0_q8_0_dp, .gemm_x16 = gemm_x16_q8_0_dp },
 		[ENGINE_DTYPE_Q4_0] = { .act_type = ENGINE_DTYPE_Q8_0,
 					.vec_dot = vec_dot_q4_0_q8_0_dp, .gemm_x16 = gemm_x16_q4_0_dp },
+		[ENGINE_DTYPE_Q4_K] = { .act_type = ENGINE_DTYPE_Q8_K, .gemm_x16 = gemm_x16_q4_K_dp },
+		[ENGINE_DTYPE_Q6_K] = { .act_type = ENGINE_DTYPE_Q8_K, .gemm_x16 = gemm_x16_q6_K_dp },
 	},
 	.attn_score_q8_0 = attn_score_q8_0_dp,
 };
