@@ -530,7 +530,7 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
 #define X16_HI_TOKENS 2 /* Q4_0: up to this many tokens, high nibbles unshifted */
 #endif
 #ifndef X16_PREFETCH
-#define X16_PREFETCH 2048 /* bytes ahead */
+#define X16_PREFETCH 4096 /* bytes ahead */
 #endif
 #ifndef X16_HINT
 #define X16_HINT _MM_HINT_T0
