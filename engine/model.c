@@ -1257,13 +1257,6 @@ static void attn_head(struct attn_task *at, int ith, int t, int h)
 	attn_values(c, sc + p0, vc, pos - p0 + 1, o);
 }
 
-/* A task is (token, KV head, a run of its query heads): the query heads
- * that share a KV head run one after another on one thread, so its K and V
- * rows come from memory once and from that core's cache for the others
- * (dealt one head per task, both cores pulled every KV head, each head
- * again). at->split runs per KV head keep enough tasks for the pool when
- * the batch is one token. Every head's arithmetic is the same whatever
- * the split. */
 /* Runs per KV head: 1 when tokens x KV heads give every thread two
  * tasks, else as many as that takes (at most one per query head) */
 static int attn_split(const engine_ctx *c, int T)
@@ -1274,6 +1267,13 @@ static int attn_split(const engine_ctx *c, int T)
 	return CM_MAX(1, CM_MIN(group, (want + tasks - 1) / tasks));
 }
 
+/* A task is (token, KV head, a run of its query heads): the query heads
+ * that share a KV head run one after another on one thread, so its K and V
+ * rows come from memory once and from that core's cache for the others
+ * (dealt one head per task, both cores pulled every KV head, each head
+ * again). at->split runs per KV head keep enough tasks for the pool when
+ * the batch is one token. Every head's arithmetic is the same whatever
+ * the split. */
 static void attn_worker(void *arg, int ith, int nth)
 {
 	struct attn_task *at = arg;

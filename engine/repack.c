@@ -8,7 +8,7 @@
  * 2 MiB-aligned anonymous buffer advised MADV_HUGEPAGE (info.weights_anon):
  * the kernel backs that with huge pages where transparent huge pages are
  * on, which a file mapping never gets (one TLB entry per 2 MiB instead of
- * per 4 KiB: decode +10-25% on this box, docs/performance.md §2). Where the
+ * per 4 KiB: decode +15% on this box, docs/performance.md §2). Where the
  * copy cannot be made, the matrices are rewritten in the file's private
  * mapping instead. The page cache copy of the file is no longer used and
  * the kernel may drop it. An output
