@@ -719,7 +719,28 @@ x16_q4_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 		__m512i sumi[X16K_TOKENS];
 		_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
 			sumi[t] = _mm512_setzero_si512();
-		for (int jj = 0; jj < 4; jj++) {
+		for (int jj = 0; jj < 4 && NT == 1; jj++) {
+			/* one token: each code vector goes straight into its
+			 * dot (holding all 16 across tokens spilled them) */
+			const int8_t *aq = ((const struct block_q8_K *)a)[b].qs + 64 * jj;
+			__m512i i0 = _mm512_setzero_si512(), i1 = i0, i2 = i0, i3 = i0;
+			_Pragma("GCC unroll 8") for (int i = 0; i < 8; i += 2) {
+				__m512i v0 = _mm512_loadu_si512(pc + jj * 512 + i * 64);
+				__m512i v1 = _mm512_loadu_si512(pc + jj * 512 + i * 64 + 64);
+				i0 = dpbusd_bcst(i0, _mm512_and_si512(v0, low), aq + 4 * i);
+				i1 = dpbusd_bcst(i1, _mm512_and_si512(_mm512_srli_epi16(v0, 4), low),
+						 aq + 32 + 4 * i);
+				i2 = dpbusd_bcst(i2, _mm512_and_si512(v1, low), aq + 4 * i + 4);
+				i3 = dpbusd_bcst(i3, _mm512_and_si512(_mm512_srli_epi16(v1, 4), low),
+						 aq + 36 + 4 * i);
+			}
+			i0 = _mm512_add_epi32(i0, i2);
+			i1 = _mm512_add_epi32(i1, i3);
+			sumi[0] = _mm512_add_epi32(
+				sumi[0], _mm512_add_epi32(_mm512_mullo_epi32(i0, sc[2 * jj]),
+							  _mm512_mullo_epi32(i1, sc[2 * jj + 1])));
+		}
+		for (int jj = 0; jj < 4 && NT > 1; jj++) {
 			__m512i lo[8], hi[8];
 			_Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
 				__m512i v = _mm512_loadu_si512(pc + jj * 512 + i * 64);
