@@ -25,10 +25,12 @@ CTL="$BUILD/bin/edgelmctl --socket ipc://$T/d.sock"
 dpid=$!
 i=0; while ! $CTL health >/dev/null 2>&1 && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 
-# keep the daemon generating
+# keep the daemon generating. A finite timeout: a request sent just after
+# the daemon stopped at the end waits for a connection that never comes,
+# and with --timeout 0 (forever) it did (seen once: the test hung).
 load() {
 	while [ ! -e "$T/stop-load" ]; do
-		$CTL --timeout 0 generate --no-stream -n 60 "Once upon" >/dev/null 2>&1
+		$CTL --timeout 30000 generate --no-stream -n 60 "Once upon" >/dev/null 2>&1
 	done
 }
 load & l1=$!
