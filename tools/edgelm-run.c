@@ -20,6 +20,7 @@
  * not). In --json mode, the lines show every token as generated. 
  * Exit codes: 0 ok, 1 usage, 2 bad model or input, 3 runtime failure. */
 #include "engine/engine.h"
+#include "tools/lib/tools.h"
 
 #include <getopt.h>
 #include <jansson.h>
@@ -173,28 +174,6 @@ static char *read_file(const char *path, size_t *ret_len)
 		*ret_len = n;
 	}
 	return buf;
-}
-
-/* JSON string escaping for valid UTF-8 input (the detokenizer guarantees it). */
-static void json_str(FILE *o, const char *s, size_t n)
-{
-	fputc('"', o);
-	for (size_t i = 0; i < n; i++) {
-		unsigned char ch = (unsigned char)s[i];
-		switch (ch) {
-		case '"': fputs("\\\"", o); break;
-		case '\\': fputs("\\\\", o); break;
-		case '\n': fputs("\\n", o); break;
-		case '\r': fputs("\\r", o); break;
-		case '\t': fputs("\\t", o); break;
-		default:
-			if (ch < 0x20)
-				fprintf(o, "\\u%04x", ch);
-			else
-				fputc(ch, o);
-		}
-	}
-	fputc('"', o);
 }
 
 /* The k highest logits, highest first (ties: lower id first). */
@@ -598,7 +577,7 @@ int main(int argc, char **argv)
 		}
 		if (json) {
 			printf("{\"id\":%d,\"text\":", id);
-			json_str(stdout, piece, n > 0 ? (size_t)n : 0);
+			tools_json_strn(stdout, piece, n > 0 ? (size_t)n : 0);
 			fputs(",\"top\":[", stdout);
 			int k = top_logits(logits, (int)info.n_vocab, (int)top_n, top);
 			for (int i = 0; i < k; i++)

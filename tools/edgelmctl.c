@@ -7,6 +7,7 @@
 #include "ipc/edgelm.h"
 #include "ipc/ipc.h"
 #include "monitor/monitor.h"
+#include "tools/lib/tools.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -139,37 +140,6 @@ static int usage_error(const char *cmd, const char *fmt, ...)
 
 /* ---- output --------------------------------------------------------------- */
 
-static void json_str(FILE *f, const char *s, size_t n)
-{
-	fputc('"', f);
-	for (size_t i = 0; i < n; i++) {
-		unsigned char c = (unsigned char)s[i];
-		switch (c) {
-		case '"':
-			fputs("\\\"", f);
-			break;
-		case '\\':
-			fputs("\\\\", f);
-			break;
-		case '\n':
-			fputs("\\n", f);
-			break;
-		case '\r':
-			fputs("\\r", f);
-			break;
-		case '\t':
-			fputs("\\t", f);
-			break;
-		default:
-			if (c < 0x20)
-				fprintf(f, "\\u%04x", c);
-			else
-				fputc(c, f);
-		}
-	}
-	fputc('"', f);
-}
-
 static void json_num(FILE *f, double x)
 {
 	if (isfinite(x))
@@ -222,9 +192,9 @@ static int fail(int rc, const struct edgelm_error *e)
 				code = "client_error";
 			}
 		}
-		json_str(stdout, code, strlen(code));
+		tools_json_strn(stdout, code, strlen(code));
 		printf(",\"message\":");
-		json_str(stdout, msg, strlen(msg));
+		tools_json_strn(stdout, msg, strlen(msg));
 		if (e->retry_after_ms >= 0)
 			printf(",\"retry_after_ms\":%lld", (long long)e->retry_after_ms);
 		printf("}}\n");
@@ -252,9 +222,9 @@ static void print_stats(const struct edgelm_result *r)
 static void print_result_json(const struct edgelm_result *r)
 {
 	printf("{\"ok\":true,\"id\":");
-	json_str(stdout, r->id, strlen(r->id));
+	tools_json_strn(stdout, r->id, strlen(r->id));
 	printf(",\"text\":");
-	json_str(stdout, r->text ? r->text : "", r->text_len);
+	tools_json_strn(stdout, r->text ? r->text : "", r->text_len);
 	printf(",\"finish_reason\":\"%s\",\"usage\":{\"prompt_tokens\":%lld,\"cached_tokens\":%lld,"
 	       "\"completion_tokens\":%lld},\"timings\":{",
 	       edgelm_finish_name(r->finish), (long long)r->prompt_tokens,
@@ -512,7 +482,7 @@ static int stream_cb(const char *text, size_t len, void *user)
 	struct stream_out *so = user;
 	if (so->json) {
 		printf("{\"text\":");
-		json_str(stdout, text, len);
+		tools_json_strn(stdout, text, len);
 		printf("}\n");
 	} else {
 		fwrite(text, 1, len, stdout);
@@ -988,7 +958,7 @@ static int cmd_detokenize(int argc, char **argv)
 		return fail(rc, &e);
 	if (G.json) {
 		printf("{\"ok\":true,\"text\":");
-		json_str(stdout, text, strlen(text));
+		tools_json_strn(stdout, text, strlen(text));
 		printf("}\n");
 	} else {
 		printf("%s\n", text);

@@ -2,11 +2,13 @@
  * modes (they print JSON directly; jansson is for reading). */
 #include "tools/lib/tools.h"
 
-void tools_json_str(FILE *o, const char *s)
+#include <string.h>
+
+void tools_json_strn(FILE *o, const char *s, size_t n)
 {
 	fputc('"', o);
-	for (; s && *s; s++) {
-		unsigned char ch = (unsigned char)*s;
+	for (size_t i = 0; i < n; i++) {
+		unsigned char ch = (unsigned char)s[i];
 		switch (ch) {
 		case '"':
 			fputs("\\\"", o);
@@ -31,4 +33,9 @@ void tools_json_str(FILE *o, const char *s)
 		}
 	}
 	fputc('"', o);
+}
+
+void tools_json_str(FILE *o, const char *s)
+{
+	tools_json_strn(o, s ? s : "", s ? strlen(s) : 0);
 }

@@ -58,6 +58,8 @@ void tools_bench_daemon_usage(FILE *o);
 
 /* s as a JSON string, quotes included (s is UTF-8; NULL prints ""). */
 void tools_json_str(FILE *o, const char *s);
+/* The same for n bytes (which may hold NUL: escaped as \u0000) */
+void tools_json_strn(FILE *o, const char *s, size_t n);
 
 /* ---- bench_tokenize.c: `edgelm-bench --tokenize` ---------------------------- */
 
