@@ -906,25 +906,8 @@ x16a_q6_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 	}
 }
 
-#define X16A_K_GEMM(name, panel_fn)                                                         \
-	static void name(int64_t n, int nr, int nt, const void *vw, size_t w_stride,        \
-			 const void *va, size_t a_stride, const float *aux, size_t aux_stride, \
-			 float *s, size_t s_stride)                                         \
-	{                                                                                   \
-		const uint8_t *w = vw, *a = va;                                             \
-		(void)aux, (void)aux_stride;                                                \
-		for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {           \
-			const uint8_t *panel = w + (size_t)r0 * w_stride;                   \
-			KERN_TILES(nt, X16A_TOKENS, X16A_K_TILE, panel_fn);                 \
-		}                                                                           \
-	}
-#define X16A_K_TILE(fn, t, NT)                                                              \
-	fn(n / QK_K, NT, panel, a + (size_t)(t) * a_stride, a_stride,                       \
-	   s + (size_t)(t) * s_stride + r0, s_stride)
-X16A_K_GEMM(gemm_x16_q4_K, x16a_q4_K)
-X16A_K_GEMM(gemm_x16_q6_K, x16a_q6_K)
-#undef X16A_K_GEMM
-#undef X16A_K_TILE
+KERN_X16K_GEMM(gemm_x16_q4_K, , x16a_q4_K, X16A_TOKENS)
+KERN_X16K_GEMM(gemm_x16_q6_K, , x16a_q6_K, X16A_TOKENS)
 
 static void gemm_x16_q4_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
 			  const void *a, size_t a_stride, const float *aux, size_t aux_stride,

@@ -868,28 +868,8 @@ x16_q6_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 	}
 }
 
-/* One tile of NT tokens for X16K_GEMM; PANEL is the type's panel function. */
-#define X16K_TILE(PANEL, t, NT)                                                            \
-	PANEL(nb, NT, panel, a + (size_t)(t) * a_stride, a_stride,                         \
-	      s + (size_t)(t) * s_stride + r0, s_stride)
-
-#define X16K_GEMM(NAME, PANEL)                                                             \
-	static VNNI void NAME(int64_t n, int nr, int nt, const void *vw, size_t w_stride,  \
-			      const void *va, size_t a_stride, const float *aux,           \
-			      size_t aux_stride, float *s, size_t s_stride)                \
-	{                                                                                  \
-		const uint8_t *w = vw, *a = va;                                            \
-		int64_t nb = n / QK_K;                                                     \
-		(void)aux;                                                                 \
-		(void)aux_stride;                                                          \
-		for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {          \
-			const uint8_t *panel = w + (size_t)r0 * w_stride;                  \
-			KERN_TILES(nt, X16K_TOKENS, X16K_TILE, PANEL);                     \
-		}                                                                          \
-	}
-
-X16K_GEMM(gemm_x16_q4_K, x16_q4_K_panel)
-X16K_GEMM(gemm_x16_q6_K, x16_q6_K_panel)
+KERN_X16K_GEMM(gemm_x16_q4_K, VNNI, x16_q4_K_panel, X16K_TOKENS)
+KERN_X16K_GEMM(gemm_x16_q6_K, VNNI, x16_q6_K_panel, X16K_TOKENS)
 
 /* ==== attention over F16 / Q8_0 KV caches ====================================
  * (Kept apart from the matmul kernels above; contracts in kern.h.)

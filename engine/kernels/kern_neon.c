@@ -655,25 +655,8 @@ x16_q6_K_dp(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a
 	}
 }
 
-#define X16NK_GEMM(name, panel_fn)                                                          \
-	static DOTPROD void name(int64_t n, int nr, int nt, const void *vw, size_t w_stride, \
-				 const void *va, size_t a_stride, const float *aux,          \
-				 size_t aux_stride, float *s, size_t s_stride)               \
-	{                                                                                   \
-		const uint8_t *w = vw, *a = va;                                             \
-		(void)aux, (void)aux_stride;                                                \
-		for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {           \
-			const uint8_t *panel = w + (size_t)r0 * w_stride;                   \
-			KERN_TILES(nt, X16N_TOKENS, X16NK_TILE, panel_fn);                  \
-		}                                                                           \
-	}
-#define X16NK_TILE(fn, t, NT)                                                               \
-	fn(n / QK_K, NT, panel, a + (size_t)(t) * a_stride, a_stride,                       \
-	   s + (size_t)(t) * s_stride + r0, s_stride)
-X16NK_GEMM(gemm_x16_q4_K_dp, x16_q4_K_dp)
-X16NK_GEMM(gemm_x16_q6_K_dp, x16_q6_K_dp)
-#undef X16NK_GEMM
-#undef X16NK_TILE
+KERN_X16K_GEMM(gemm_x16_q4_K_dp, DOTPROD, x16_q4_K_dp, X16N_TOKENS)
+KERN_X16K_GEMM(gemm_x16_q6_K_dp, DOTPROD, x16_q6_K_dp, X16N_TOKENS)
 
 /* ---- tables -------------------------------------------------------------- */
 

@@ -1,4 +1,5 @@
-/* engine/kernels/kern_tiles.h: the token-tiling loop of the tile kernels.
+/* engine/kernels/kern_tiles.h: the token-tiling loop of the tile kernels,
+ * and the x16 K-quant gemm built on it.
  *
  * KERN_TILES(nt, TOKENS, CALL, ARG) covers tokens [0, nt): CALL(ARG, t, NT)
  * for each full tile of TOKENS tokens starting at token t (NT = TOKENS),
@@ -9,9 +10,9 @@
  * remainder. TOKENS must be a literal 4 or 8 (or a macro for one), as it
  * picks the case list by name. ARG is passed through to CALL unchanged,
  * for callers that are macros themselves and cannot define a CALL around
- * their variable part (kern_avx512.c: X16K_GEMM).
+ * their variable part (KERN_X16K_GEMM below).
  *
- * Only this macro lives here: ISA files share no inline functions through
+ * Only macros live here: ISA files share no inline functions through
  * headers (docs/style.md, "ISA dispatch"), but a macro expands into each
  * file's own code with that file's target flags. */
 #ifndef EDGELM_KERN_TILES_H
@@ -42,5 +43,28 @@
 	case 5: CALL(ARG, t, 5); break;                                   \
 	case 6: CALL(ARG, t, 6); break;                                   \
 	case 7: CALL(ARG, t, 7); break;
+
+/* The x16 K-quant gemm (kern.h's gemm_x16 contract) of one ISA file:
+ * panels of 16 rows, each walked by PANEL(nb, NT, panel, a, a_stride, s,
+ * s_stride) for tiles of up to TOKENS tokens (the K-quants need no aux).
+ * ATTR is the file's target attribute for the function, or nothing. */
+#define KERN_X16K_GEMM(NAME, ATTR, PANEL, TOKENS)                                  \
+	static ATTR void NAME(int64_t n, int nr, int nt, const void *vw,           \
+			      size_t w_stride, const void *va, size_t a_stride,    \
+			      const float *aux, size_t aux_stride, float *s,       \
+			      size_t s_stride)                                     \
+	{                                                                          \
+		const uint8_t *w = vw, *a = va;                                    \
+		int64_t nb = n / QK_K;                                             \
+		(void)aux;                                                         \
+		(void)aux_stride;                                                  \
+		for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {  \
+			const uint8_t *panel = w + (size_t)r0 * w_stride;          \
+			KERN_TILES(nt, TOKENS, KERN_X16K_TILE_, PANEL);            \
+		}                                                                  \
+	}
+#define KERN_X16K_TILE_(PANEL, t, NT)                                              \
+	PANEL(nb, NT, panel, a + (size_t)(t) * a_stride, a_stride,                 \
+	      s + (size_t)(t) * s_stride + r0, s_stride)
 
 #endif
