@@ -671,27 +671,7 @@ x16a_half(bool q4, int64_t nb, int NT, const uint8_t *panel, int h, const uint8_
 		_mm256_storeu_ps(s + (size_t)t * s_stride + 8 * h, acc[t]);
 }
 
-static inline __attribute__((always_inline)) void
-x16a_gemm(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, const void *va,
-	  size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride)
-{
-	const uint8_t *w = vw, *a = va;
-	int64_t nb = n / 32;
-	for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {
-		const uint8_t *panel = w + (size_t)r0 * w_stride;
-		if (nt == 1) {
-			x16a_one(q4, nb, panel, a, aux, s + r0);
-			continue;
-		}
-#define X16A_TILE(q4, t, NT)                                                               \
-	for (int h = 0; h < 2; h++)                                                        \
-		x16a_half(q4, nb, NT, panel, h, a + (size_t)(t) * a_stride, a_stride,      \
-			  aux + (size_t)(t) * aux_stride, aux_stride,                      \
-			  s + (size_t)(t) * s_stride + r0, s_stride)
-		KERN_TILES(nt, X16A_TOKENS, X16A_TILE, q4);
-#undef X16A_TILE
-	}
-}
+KERN_X16_HALVES_GEMM(x16a_gemm, x16a_one, x16a_half, X16A_TOKENS)
 
 /* ---- x16 K-quants (Q4_K, Q6_K; Q8_K activations), without VNNI ----------
  * kern_avx512.c's x16_q4_K_panel and x16_q6_K_panel on ymm, half a panel

@@ -190,27 +190,7 @@ x16_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const float
 	_mm256_storeu_ps(s + 8, acc[1]);
 }
 
-static inline __attribute__((always_inline)) void
-x16_gemm(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, const void *va,
-	 size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride)
-{
-	const uint8_t *w = vw, *a = va;
-	int64_t nb = n / 32;
-	for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {
-		const uint8_t *panel = w + (size_t)r0 * w_stride;
-		if (nt == 1) {
-			x16_one(q4, nb, panel, a, aux, s + r0);
-			continue;
-		}
-#define X16V_TILE(q4, t, NT)                                                               \
-	for (int h = 0; h < 2; h++)                                                        \
-		x16_half(q4, nb, NT, panel, h, a + (size_t)(t) * a_stride, a_stride,       \
-			 aux + (size_t)(t) * aux_stride, aux_stride,                       \
-			 s + (size_t)(t) * s_stride + r0, s_stride)
-		KERN_TILES(nt, X16V_TOKENS, X16V_TILE, q4);
-#undef X16V_TILE
-	}
-}
+KERN_X16_HALVES_GEMM(x16_gemm, x16_one, x16_half, X16V_TOKENS)
 
 static void gemm_x16_q4_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
 			  const void *a, size_t a_stride, const float *aux, size_t aux_stride,
