@@ -141,16 +141,31 @@ void kern_act_aux(uint32_t act_type, const void *a, int64_t n, float *aux);
  * (or sdot) kernel reads it: one 64-byte vector holds 4 consecutive
  * elements of each of the 16 rows, so a decode kernel streams the panel
  * front to back with no transpose and no horizontal sums. For nb blocks:
- *   Q4_0: codes nb x 256 bytes, then scales nb x 16 f16. Block b, chunk j
- *         (0..3), byte 4r + i at b*256 + j*64 + 4r + i is byte 4j + i of
- *         row r's block (low nibble: element 4j + i, high: 16 + 4j + i).
- *   Q8_0: codes nb x 512 bytes, then scales nb x 16 f16. Block b, group g
- *         (0..7), byte b*512 + g*64 + 4r + i is element 4g + i of row r,
+ *   Q4_0: per block 256 bytes of codes and 32 of scales. Chunk j (0..3),
+ *         byte j*64 + 4r + i of the codes is byte 4j + i of row r's block
+ *         (low nibble: element 4j + i, high: 16 + 4j + i).
+ *   Q8_0: per block 512 bytes of codes and 32 of scales. Group g (0..7),
+ *         byte g*64 + 4r + i of the codes is element 4g + i of row r,
  *         stored as an unsigned code q + 128.
- *   scales: f16 at codes_bytes + b*32 + 2r: row r's block b scale.
+ *   scales: 16 f16, 2r: row r's block b scale.
+ * The blocks go in pairs: block 2p's codes, block 2p+1's codes, then the
+ * two blocks' metadata (scales; the K-quants' scales and mins, kern_x16.c),
+ * so that a panel is one forward stream (an odd last block: codes, then
+ * metadata). With the whole panel's metadata at its end (the first layout)
+ * a kernel read two streams per thread, which the hardware prefetcher
+ * served at ~60 % of one stream's rate (docs/performance.md §4).
  * A panel is exactly 16 native rows long, so a matrix is repacked in place
  * panel by panel; rows past the last full group of 16 stay native. */
 #define KERN_X16_ROWS 16
+/* Block b's codes and metadata in a panel of nb blocks with cb bytes of
+ * codes and mb of metadata per block (macros: the ISA files may share no
+ * inline functions). */
+#define KERN_X16_PAIR(panel, cb, mb, b) ((panel) + (size_t)((b) >> 1) * 2 * ((cb) + (mb)))
+#define KERN_X16_CODES(panel, nb, cb, mb, b) \
+	(KERN_X16_PAIR(panel, cb, mb, b) + (size_t)((b)&1) * (cb))
+#define KERN_X16_META(panel, nb, cb, mb, b)                                           \
+	(KERN_X16_PAIR(panel, cb, mb, b) + (((b) | 1) < (nb) ? 2 : 1) * (size_t)(cb) + \
+	 (size_t)((b)&1) * (mb))
 bool kern_x16_supported(uint32_t type);
 /* Pack 16 native rows (`rows`, row_stride bytes apart, n elements each)
  * into `panel` (16 * row size bytes; must not overlap `rows`). */

@@ -621,10 +621,10 @@ static inline __attribute__((always_inline)) __m256i x16_isum(bool q4, const uin
 
 /* acc += (isum - off sum(a)) * (d_w * d_a): the reference's float steps */
 static inline __attribute__((always_inline)) __m256 x16_step(bool q4, __m256 acc, __m256i isum,
-							     const uint8_t *scales, int64_t b,
-							     int h, const float *x)
+							     const uint8_t *sb, int h,
+							     const float *x)
 {
-	__m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 32 * b + 16 * h)));
+	__m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16 * h)));
 	__m256 f = _mm256_fnmadd_ps(_mm256_set1_ps(q4 ? 8.0f : 0.0f), _mm256_set1_ps(x[1]),
 				    _mm256_cvtepi32_ps(isum));
 	return _mm256_fmadd_ps(f, _mm256_mul_ps(dw, _mm256_set1_ps(x[0])), acc);
@@ -634,17 +634,19 @@ static inline __attribute__((always_inline)) void
 x16a_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const float *aux, float *s)
 {
 	const size_t cb = q4 ? 256 : 512;
-	const uint8_t *scales = panel + (size_t)nb * cb;
 	__m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = panel + (size_t)b * cb;
+		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
+		const uint8_t *sb = KERN_X16_META(panel, nb, cb, 32, b);
+		/* the stream ahead: the block's codes, with the pair's second
+		 * block the pair's scales */
 		for (size_t l = 0; l < cb; l += 64)
 			_mm_prefetch((const char *)pb + X16A_PREFETCH + l, _MM_HINT_T0);
-		/* the next panel's scales, a panel ahead */
-		_mm_prefetch((const char *)scales + (size_t)nb * (cb + 32) + 32 * b, _MM_HINT_T0);
+		if (b & 1)
+			_mm_prefetch((const char *)pb + cb + X16A_PREFETCH, _MM_HINT_T0);
 		const int8_t *q = ((const struct block_q8_0 *)a)[b].qs;
-		acc0 = x16_step(q4, acc0, x16_isum(q4, pb, 0, q), scales, b, 0, aux + 2 * b);
-		acc1 = x16_step(q4, acc1, x16_isum(q4, pb, 1, q), scales, b, 1, aux + 2 * b);
+		acc0 = x16_step(q4, acc0, x16_isum(q4, pb, 0, q), sb, 0, aux + 2 * b);
+		acc1 = x16_step(q4, acc1, x16_isum(q4, pb, 1, q), sb, 1, aux + 2 * b);
 	}
 	_mm256_storeu_ps(s, acc0);
 	_mm256_storeu_ps(s + 8, acc1);
@@ -655,15 +657,15 @@ x16a_half(bool q4, int64_t nb, int NT, const uint8_t *panel, int h, const uint8_
 	  size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride)
 {
 	const size_t cb = q4 ? 256 : 512;
-	const uint8_t *scales = panel + (size_t)nb * cb;
 	__m256 acc[X16A_TOKENS];
 	_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = panel + (size_t)b * cb;
+		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
+		const uint8_t *sb = KERN_X16_META(panel, nb, cb, 32, b);
 		_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) {
 			const int8_t *q = ((const struct block_q8_0 *)(a + (size_t)t * a_stride))[b].qs;
-			acc[t] = x16_step(q4, acc[t], x16_isum(q4, pb, h, q), scales, b, h,
+			acc[t] = x16_step(q4, acc[t], x16_isum(q4, pb, h, q), sb, h,
 					  aux + (size_t)t * aux_stride + 2 * b);
 		}
 	}
@@ -714,7 +716,6 @@ static inline __attribute__((always_inline)) void
 x16a_q4_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride, float *s,
 	  size_t s_stride)
 {
-	const uint8_t *meta = panel + (size_t)nb * 2048;
 	const __m256i low = _mm256_set1_epi8(0x0f);
 	const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m48 = _mm_set1_epi8(0x30);
 	for (int t = 0; t < NT; t++) {
@@ -722,11 +723,13 @@ x16a_q4_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 		_mm256_storeu_ps(s + (size_t)t * s_stride + 8, _mm256_setzero_ps());
 	}
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pc = panel + (size_t)b * 2048, *pm = meta + (size_t)b * 256;
+		const uint8_t *pc = KERN_X16_CODES(panel, nb, 2048, 256, b);
+		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
 		for (size_t l = 0; l < 2048; l += 64)
 			_mm_prefetch((const char *)pc + X16K_PREFETCH + l, _MM_HINT_T0);
-		for (size_t l = 0; l < 256; l += 64)
-			_mm_prefetch((const char *)pm + (size_t)nb * (2048 + 256) + l, _MM_HINT_T0);
+		if (b & 1) /* the pair's metadata */
+			for (size_t l = 0; l < 2 * 256; l += 64)
+				_mm_prefetch((const char *)pc + 2048 + X16K_PREFETCH + l, _MM_HINT_T0);
 		for (int hv = 0; hv < 2; hv++) {
 			/* 6-bit scales and mins of the 8 sub-blocks, rows 8hv.. */
 			__m128i q[12];
@@ -799,18 +802,19 @@ static inline __attribute__((always_inline)) void
 x16a_q6_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride, float *s,
 	  size_t s_stride)
 {
-	const uint8_t *meta = panel + (size_t)nb * 3072;
 	const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(0x30);
 	for (int t = 0; t < NT; t++) {
 		_mm256_storeu_ps(s + (size_t)t * s_stride, _mm256_setzero_ps());
 		_mm256_storeu_ps(s + (size_t)t * s_stride + 8, _mm256_setzero_ps());
 	}
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pc = panel + (size_t)b * 3072, *pm = meta + (size_t)b * 288;
+		const uint8_t *pc = KERN_X16_CODES(panel, nb, 3072, 288, b);
+		const uint8_t *pm = KERN_X16_META(panel, nb, 3072, 288, b);
 		for (size_t l = 0; l < 3072; l += 64)
 			_mm_prefetch((const char *)pc + X16K_PREFETCH + l, _MM_HINT_T0);
-		for (size_t l = 0; l < 288; l += 64)
-			_mm_prefetch((const char *)pm + (size_t)nb * (3072 + 288) + l, _MM_HINT_T0);
+		if (b & 1) /* the pair's metadata */
+			for (size_t l = 0; l < 2 * 288; l += 64)
+				_mm_prefetch((const char *)pc + 3072 + X16K_PREFETCH + l, _MM_HINT_T0);
 		for (int hv = 0; hv < 2; hv++) {
 			/* int8 scales of the 16 sub-blocks as (sc 2p, sc 2p+1)
 			 * int16 pairs, rows 8hv.., for the offset term */

@@ -523,14 +523,11 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
  * to it, and so to themselves whatever nt (decode = prefill numerics). */
 
 #define X16_TOKENS 8
-#ifndef X16_PF_SCALES
-#define X16_PF_SCALES 1
-#endif
 #ifndef X16_HI_TOKENS
 #define X16_HI_TOKENS 2 /* Q4_0: up to this many tokens, high nibbles unshifted */
 #endif
 #ifndef X16_PREFETCH
-#define X16_PREFETCH 4096 /* bytes ahead */
+#define X16_PREFETCH 4096 /* bytes ahead; 0: none */
 #endif
 #ifndef X16_HINT
 #define X16_HINT _MM_HINT_T0
@@ -552,25 +549,21 @@ x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, s
 	  const float *aux, size_t aux_stride, float *s, size_t s_stride)
 {
 	const size_t cb = q4 ? 256 : 512;
-	const uint8_t *scales = panel + (size_t)nb * cb;
 	const __m512i low = _mm512_set1_epi8(0x0f);
 	const __m512 offv = _mm512_set1_ps(q4 ? 8.0f : 128.0f);
 	__m512 acc[X16_TOKENS];
 	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
 		acc[t] = _mm512_setzero_ps();
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = panel + (size_t)b * cb;
+		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 		__m512i c[8];
-		/* one stream per thread: help the hardware prefetcher along
-		 * (runs past the codes into the scales and the next panel,
-		 * which is what comes next) */
+#if X16_PREFETCH
+		/* the stream X16_PREFETCH ahead: this block's codes, and with
+		 * the pair's second block the pair's 64 bytes of scales */
 		_Pragma("GCC unroll 8") for (size_t l = 0; l < cb; l += 64)
 			_mm_prefetch((const char *)pb + X16_PREFETCH + l, X16_HINT);
-#if X16_PF_SCALES
-		/* the scales are a second, slower stream at the panel's end:
-		 * fetch the next panel's a panel ahead, or every panel would
-		 * start on a miss */
-		_mm_prefetch((const char *)scales + (size_t)nb * (cb + 32) + 32 * b, X16_HINT);
+		if (b & 1)
+			_mm_prefetch((const char *)pb + cb + X16_PREFETCH, X16_HINT);
 #endif
 		if (q4 && NT <= X16_HI_TOKENS) {
 			/* few tokens: keep the high nibbles in place (16 x code),
@@ -591,7 +584,8 @@ x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, s
 			_Pragma("GCC unroll 8") for (int g = 0; g < 8; g++)
 				c[g] = _mm512_loadu_si512(pb + 64 * g);
 		}
-		__m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + 32 * b)));
+		__m512 dw = _mm512_cvtph_ps(
+			_mm256_loadu_si256((const __m256i *)KERN_X16_META(panel, nb, cb, 32, b)));
 		_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
 			const int8_t *q = ((const struct block_q8_0 *)(a + (size_t)t * a_stride))[b].qs;
 			const float *x = aux + (size_t)t * aux_stride + 2 * b;
@@ -681,19 +675,21 @@ static inline __attribute__((always_inline)) VNNI void
 x16_q4_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
 	       float *s, size_t s_stride)
 {
-	const uint8_t *meta = panel + (size_t)nb * 2048;
 	const __m512i low = _mm512_set1_epi8(0x0f);
 	const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m48 = _mm_set1_epi8(0x30);
 	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
 		_mm512_storeu_ps(s + (size_t)t * s_stride, _mm512_setzero_ps());
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pc = panel + (size_t)b * 2048, *pm = meta + (size_t)b * 256;
+		const uint8_t *pc = KERN_X16_CODES(panel, nb, 2048, 256, b);
+		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
+#if X16_PREFETCH
+		/* the stream X16_PREFETCH * 8 ahead: this block's codes, and
+		 * with the pair's second block its two metadata parts */
 		_Pragma("GCC unroll 32") for (size_t l = 0; l < 2048; l += 64)
 			_mm_prefetch((const char *)pc + X16_PREFETCH * 8 + l, X16_HINT);
-#if X16_PF_SCALES
-		/* the next panel's metadata, a panel ahead (as in x16_panel) */
-		_Pragma("GCC unroll 5") for (size_t l = 0; l < 256; l += 64)
-			_mm_prefetch((const char *)pm + (size_t)nb * (2048 + 256) + l, X16_HINT);
+		if (b & 1)
+			_Pragma("GCC unroll 9") for (size_t l = 0; l < 2 * 256; l += 64)
+				_mm_prefetch((const char *)pc + 2048 + X16_PREFETCH * 8 + l, X16_HINT);
 #endif
 		/* 6-bit scales and mins of the 8 sub-blocks, 16 rows each
 		 * (quant_scale_min_k4 on 16 lanes); mins as (m, m) int16 pairs */
@@ -791,18 +787,20 @@ static inline __attribute__((always_inline)) VNNI void
 x16_q6_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
 	       float *s, size_t s_stride)
 {
-	const uint8_t *meta = panel + (size_t)nb * 3072;
 	const __m512i low = _mm512_set1_epi8(0x0f), two = _mm512_set1_epi8(0x30);
 	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
 		_mm512_storeu_ps(s + (size_t)t * s_stride, _mm512_setzero_ps());
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pc = panel + (size_t)b * 3072, *pm = meta + (size_t)b * 288;
+		const uint8_t *pc = KERN_X16_CODES(panel, nb, 3072, 288, b);
+		const uint8_t *pm = KERN_X16_META(panel, nb, 3072, 288, b);
+#if X16_PREFETCH
+		/* the stream X16_PREFETCH * 8 ahead: this block's codes, and
+		 * with the pair's second block its two metadata parts */
 		_Pragma("GCC unroll 48") for (size_t l = 0; l < 3072; l += 64)
 			_mm_prefetch((const char *)pc + X16_PREFETCH * 8 + l, X16_HINT);
-#if X16_PF_SCALES
-		/* the next panel's metadata, a panel ahead (as in x16_panel) */
-		_Pragma("GCC unroll 5") for (size_t l = 0; l < 288; l += 64)
-			_mm_prefetch((const char *)pm + (size_t)nb * (3072 + 288) + l, X16_HINT);
+		if (b & 1)
+			_Pragma("GCC unroll 9") for (size_t l = 0; l < 2 * 288; l += 64)
+				_mm_prefetch((const char *)pc + 3072 + X16_PREFETCH * 8 + l, X16_HINT);
 #endif
 		/* int8 scales of the 16 sub-blocks; as (sc 2p, sc 2p+1) int16
 		 * pairs for the offset term */

@@ -92,14 +92,13 @@ x16_half(bool q4, int64_t nb, int NT, const uint8_t *panel, int h, const uint8_t
 	 size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride)
 {
 	const size_t cb = q4 ? 256 : 512;
-	const uint8_t *scales = panel + (size_t)nb * cb;
 	const __m256i low = _mm256_set1_epi8(0x0f);
 	const __m256 offv = _mm256_set1_ps(q4 ? 8.0f : 128.0f);
 	__m256 acc[X16V_TOKENS];
 	_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = panel + (size_t)b * cb + 32 * h;
+		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b) + 32 * h;
 		__m256i c[8];
 		if (q4) {
 			_Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
@@ -112,7 +111,7 @@ x16_half(bool q4, int64_t nb, int NT, const uint8_t *panel, int h, const uint8_t
 				c[g] = _mm256_loadu_si256((const __m256i *)(pb + 64 * g));
 		}
 		__m256 dw = _mm256_cvtph_ps(
-			_mm_loadu_si128((const __m128i *)(scales + 32 * b + 16 * h)));
+			_mm_loadu_si128((const __m128i *)(KERN_X16_META(panel, nb, cb, 32, b) + 16 * h)));
 		_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) {
 			const int8_t *q = ((const struct block_q8_0 *)(a + (size_t)t * a_stride))[b].qs;
 			const float *x = aux + (size_t)t * aux_stride + 2 * b;
@@ -133,7 +132,7 @@ x16_half(bool q4, int64_t nb, int NT, const uint8_t *panel, int h, const uint8_t
 
 /* One token (decode): both halves in one walk, so the panel streams from
  * memory once while the compute runs (two walks left the memory idle
- * during the second), the next panel's scales prefetched a panel ahead,
+ * during the second), the stream prefetched X16V_PREFETCH ahead,
  * and for Q4_0 the high nibbles fed unshifted (16 x code, the sum taken
  * down by 16 once, exact). Per (row, token) the same float steps as
  * x16_half: bit-identical. */
@@ -143,15 +142,16 @@ static inline __attribute__((always_inline)) void
 x16_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const float *aux, float *s)
 {
 	const size_t cb = q4 ? 256 : 512;
-	const uint8_t *scales = panel + (size_t)nb * cb;
 	const __m256i low = _mm256_set1_epi8(0x0f);
 	const __m256 offv = _mm256_set1_ps(q4 ? 8.0f : 128.0f);
 	__m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = panel + (size_t)b * cb;
+		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
+		const uint8_t *sb = KERN_X16_META(panel, nb, cb, 32, b);
 		for (size_t l = 0; l < cb; l += 64)
 			_mm_prefetch((const char *)pb + X16V_PREFETCH + l, _MM_HINT_T0);
-		_mm_prefetch((const char *)scales + (size_t)nb * (cb + 32) + 32 * b, _MM_HINT_T0);
+		if (b & 1) /* the pair's scales */
+			_mm_prefetch((const char *)pb + cb + X16V_PREFETCH, _MM_HINT_T0);
 		const int8_t *q = ((const struct block_q8_0 *)a)[b].qs;
 		const float *x = aux + 2 * b;
 		_Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
@@ -180,7 +180,7 @@ x16_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const float
 				}
 			}
 			__m256 dw = _mm256_cvtph_ps(
-				_mm_loadu_si128((const __m128i *)(scales + 32 * b + 16 * h)));
+				_mm_loadu_si128((const __m128i *)(sb + 16 * h)));
 			__m256 f = _mm256_fnmadd_ps(offv, _mm256_set1_ps(x[1]),
 						    _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)));
 			acc[h] = _mm256_fmadd_ps(f, _mm256_mul_ps(dw, _mm256_set1_ps(x[0])), acc[h]);

@@ -374,14 +374,14 @@ x16_panel_dp(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a
 	     const float *aux, size_t aux_stride, float *s, size_t s_stride)
 {
 	const size_t cb = q4 ? 256 : 512;
-	const uint8_t *scales = panel + (size_t)nb * cb;
 	float32x4_t acc[X16N_TOKENS][4];
 	for (int t = 0; t < NT; t++)
 		for (int qr = 0; qr < 4; qr++)
 			acc[t][qr] = vdupq_n_f32(0);
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = panel + (size_t)b * cb;
-		const uint16_t *pd = (const uint16_t *)(const void *)(scales + 32 * b);
+		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
+		const uint16_t *pd =
+			(const uint16_t *)(const void *)KERN_X16_META(panel, nb, cb, 32, b);
 		for (int qr = 0; qr < 4; qr++) {
 			int8x16_t c[8];
 			if (q4) {
@@ -505,12 +505,12 @@ static inline __attribute__((always_inline)) DOTPROD void
 x16_q4_K_dp(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride, float *s,
 	    size_t s_stride)
 {
-	const uint8_t *meta = panel + (size_t)nb * 2048;
 	for (int t = 0; t < NT; t++)
 		for (int r = 0; r < KERN_X16_ROWS; r += 4)
 			vst1q_f32(s + (size_t)t * s_stride + r, vdupq_n_f32(0));
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pc = panel + (size_t)b * 2048, *pm = meta + (size_t)b * 256;
+		const uint8_t *pc = KERN_X16_CODES(panel, nb, 2048, 256, b);
+		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
 		/* 6-bit scales and mins of the 8 sub-blocks, 16 rows each */
 		uint8x16_t q[12], scb[8], mnb[8];
 		for (int k = 0; k < 12; k++)
@@ -587,13 +587,13 @@ static inline __attribute__((always_inline)) DOTPROD void
 x16_q6_K_dp(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride, float *s,
 	    size_t s_stride)
 {
-	const uint8_t *meta = panel + (size_t)nb * 3072;
 	const uint8x16_t low = vdupq_n_u8(0x0f), two = vdupq_n_u8(0x30);
 	for (int t = 0; t < NT; t++)
 		for (int r = 0; r < KERN_X16_ROWS; r += 4)
 			vst1q_f32(s + (size_t)t * s_stride + r, vdupq_n_f32(0));
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pc = panel + (size_t)b * 3072, *pm = meta + (size_t)b * 288;
+		const uint8_t *pc = KERN_X16_CODES(panel, nb, 3072, 288, b);
+		const uint8_t *pm = KERN_X16_META(panel, nb, 3072, 288, b);
 		for (int qr = 0; qr < 4; qr++) {
 			int32x4_t sumi[X16N_TOKENS];
 			for (int t = 0; t < NT; t++)

@@ -117,8 +117,8 @@ static void x16_move(uint32_t type, bool pack, uint8_t *rows, size_t row_stride,
 	for (int r = 0; r < KERN_X16_ROWS; r++)
 		for (int64_t b = 0; b < nb; b++)
 			x16_block(type, pack, rows + (size_t)r * row_stride + (size_t)b * di->size,
-				  panel + (size_t)b * cb, panel + (size_t)nb * cb + (size_t)b * mb,
-				  r);
+				  KERN_X16_CODES(panel, nb, cb, mb, b),
+				  KERN_X16_META(panel, nb, cb, mb, b), r);
 }
 
 void kern_x16_unpack_row(uint32_t type, const void *panel, int64_t n, int r, void *row)
@@ -128,8 +128,8 @@ void kern_x16_unpack_row(uint32_t type, const void *panel, int64_t n, int r, voi
 	size_t cb = codes_per_block(type), mb = meta_per_block(type);
 	uint8_t *p = (uint8_t *)(uintptr_t)panel; /* only read when unpacking */
 	for (int64_t b = 0; b < nb; b++)
-		x16_block(type, false, (uint8_t *)row + (size_t)b * di->size, p + (size_t)b * cb,
-			  p + (size_t)nb * cb + (size_t)b * mb, r);
+		x16_block(type, false, (uint8_t *)row + (size_t)b * di->size,
+			  KERN_X16_CODES(p, nb, cb, mb, b), KERN_X16_META(p, nb, cb, mb, b), r);
 }
 
 void kern_x16_pack(uint32_t type, const void *rows, size_t row_stride, int64_t n, void *panel)
@@ -192,19 +192,18 @@ void kern_gemm_x16_ref(uint32_t type, int64_t n, int nr, int nt, const void *w,
 	(void)aux_stride;
 	for (int p = 0; p < nr / KERN_X16_ROWS; p++) {
 		const uint8_t *panel = (const uint8_t *)w + (size_t)p * KERN_X16_ROWS * w_stride;
-		const uint8_t *scales = panel + (size_t)nb * cb;
 		for (int t = 0; t < nt; t++) {
 			const struct block_q8_0 *ab =
 				(const struct block_q8_0 *)((const uint8_t *)a + (size_t)t * a_stride);
 			for (int r = 0; r < KERN_X16_ROWS; r++) {
 				float acc = 0.0f;
 				for (int64_t b = 0; b < nb; b++) {
-					const uint8_t *pb = panel + (size_t)b * cb;
+					const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 					int32_t isum = 0;
 					for (int e = 0; e < 32; e++)
 						isum += (code_at(type, pb, r, e) - off) * ab[b].qs[e];
 					uint16_t dh;
-					memcpy(&dh, scales + (size_t)b * 32 + 2 * r, 2);
+					memcpy(&dh, KERN_X16_META(panel, nb, cb, 32, b) + 2 * r, 2);
 					float dw = fp16_to_f32(dh), da = fp16_to_f32(ab[b].d);
 					acc = fmaf((float)isum, dw * da, acc);
 				}
