@@ -101,13 +101,20 @@ DEPS := $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 # this bare form: a .SECONDARY with prerequisites anywhere limits it to those.
 .SECONDARY:
 
-.PHONY: all check test clean format check-deps install install-programs uninstall fuzz
+.PHONY: all check test clean format docs check-deps install install-programs uninstall fuzz
 
 clean:
 	rm -rf build build-* $(CLEAN_EXTRA)
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
+
+# docs/configuration.md: its intro, then the table edgelmd prints from the
+# configuration table itself (tests/integration/config_doc.sh checks it)
+docs: $(BUILD)/bin/edgelmd
+	@{ sed '/^<!-- generated/q' docs/configuration.md; $(BUILD)/bin/edgelmd --print-config-doc; } \
+		>docs/configuration.md.new && mv docs/configuration.md.new docs/configuration.md
+	@echo "  DOCS    docs/configuration.md"
 
 # Module boundaries (docs/design.md): lower modules include only common/.
 check-deps:

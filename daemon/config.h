@@ -3,8 +3,9 @@
  * One table (config.c) drives parsing of /etc/edgelm/edgelm.conf (plain
  * `key value` lines, # comments), command-line overrides (--set key=value
  * and the dedicated flags), validation, --print-config, the docs
- * (docs/configuration.md is generated from it by `edgelmd --print-config
- * --doc`) and SIGHUP reload (only RELOADABLE keys change in place; a model
+ * (docs/configuration.md's table is `edgelmd --print-config-doc`;
+ * `make docs` rewrites it, tests/integration/config_doc.sh fails when it
+ * is stale) and SIGHUP reload (only RELOADABLE keys change in place; a model
  * change is handled by the daemon). */
 #ifndef EDGELM_DAEMON_CONFIG_H
 #define EDGELM_DAEMON_CONFIG_H
