@@ -140,6 +140,10 @@ static int nng_err(struct edgelm_error *err, int rv, int timeout_ms, const char 
 		               timeout_ms);
 	case NNG_ENOMEM:
 		return set_err(err, EDGELM_E_NOMEM, "%s: out of memory", what);
+	case NNG_ECONNRESET:
+	case NNG_ECONNSHUT:
+		return set_err(err, EDGELM_E_CONNECTION,
+		               "%s: the connection to the daemon was lost (edgelmd stopped?)", what);
 	default:
 		return set_err(err, EDGELM_E_CONNECTION, "%s: %s", what, nng_strerror(rv));
 	}
@@ -236,7 +240,15 @@ static int xfer(struct edgelm_client *c, const char *req, size_t len, int timeou
 		               "request of %zu bytes is larger than the %zu-byte message limit",
 		               len, maxm);
 	nng_duration to = timeout_ms > 0 ? timeout_ms : NNG_DURATION_INFINITE;
-	int send_to = atomic_load(&c->timeout_ms);
+	/* Sending waits only for a connection (after a reconnect): at most the
+	 * call's own timeout or the client's, the smaller, and never forever,
+	 * so that a call after the daemon went away (the cancel that follows a
+	 * dropped generate, say) fails instead of waiting for a daemon that
+	 * may never come back. */
+	int gen_to = atomic_load(&c->timeout_ms);
+	int send_to = timeout_ms > 0 && (gen_to <= 0 || timeout_ms < gen_to) ? timeout_ms : gen_to;
+	if (send_to <= 0)
+		send_to = DEFAULT_TIMEOUT_MS;
 	nng_ctx ctx;
 	nng_aio *aio = NULL;
 	nng_msg *m = NULL;
@@ -251,14 +263,17 @@ static int xfer(struct edgelm_client *c, const char *req, size_t len, int timeou
 	}
 	memcpy(nng_msg_body(m), req, len);
 	nng_aio_set_msg(aio, m);
-	/* Sending waits for a connection (after a reconnect) up to the client's
-	 * general timeout; only the reply wait depends on the request. */
-	nng_aio_set_timeout(aio, send_to > 0 ? send_to : NNG_DURATION_INFINITE);
+	nng_aio_set_timeout(aio, send_to);
 	nng_ctx_send(ctx, aio);
 	nng_aio_wait(aio);
 	if ((rv = nng_aio_result(aio)) != 0) {
 		nng_msg_free(nng_aio_get_msg(aio));
-		rc = nng_err(err, rv, send_to, "sending the request");
+		if (rv == NNG_ETIMEDOUT)
+			rc = set_err(err, EDGELM_E_CONNECTION,
+			             "no connection to the daemon within %d ms (is edgelmd running?)",
+			             send_to);
+		else
+			rc = nng_err(err, rv, send_to, "sending the request");
 		goto out;
 	}
 	nng_aio_set_timeout(aio, to);

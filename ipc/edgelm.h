@@ -102,7 +102,9 @@ EDGELM_API void edgelm_close(edgelm_client *c); /* NULL-safe */
 
 /* How long a call waits for its reply, in ms (default 30000; <= 0: forever).
  * A blocking generate waits its deadline_ms plus this, or forever when it has
- * no deadline (a dead daemon is still noticed: the connection drops). */
+ * no deadline (a dead daemon is still noticed: the connection drops). After
+ * a lost connection a call waits for the library's reconnect at most this
+ * long (30000 when this is forever), then fails with EDGELM_E_CONNECTION. */
 EDGELM_API void edgelm_set_timeout(edgelm_client *c, int timeout_ms);
 /* Requests larger than this are refused locally with EDGELM_E_TOO_LARGE
  * (default 1 MiB, the daemon's default limit; 0: no check). The daemon drops

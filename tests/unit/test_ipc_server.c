@@ -881,7 +881,8 @@ static void test_hostile_over_wire(void)
 
 	/* the same client reconnects; the daemon is healthy */
 	enum edgelm_health h;
-	CHECK_OK(edgelm_health(c, &h, NULL, &e));
+	rc = edgelm_health(c, &h, NULL, &e);
+	CHECK_MSG(rc == 0, "health after the drop: %d (%s)", rc, e.message);
 	CHECK(health_ok(d));
 	struct ipc_server_stats st;
 	ipc_server_stats_get(d->srv, &st);
@@ -981,6 +982,78 @@ static void test_stop_while_busy(void)
 	daemon_stop(d);
 }
 
+/* The daemon goes away while a blocking generate with no timeout waits:
+ * the call fails with EDGELM_E_CONNECTION (regression: the cancel the
+ * library sends after the dropped reply waited forever for a reconnect,
+ * so `edgelmctl --timeout 0 generate --no-stream` hung when edgelmd died). */
+struct dropped_gen {
+	struct tdaemon *d;
+	int rc;
+	char msg[256];
+	atomic_bool done;
+};
+
+static void *dropped_gen_thread(void *arg)
+{
+	struct dropped_gen *dg = arg;
+	edgelm_client *c = NULL;
+	struct edgelm_error e;
+	dg->rc = edgelm_connect(dg->d->url, &c, &e);
+	if (dg->rc == 0) {
+		edgelm_set_timeout(c, 0);
+		struct edgelm_result res;
+		dg->rc = edgelm_generate(c, "hold", NULL, &res, &e);
+		snprintf(dg->msg, sizeof(dg->msg), "%s", dg->rc ? e.message : "");
+		edgelm_result_free(&res);
+		edgelm_close(c);
+	}
+	atomic_store(&dg->done, true);
+	return NULL;
+}
+
+static void test_daemon_vanishes(void)
+{
+	struct tdaemon *d = daemon_start("vanish", NULL);
+	if (!d)
+		return;
+	edgelm_client *c = connect_to(d);
+	struct dropped_gen dg = {.d = d};
+	pthread_t th;
+	pthread_create(&th, NULL, dropped_gen_thread, &dg);
+	for (int i = 0; i < 500; i++) {
+		pthread_mutex_lock(&d->mu);
+		size_t n = d->n_held;
+		pthread_mutex_unlock(&d->mu);
+		if (n)
+			break;
+		usleep(5000);
+	}
+	/* the daemon stops without answering the held call */
+	CHECK_EQ_INT(ipc_server_stop(d->srv, 50), 1);
+	for (int i = 0; i < 1000 && !atomic_load(&dg.done); i++)
+		usleep(10000);
+	CHECK_MSG(atomic_load(&dg.done), "generate still waiting 10 s after the daemon went away");
+	if (atomic_load(&dg.done)) {
+		pthread_join(th, NULL);
+		CHECK_EQ_INT(dg.rc, EDGELM_E_CONNECTION);
+	} else {
+		pthread_detach(th); /* hung: leave it, the check above failed */
+	}
+	/* a later call on a client connected before waits for a reconnect at
+	 * most its timeout, and says why it failed */
+	if (c) {
+		struct edgelm_error e;
+		enum edgelm_health h;
+		edgelm_set_timeout(c, 300);
+		uint64_t t0 = cm_now_ns();
+		CHECK_EQ_INT(edgelm_health(c, &h, NULL, &e), EDGELM_E_CONNECTION);
+		CHECK(cm_now_ns() - t0 < 5000000000u);
+		CHECK_MSG(strstr(e.message, "no connection") != NULL, "message: %s", e.message);
+	}
+	edgelm_close(c);
+	daemon_stop(d);
+}
+
 static void test_setup_errors(void)
 {
 	ipc_server *srv = NULL;
@@ -1065,6 +1138,7 @@ int main(void)
 	TEST_RUN(test_queue_full_1000);
 	TEST_RUN(test_hostile_over_wire);
 	TEST_RUN(test_stop_while_busy);
+	TEST_RUN(test_daemon_vanishes);
 	TEST_RUN(test_setup_errors);
 	TEST_RUN(test_second_server_refused); /* last: see its comment */
 	return test_finish();
