@@ -12,9 +12,14 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 total_p=0; total_f=0; total_s=0; failed=""
+# A test that hangs fails (exit 124) instead of stalling the run; the
+# longest ones (real model shapes under ASan) take a few minutes.
+TEST_TIMEOUT=${TEST_TIMEOUT:-900}
 run_one() {
 	name=$1; shift
-	out=$("$@" 2>"$TEST_TMPDIR/stderr"); rc=$?
+	out=$(timeout --kill-after=10 "$TEST_TIMEOUT" "$@" 2>"$TEST_TMPDIR/stderr"); rc=$?
+	[ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] &&
+		echo "timed out after $TEST_TIMEOUT s (TEST_TIMEOUT)" >>"$TEST_TMPDIR/stderr"
 	line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
 	if [ -z "$line" ]; then
 		p=0; f=1; s=0
