@@ -18,8 +18,10 @@ TEST_TIMEOUT=${TEST_TIMEOUT:-900}
 run_one() {
 	name=$1; shift
 	out=$(timeout --kill-after=10 "$TEST_TIMEOUT" "$@" 2>"$TEST_TMPDIR/stderr"); rc=$?
-	[ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] &&
-		echo "timed out after $TEST_TIMEOUT s (TEST_TIMEOUT)" >>"$TEST_TMPDIR/stderr"
+	case $rc in
+	124) echo "timed out after $TEST_TIMEOUT s (TEST_TIMEOUT)" >>"$TEST_TMPDIR/stderr" ;;
+	137) echo "killed (SIGKILL: 10 s after TEST_TIMEOUT, or from outside)" >>"$TEST_TMPDIR/stderr" ;;
+	esac
 	line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
 	if [ -z "$line" ]; then
 		p=0; f=1; s=0
