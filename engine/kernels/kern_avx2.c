@@ -405,6 +405,17 @@ static uint64_t read_stream(const void *p, size_t n)
 	       (uint64_t)_mm256_extract_epi64(s, 2) ^ (uint64_t)_mm256_extract_epi64(s, 3);
 }
 
+/* kern.h: one load per iteration into one chain (GCC would unroll it) */
+static uint64_t read_stream_chain(const void *p, size_t n)
+{
+	const __m256i *v = p;
+	__m256i s = _mm256_setzero_si256();
+	_Pragma("GCC unroll 1") for (size_t i = 0; i < n / 32; i++)
+		s = _mm256_xor_si256(s, _mm256_load_si256(v + i));
+	__m128i q = _mm_xor_si128(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+	return (uint64_t)_mm_cvtsi128_si64(q) ^ (uint64_t)_mm_extract_epi64(q, 1);
+}
+
 /* ---- attention over F16 / Q8_0 KV caches ----------------------------------
  * Contracts in kern.h. score_f16 sums in f32 (two accumulators, then a
  * scalar tail); score_q8_0 and both vsums take the reference's float steps
@@ -928,6 +939,7 @@ const struct kern_ops kern_avx2_ops = {
 	.dot_f32 = dot_f32,
 	.axpy_f32 = axpy_f32,
 	.read_stream = read_stream,
+	.read_stream_chain = read_stream_chain,
 	.attn_score_f16 = attn_score_f16,
 	.attn_score_q8_0 = attn_score_q8_0,
 	.attn_vsum_f16 = attn_vsum_f16,

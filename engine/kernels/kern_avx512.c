@@ -162,6 +162,18 @@ static uint64_t read_stream(const void *p, size_t n)
 	return (uint64_t)_mm_cvtsi128_si64(q) ^ (uint64_t)_mm_extract_epi64(q, 1);
 }
 
+/* kern.h: one load per iteration into one chain (GCC would unroll it) */
+static uint64_t read_stream_chain(const void *p, size_t n)
+{
+	const __m512i *v = p;
+	__m512i s = _mm512_setzero_si512();
+	_Pragma("GCC unroll 1") for (size_t i = 0; i < n / 64; i++)
+		s = _mm512_xor_si512(s, _mm512_load_si512(v + i));
+	__m256i h = _mm256_xor_si256(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+	__m128i q = _mm_xor_si128(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+	return (uint64_t)_mm_cvtsi128_si64(q) ^ (uint64_t)_mm_extract_epi64(q, 1);
+}
+
 /* ---- VNNI: one token ----------------------------------------------------- */
 
 static inline __m256i q4_0_codes(const uint8_t *qs)
@@ -1106,6 +1118,7 @@ const struct kern_ops kern_avx512_ops = {
 	.silu_mul_f32 = silu_mul_f32,
 	.exp_sum_f32 = exp_sum_f32,
 	.read_stream = read_stream,
+	.read_stream_chain = read_stream_chain,
 	.attn_score_f16 = attn_score_f16_512,
 	.attn_vsum_f16 = attn_vsum_f16_512,
 	.attn_vsum_q8_0 = attn_vsum_q8_0_512,

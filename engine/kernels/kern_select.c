@@ -146,6 +146,8 @@ static void merge_one(struct kern_ops *m, const struct kern_ops *under, const st
 		m->exp_sum_f32 = v->exp_sum_f32;
 	if (v->read_stream)
 		m->read_stream = v->read_stream;
+	if (v->read_stream_chain)
+		m->read_stream_chain = v->read_stream_chain;
 	if (v->attn_score_f16)
 		m->attn_score_f16 = v->attn_score_f16;
 	if (v->attn_score_q8_0)
