@@ -585,6 +585,7 @@ static void attn_vsum_q8_0(int hd, int n, const float *w, const void *v, size_t 
  * up to 4 tokens. */
 #define X16A_TOKENS 4
 #define X16A_PREFETCH 2048
+#define PF_T0(p) _mm_prefetch((p), _MM_HINT_T0)
 
 static inline int32_t ld32(const void *p)
 {
@@ -649,12 +650,7 @@ x16a_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const floa
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 		const uint8_t *sb = KERN_X16_META(panel, nb, cb, 32, b);
-		/* the stream ahead: the block's codes, with the pair's second
-		 * block the pair's scales */
-		for (size_t l = 0; l < cb; l += 64)
-			_mm_prefetch((const char *)pb + X16A_PREFETCH + l, _MM_HINT_T0);
-		if (b & 1)
-			_mm_prefetch((const char *)pb + cb + X16A_PREFETCH, _MM_HINT_T0);
+		KERN_X16_PREFETCH(PF_T0, pb, cb, 32, b, X16A_PREFETCH);
 		const int8_t *q = ((const struct block_q8_0 *)a)[b].qs;
 		acc0 = x16_step(q4, acc0, x16_isum(q4, pb, 0, q), sb, 0, aux + 2 * b);
 		acc1 = x16_step(q4, acc1, x16_isum(q4, pb, 1, q), sb, 1, aux + 2 * b);
@@ -736,11 +732,7 @@ x16a_q4_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 2048, 256, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
-		for (size_t l = 0; l < 2048; l += 64)
-			_mm_prefetch((const char *)pc + X16K_PREFETCH + l, _MM_HINT_T0);
-		if (b & 1) /* the pair's metadata */
-			for (size_t l = 0; l < 2 * 256; l += 64)
-				_mm_prefetch((const char *)pc + 2048 + X16K_PREFETCH + l, _MM_HINT_T0);
+		KERN_X16_PREFETCH(PF_T0, pc, 2048, 256, b, X16K_PREFETCH);
 		for (int hv = 0; hv < 2; hv++) {
 			/* 6-bit scales and mins of the 8 sub-blocks, rows 8hv.. */
 			__m128i q[12];
@@ -821,11 +813,7 @@ x16a_q6_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 3072, 288, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 3072, 288, b);
-		for (size_t l = 0; l < 3072; l += 64)
-			_mm_prefetch((const char *)pc + X16K_PREFETCH + l, _MM_HINT_T0);
-		if (b & 1) /* the pair's metadata */
-			for (size_t l = 0; l < 2 * 288; l += 64)
-				_mm_prefetch((const char *)pc + 3072 + X16K_PREFETCH + l, _MM_HINT_T0);
+		KERN_X16_PREFETCH(PF_T0, pc, 3072, 288, b, X16K_PREFETCH);
 		for (int hv = 0; hv < 2; hv++) {
 			/* int8 scales of the 16 sub-blocks as (sc 2p, sc 2p+1)
 			 * int16 pairs, rows 8hv.., for the offset term */

@@ -544,6 +544,7 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
 #ifndef X16_HINT
 #define X16_HINT _MM_HINT_T0
 #endif
+#define X16_PF(p) _mm_prefetch((p), X16_HINT)
 
 /* acc += dpbusd(c, broadcast of the 4 bytes at p), with the broadcast
  * folded into the instruction ({1to16}): GCC does not fold
@@ -570,12 +571,7 @@ x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, s
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 		__m512i c[8];
 #if X16_PREFETCH
-		/* the stream X16_PREFETCH ahead: this block's codes, and with
-		 * the pair's second block the pair's 64 bytes of scales */
-		_Pragma("GCC unroll 8") for (size_t l = 0; l < cb; l += 64)
-			_mm_prefetch((const char *)pb + X16_PREFETCH + l, X16_HINT);
-		if (b & 1)
-			_mm_prefetch((const char *)pb + cb + X16_PREFETCH, X16_HINT);
+		KERN_X16_PREFETCH(X16_PF, pb, cb, 32, b, X16_PREFETCH);
 #endif
 		if (q4 && NT <= X16_HI_TOKENS) {
 			/* few tokens: keep the high nibbles in place (16 x code),
@@ -695,13 +691,7 @@ x16_q4_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 2048, 256, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
 #if X16_PREFETCH
-		/* the stream X16_PREFETCH * 8 ahead: this block's codes, and
-		 * with the pair's second block its two metadata parts */
-		_Pragma("GCC unroll 32") for (size_t l = 0; l < 2048; l += 64)
-			_mm_prefetch((const char *)pc + X16_PREFETCH * 8 + l, X16_HINT);
-		if (b & 1)
-			_Pragma("GCC unroll 9") for (size_t l = 0; l < 2 * 256; l += 64)
-				_mm_prefetch((const char *)pc + 2048 + X16_PREFETCH * 8 + l, X16_HINT);
+		KERN_X16_PREFETCH(X16_PF, pc, 2048, 256, b, X16_PREFETCH * 8);
 #endif
 		/* 6-bit scales and mins of the 8 sub-blocks, 16 rows each
 		 * (quant_scale_min_k4 on 16 lanes); mins as (m, m) int16 pairs */
@@ -806,13 +796,7 @@ x16_q6_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 3072, 288, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 3072, 288, b);
 #if X16_PREFETCH
-		/* the stream X16_PREFETCH * 8 ahead: this block's codes, and
-		 * with the pair's second block its two metadata parts */
-		_Pragma("GCC unroll 48") for (size_t l = 0; l < 3072; l += 64)
-			_mm_prefetch((const char *)pc + X16_PREFETCH * 8 + l, X16_HINT);
-		if (b & 1)
-			_Pragma("GCC unroll 9") for (size_t l = 0; l < 2 * 288; l += 64)
-				_mm_prefetch((const char *)pc + 3072 + X16_PREFETCH * 8 + l, X16_HINT);
+		KERN_X16_PREFETCH(X16_PF, pc, 3072, 288, b, X16_PREFETCH * 8);
 #endif
 		/* int8 scales of the 16 sub-blocks; as (sc 2p, sc 2p+1) int16
 		 * pairs for the offset term */

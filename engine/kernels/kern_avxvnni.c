@@ -137,6 +137,7 @@ x16_half(bool q4, int64_t nb, int NT, const uint8_t *panel, int h, const uint8_t
  * down by 16 once, exact). Per (row, token) the same float steps as
  * x16_half: bit-identical. */
 #define X16V_PREFETCH 2048
+#define PF_T0(p) _mm_prefetch((p), _MM_HINT_T0)
 
 static inline __attribute__((always_inline)) void
 x16_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const float *aux, float *s)
@@ -148,10 +149,7 @@ x16_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const float
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 		const uint8_t *sb = KERN_X16_META(panel, nb, cb, 32, b);
-		for (size_t l = 0; l < cb; l += 64)
-			_mm_prefetch((const char *)pb + X16V_PREFETCH + l, _MM_HINT_T0);
-		if (b & 1) /* the pair's scales */
-			_mm_prefetch((const char *)pb + cb + X16V_PREFETCH, _MM_HINT_T0);
+		KERN_X16_PREFETCH(PF_T0, pb, cb, 32, b, X16V_PREFETCH);
 		const int8_t *q = ((const struct block_q8_0 *)a)[b].qs;
 		const float *x = aux + 2 * b;
 		_Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
