@@ -891,10 +891,15 @@ static void test_hostile_over_wire(void)
 	daemon_stop(d);
 }
 
+/* A blocking generate the test daemon holds unanswered ("hold"); `forever`
+ * sets the client's timeout to 0. `done` is set when the call returned. */
 struct held_gen {
 	struct tdaemon *d;
+	bool forever;
 	int rc;
 	char text[64];
+	char msg[256];
+	atomic_bool done;
 };
 
 static void *held_gen_thread(void *arg)
@@ -903,15 +908,33 @@ static void *held_gen_thread(void *arg)
 	edgelm_client *c = NULL;
 	struct edgelm_error e;
 	hg->rc = edgelm_connect(hg->d->url, &c, &e);
-	if (hg->rc)
-		return NULL;
-	struct edgelm_result res;
-	hg->rc = edgelm_generate(c, "hold", NULL, &res, &e);
-	if (hg->rc == 0)
-		snprintf(hg->text, sizeof(hg->text), "%s", res.text);
-	edgelm_result_free(&res);
-	edgelm_close(c);
+	if (hg->rc == 0) {
+		if (hg->forever)
+			edgelm_set_timeout(c, 0);
+		struct edgelm_result res;
+		hg->rc = edgelm_generate(c, "hold", NULL, &res, &e);
+		if (hg->rc == 0)
+			snprintf(hg->text, sizeof(hg->text), "%s", res.text);
+		else
+			snprintf(hg->msg, sizeof(hg->msg), "%s", e.message);
+		edgelm_result_free(&res);
+		edgelm_close(c);
+	}
+	atomic_store(&hg->done, true);
 	return NULL;
+}
+
+/* Wait (up to 2.5 s) until the test daemon holds a call. */
+static void wait_held(struct tdaemon *d)
+{
+	for (int i = 0; i < 500; i++) {
+		pthread_mutex_lock(&d->mu);
+		size_t n = d->n_held;
+		pthread_mutex_unlock(&d->mu);
+		if (n)
+			break;
+		usleep(5000);
+	}
 }
 
 struct stopper {
@@ -936,14 +959,7 @@ static void test_stop_while_busy(void)
 	struct held_gen hg = {.d = d};
 	pthread_t th, st;
 	pthread_create(&th, NULL, held_gen_thread, &hg);
-	for (int i = 0; i < 500; i++) {
-		pthread_mutex_lock(&d->mu);
-		size_t n = d->n_held;
-		pthread_mutex_unlock(&d->mu);
-		if (n)
-			break;
-		usleep(5000);
-	}
+	wait_held(d);
 	edgelm_client *c = connect_to(d);
 	struct stopper sp = {.srv = d->srv};
 	pthread_create(&st, NULL, stop_thread, &sp);
@@ -986,48 +1002,16 @@ static void test_stop_while_busy(void)
  * the call fails with EDGELM_E_CONNECTION (regression: the cancel the
  * library sends after the dropped reply waited forever for a reconnect,
  * so `edgelmctl --timeout 0 generate --no-stream` hung when edgelmd died). */
-struct dropped_gen {
-	struct tdaemon *d;
-	int rc;
-	char msg[256];
-	atomic_bool done;
-};
-
-static void *dropped_gen_thread(void *arg)
-{
-	struct dropped_gen *dg = arg;
-	edgelm_client *c = NULL;
-	struct edgelm_error e;
-	dg->rc = edgelm_connect(dg->d->url, &c, &e);
-	if (dg->rc == 0) {
-		edgelm_set_timeout(c, 0);
-		struct edgelm_result res;
-		dg->rc = edgelm_generate(c, "hold", NULL, &res, &e);
-		snprintf(dg->msg, sizeof(dg->msg), "%s", dg->rc ? e.message : "");
-		edgelm_result_free(&res);
-		edgelm_close(c);
-	}
-	atomic_store(&dg->done, true);
-	return NULL;
-}
-
 static void test_daemon_vanishes(void)
 {
 	struct tdaemon *d = daemon_start("vanish", NULL);
 	if (!d)
 		return;
 	edgelm_client *c = connect_to(d);
-	struct dropped_gen dg = {.d = d};
+	struct held_gen dg = {.d = d, .forever = true};
 	pthread_t th;
-	pthread_create(&th, NULL, dropped_gen_thread, &dg);
-	for (int i = 0; i < 500; i++) {
-		pthread_mutex_lock(&d->mu);
-		size_t n = d->n_held;
-		pthread_mutex_unlock(&d->mu);
-		if (n)
-			break;
-		usleep(5000);
-	}
+	pthread_create(&th, NULL, held_gen_thread, &dg);
+	wait_held(d);
 	/* the daemon stops without answering the held call */
 	CHECK_EQ_INT(ipc_server_stop(d->srv, 50), 1);
 	for (int i = 0; i < 1000 && !atomic_load(&dg.done); i++)
@@ -1035,7 +1019,7 @@ static void test_daemon_vanishes(void)
 	CHECK_MSG(atomic_load(&dg.done), "generate still waiting 10 s after the daemon went away");
 	if (atomic_load(&dg.done)) {
 		pthread_join(th, NULL);
-		CHECK_EQ_INT(dg.rc, EDGELM_E_CONNECTION);
+		CHECK_MSG(dg.rc == EDGELM_E_CONNECTION, "generate: %d (%s)", dg.rc, dg.msg);
 	} else {
 		pthread_detach(th); /* hung: leave it, the check above failed */
 	}
