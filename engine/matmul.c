@@ -189,6 +189,7 @@ static void mm_worker(void *arg, int ith, int nth)
 
 struct quant_job {
 	kern_quant_fn fn;
+	kern_quant_aux_fn fn_aux; /* NULL: fn, then kern_act_aux */
 	const float *x;
 	size_t x_stride;
 	struct act *a;
@@ -200,9 +201,15 @@ struct quant_job {
 static void quant_one(const struct quant_job *q, int t)
 {
 	uint8_t *row = (uint8_t *)q->a->rows + (size_t)t * q->a->stride;
-	q->fn(q->x + (size_t)t * q->x_stride, row, q->n);
-	if (q->a->aux)
-		kern_act_aux(q->a->type, row, q->n, (float *)q->a->aux + (size_t)t * q->a->aux_stride);
+	const float *x = q->x + (size_t)t * q->x_stride;
+	float *aux = q->a->aux ? (float *)q->a->aux + (size_t)t * q->a->aux_stride : NULL;
+	if (aux && q->fn_aux) {
+		q->fn_aux(x, row, q->n, aux);
+		return;
+	}
+	q->fn(x, row, q->n);
+	if (aux)
+		kern_act_aux(q->a->type, row, q->n, aux);
 }
 
 static void quant_worker(void *arg, int ith, int nth)
@@ -248,7 +255,7 @@ static void make_act(engine_ctx *c, uint32_t type, bool want_aux, const float *x
 		bytes += align64(aux_len * sizeof(float) * (size_t)n_tok);
 	}
 	*used += bytes;
-	struct quant_job q = {k->quant_act[type], x, x_stride, a, n, n_tok, 0};
+	struct quant_job q = {k->quant_act[type], k->quant_act_aux[type], x, x_stride, a, n, n_tok, 0};
 	if (n_tok > 1)
 		pool_run(c->m->pool, quant_worker, &q);
 	else

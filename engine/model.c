@@ -1138,7 +1138,7 @@ static void kv_store(engine_ctx *c, uint8_t *dst, const float *x)
 	size_t hd = hp->head_dim, kvd = hd * hp->n_head_kv;
 	switch (c->kv_type) {
 	case ENGINE_KV_F16:
-		quantize_row_f16_ref(x, dst, (int64_t)kvd);
+		c->m->kern->quant_act[ENGINE_DTYPE_F16](x, dst, (int64_t)kvd);
 		break;
 	case ENGINE_KV_Q8_0: {
 		kern_quant_fn quant = c->m->kern->quant_act[ENGINE_DTYPE_Q8_0];

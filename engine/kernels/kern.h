@@ -23,6 +23,10 @@
 typedef void (*kern_vec_dot_fn)(int64_t n, float *s, const void *w, const void *a);
 /* Convert n f32 activations into act_type layout. */
 typedef void (*kern_quant_fn)(const float *x, void *y, int64_t n);
+/* The same conversion that also writes kern_act_aux()'s side data for the
+ * row in the same pass: the bytes and floats of quant_act followed by
+ * kern_act_aux, bit for bit. */
+typedef void (*kern_quant_aux_fn)(const float *x, void *y, int64_t n, float *aux);
 /* Dequantize n elements of a weight row to f32. */
 typedef void (*kern_dequant_fn)(const void *w, float *y, int64_t n);
 /* The many-token (tile) kernel:
@@ -96,8 +100,12 @@ struct kern_caps {
 struct kern_ops {
 	const char *name; /* "scalar", "avx2", "avx512", ... */
 	struct kern_type_ops t[ENGINE_DTYPE_COUNT];
-	/* Activation converters, indexed by act_type. */
+	/* Activation converters, indexed by act_type; F16's makes the rows
+	 * of the F16 KV cache. */
 	kern_quant_fn quant_act[ENGINE_DTYPE_COUNT];
+	/* Converters with kern_act_aux() fused in, for the act types that
+	 * have side data (NULL: quant_act, then kern_act_aux). */
+	kern_quant_aux_fn quant_act_aux[ENGINE_DTYPE_COUNT];
 	/* f32 helpers used by attention and norms. */
 	float (*dot_f32)(int64_t n, const float *a, const float *b);
 	/* y += a * x */

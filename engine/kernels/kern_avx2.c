@@ -331,7 +331,11 @@ static inline __m256i round_away(__m256 v)
 	return _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(big, one)));
 }
 
-static void quant_q8_0(const float *x, void *vy, int64_t n)
+/* Q8_0 activations, and their kern_act_aux() side data when aux is not
+ * NULL: the scale through F16C (vcvtps2ph rounds to nearest even like
+ * fp32_to_fp16, NaN payloads included), the code sum from the int32 lanes. */
+static inline __attribute__((always_inline)) void quant_q8_0_body(const float *x, void *vy,
+								   int64_t n, float *aux)
 {
 	struct block_q8_0 *y = vy;
 	const __m256 sgn = _mm256_set1_ps(-0.0f);
@@ -349,7 +353,8 @@ static void quant_q8_0(const float *x, void *vy, int64_t n)
 		float amax = _mm_cvtss_f32(h);
 		float d = amax / 127.0f;
 		float id = d != 0.0f ? 1.0f / d : 0.0f;
-		y[i].d = fp32_to_fp16(d);
+		uint16_t dh = (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+		memcpy(&y[i].d, &dh, 2);
 		__m256 vid = _mm256_set1_ps(id);
 		__m256i i0 = round_away(_mm256_mul_ps(v0, vid));
 		__m256i i1 = round_away(_mm256_mul_ps(v1, vid));
@@ -359,7 +364,38 @@ static void quant_q8_0(const float *x, void *vy, int64_t n)
 		__m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
 		p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 		_mm256_storeu_si256((__m256i *)y[i].qs, p);
+		if (aux) {
+			__m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+			__m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s),
+						   _mm256_extracti128_si256(s, 1));
+			s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+			s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+			aux[2 * i] = _cvtsh_ss(dh);
+			aux[2 * i + 1] = (float)_mm_cvtsi128_si32(s4);
+		}
 	}
+}
+
+static void quant_q8_0(const float *x, void *vy, int64_t n)
+{
+	quant_q8_0_body(x, vy, n, NULL);
+}
+
+static void quant_q8_0_aux(const float *x, void *vy, int64_t n, float *aux)
+{
+	quant_q8_0_body(x, vy, n, aux);
+}
+
+/* F16 rows (the F16 KV cache): vcvtps2ph, bit for bit fp32_to_fp16 */
+static void quant_f16(const float *x, void *vy, int64_t n)
+{
+	uint16_t *y = vy;
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm_storeu_si128((__m128i *)(y + i),
+				 _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+	for (; i < n; i++)
+		y[i] = (uint16_t)_cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
 /* ---- f32 helpers --------------------------------------------------------- */
@@ -922,7 +958,11 @@ const struct kern_ops kern_avx2_ops = {
 					.vec_dot = vec_dot_q6_K_q8_K, .gemm_x16 = gemm_x16_q6_K },
 	},
 	.quant_act = {
+		[ENGINE_DTYPE_F16] = quant_f16,
 		[ENGINE_DTYPE_Q8_0] = quant_q8_0,
+	},
+	.quant_act_aux = {
+		[ENGINE_DTYPE_Q8_0] = quant_q8_0_aux,
 	},
 	.dot_f32 = dot_f32,
 	.axpy_f32 = axpy_f32,

@@ -174,6 +174,70 @@ static uint64_t read_stream_chain(const void *p, size_t n)
 	return (uint64_t)_mm_cvtsi128_si64(q) ^ (uint64_t)_mm_extract_epi64(q, 1);
 }
 
+/* ---- activation quantizers -------------------------------------------------
+ * Bit for bit the generic ones: the same products x * (1 / d) rounded half
+ * away from zero (truncate, then step out when the dropped part is >= 1/2,
+ * which is exact), the scale through vcvtps2ph (round to nearest even, as
+ * fp32_to_fp16). The _aux form writes kern_act_aux()'s d and sum(q) in the
+ * same pass. */
+
+static inline __m512i round_away_512(__m512 v)
+{
+	__m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+	__mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)),
+					   _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+	__m512 one = _mm512_or_ps(_mm512_and_ps(v, _mm512_set1_ps(-0.0f)), _mm512_set1_ps(1.0f));
+	return _mm512_cvttps_epi32(_mm512_mask_add_ps(t, big, t, one));
+}
+
+static inline __attribute__((always_inline)) void quant_q8_0_body(const float *x, void *vy,
+								   int64_t n, float *aux)
+{
+	struct block_q8_0 *y = vy;
+	for (int64_t i = 0; i < n / QK8_0; i++) {
+		__m512 v0 = _mm512_loadu_ps(x + i * QK8_0), v1 = _mm512_loadu_ps(x + i * QK8_0 + 16);
+		float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+		float d = amax / 127.0f;
+		float id = d != 0.0f ? 1.0f / d : 0.0f;
+		uint16_t dh = (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+		memcpy(&y[i].d, &dh, 2);
+		__m512 vid = _mm512_set1_ps(id);
+		__m512i i0 = round_away_512(_mm512_mul_ps(v0, vid));
+		__m512i i1 = round_away_512(_mm512_mul_ps(v1, vid));
+		_mm_storeu_si128((__m128i *)y[i].qs, _mm512_cvtsepi32_epi8(i0));
+		_mm_storeu_si128((__m128i *)(y[i].qs + 16), _mm512_cvtsepi32_epi8(i1));
+		if (aux) {
+			aux[2 * i] = _cvtsh_ss(dh);
+			aux[2 * i + 1] = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+		}
+	}
+}
+
+static void quant_q8_0(const float *x, void *vy, int64_t n)
+{
+	quant_q8_0_body(x, vy, n, NULL);
+}
+
+static void quant_q8_0_aux(const float *x, void *vy, int64_t n, float *aux)
+{
+	quant_q8_0_body(x, vy, n, aux);
+}
+
+static void quant_f16(const float *x, void *vy, int64_t n)
+{
+	uint16_t *y = vy;
+	int64_t i = 0;
+	for (; i + 16 <= n; i += 16)
+		_mm256_storeu_si256((__m256i *)(y + i),
+				    _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+	if (i < n) {
+		__mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+		_mm256_mask_storeu_epi16(y + i, m,
+					 _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i),
+							 _MM_FROUND_TO_NEAREST_INT));
+	}
+}
+
 /* ---- VNNI: one token ----------------------------------------------------- */
 
 static inline __m256i q4_0_codes(const uint8_t *qs)
@@ -1097,6 +1161,13 @@ const struct kern_ops kern_avx512_ops = {
 	.t = {
 		[ENGINE_DTYPE_F32] = { .act_type = ENGINE_DTYPE_F32, .vec_dot = vec_dot_f32 },
 		[ENGINE_DTYPE_F16] = { .act_type = ENGINE_DTYPE_F32, .vec_dot = vec_dot_f16 },
+	},
+	.quant_act = {
+		[ENGINE_DTYPE_F16] = quant_f16,
+		[ENGINE_DTYPE_Q8_0] = quant_q8_0,
+	},
+	.quant_act_aux = {
+		[ENGINE_DTYPE_Q8_0] = quant_q8_0_aux,
 	},
 	.dot_f32 = dot_f32,
 	.silu_mul_f32 = silu_mul_f32,

@@ -513,6 +513,7 @@ const struct kern_ops kern_generic_ops = {
 	},
 	.quant_act = {
 		[ENGINE_DTYPE_F32] = quant_act_f32,
+		[ENGINE_DTYPE_F16] = quantize_row_f16_ref, /* the F16 KV cache's rows */
 		[ENGINE_DTYPE_Q8_0] = quantize_row_q8_0_ref,
 		[ENGINE_DTYPE_Q8_1] = quantize_row_q8_1_ref,
 		[ENGINE_DTYPE_Q8_K] = quantize_row_q8_K_ref,

@@ -135,6 +135,8 @@ static void merge_one(struct kern_ops *m, const struct kern_ops *under, const st
 			m->t[t].dequant = vt->dequant;
 		if (v->quant_act[t])
 			m->quant_act[t] = v->quant_act[t];
+		if (v->quant_act_aux[t])
+			m->quant_act_aux[t] = v->quant_act_aux[t];
 	}
 	if (v->dot_f32)
 		m->dot_f32 = v->dot_f32;

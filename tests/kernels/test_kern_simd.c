@@ -125,12 +125,82 @@ static void test_quant_act_exact(void)
 					v[vi]->quant_act[at](x, q, n);
 					CHECK_MSG(memcmp(r, q, rs) == 0, "%s: %s activations, n %lld, mode %d",
 						  v[vi]->name, dtype_name(at), (long long)n, mode);
+					/* the fused converter: the same bytes, and
+					 * kern_act_aux()'s floats bit for bit */
+					size_t al = kern_act_aux_len(at, n);
+					if (v[vi]->quant_act_aux[at] && al) {
+						float *ra = kt_xcalloc(al * sizeof(float));
+						float *qa = kt_xcalloc(al * sizeof(float));
+						memset(q, 0x5a, rs);
+						kern_act_aux(at, r, n, ra);
+						v[vi]->quant_act_aux[at](x, q, n, qa);
+						CHECK_MSG(memcmp(r, q, rs) == 0 &&
+							  memcmp(ra, qa, al * sizeof(float)) == 0,
+							  "%s: fused %s activations and aux, n %lld, mode %d",
+							  v[vi]->name, dtype_name(at), (long long)n, mode);
+						free(ra);
+						free(qa);
+					}
 					free(x);
 					free(r);
 					free(q);
 				}
 		}
 	}
+}
+
+/* The F16 row converter (the F16 KV cache) against fp32_to_fp16 on a sweep
+ * of bit patterns: every exponent (subnormal outputs, the overflow edge,
+ * inf, NaNs with payloads) with mantissas stepped finely, at every length
+ * 1..40 so that the vector loop and its tail both run. */
+static void test_quant_f16_sweep(void)
+{
+	const struct kern_ops *v[8];
+	int nv = variants(v, 8);
+	enum { N = 1 << 16 };
+	float *x = kt_xcalloc(N * sizeof(float));
+	uint16_t *r = kt_xcalloc(N * sizeof(uint16_t)), *q = kt_xcalloc(N * sizeof(uint16_t));
+	for (int vi = 0; vi < nv; vi++) {
+		if (!v[vi]->quant_act[ENGINE_DTYPE_F16])
+			continue;
+		for (uint32_t base = 0; base < 1u << 16; base++) {
+			/* base: sign, exponent and top 7 mantissa bits; all of
+			 * them at the exponents where the conversion changes
+			 * regime (102: the smallest nonzero result, 112/113:
+			 * subnormal/normal halves, 142/143: the overflow edge,
+			 * 255: inf and NaN), two per exponent elsewhere */
+			uint32_t e = (base >> 7) & 0xff;
+			if (base % 64 != 0 && e != 102 && e != 112 && e != 113 && e != 142 &&
+			    e != 143 && e != 255)
+				continue;
+			for (int i = 0; i < N; i++) {
+				uint32_t u = base << 16 | (uint32_t)((i * 7919u) & 0xffffu);
+				memcpy(&x[i], &u, 4);
+			}
+			G->quant_act[ENGINE_DTYPE_F16](x, r, N);
+			v[vi]->quant_act[ENGINE_DTYPE_F16](x, q, N);
+			int bad = -1;
+			for (int i = 0; i < N && bad < 0; i++)
+				if (r[i] != q[i])
+					bad = i;
+			CHECK_MSG(bad < 0, "%s: f16 rows, bits %08x: %04x, want %04x", v[vi]->name,
+				  bad < 0 ? 0 : (unsigned)(base << 16 | ((bad * 7919u) & 0xffffu)),
+				  bad < 0 ? 0 : q[bad], bad < 0 ? 0 : r[bad]);
+		}
+		for (int n = 1; n <= 40; n++) {
+			for (int i = 0; i < n; i++)
+				x[i] = unif() * 1e3f;
+			memset(r, 0, 64 * sizeof(uint16_t));
+			memset(q, 0, 64 * sizeof(uint16_t));
+			G->quant_act[ENGINE_DTYPE_F16](x, r, n);
+			v[vi]->quant_act[ENGINE_DTYPE_F16](x, q, n);
+			CHECK_MSG(memcmp(r, q, 64 * sizeof(uint16_t)) == 0,
+				  "%s: f16 row of %d (tail, no write past it)", v[vi]->name, n);
+		}
+	}
+	free(x);
+	free(r);
+	free(q);
 }
 
 /* The x16 repacked layout: pack/unpack restore the rows byte for byte; the
@@ -528,6 +598,7 @@ int main(void)
 	kt_rng_seed(0x9e3779b97f4a7c15ull);
 	quant_init();
 	TEST_RUN(test_quant_act_exact);
+	TEST_RUN(test_quant_f16_sweep);
 	TEST_RUN(test_vec_dot_all_types);
 	TEST_RUN(test_f32_helpers);
 	TEST_RUN(test_read_stream);
