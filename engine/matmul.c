@@ -112,6 +112,10 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 		for (int t0 = 0; t0 < j->n_tok; t0 += TILE_TOKENS) {
 			int nt = CM_MIN(TILE_TOKENS, j->n_tok - t0);
 			float *o = m->out + (size_t)t0 * m->out_stride + (size_t)r0;
+			if (m->accumulate)
+				for (int t = 0; t < nt; t++)
+					for (int r = 0; r < nr; r += 16)
+						__builtin_prefetch(o + (size_t)t * m->out_stride + r, 1, 3);
 			/* a plain product goes straight to the output */
 			ko->gemm_x16(w->n_in, nr, nt, wd, w->row_bytes,
 				     a->rows + (size_t)t0 * a->stride, a->stride,
