@@ -386,6 +386,66 @@ static void quant_q8_0_aux(const float *x, void *vy, int64_t n, float *aux)
 	quant_q8_0_body(x, vy, n, aux);
 }
 
+/* Q8_K (the K-quants' activations), quantize_row_q8_K_ref's steps: the
+ * first element of largest magnitude maps to -127, codes are
+ * min(127, rint(iscale * x)) cast to int8 (lrintf's round to nearest even;
+ * the cast keeps the low byte, as the mask and unsigned packs here do),
+ * bsums from the stored bytes. NaN inputs give unspecified codes, never a
+ * read past the block. */
+static void quant_q8_K(const float *x, void *vy, int64_t n)
+{
+	struct block_q8_K *y = vy;
+	const __m256 sgn = _mm256_set1_ps(-0.0f);
+	for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+		__m256 am = _mm256_setzero_ps();
+		for (int j = 0; j < QK_K; j += 8)
+			am = _mm256_max_ps(am, _mm256_andnot_ps(sgn, _mm256_loadu_ps(x + j)));
+		__m128 h = _mm_max_ps(_mm256_castps256_ps128(am), _mm256_extractf128_ps(am, 1));
+		h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+		h = _mm_max_ss(h, _mm_movehdup_ps(h));
+		float amax = _mm_cvtss_f32(h), max = amax;
+		if (amax == 0.0f) {
+			memset(&y[i], 0, sizeof(y[i]));
+			continue;
+		}
+		for (int j = 0; j < QK_K; j += 8) {
+			int k = _mm256_movemask_ps(_mm256_cmp_ps(
+				_mm256_andnot_ps(sgn, _mm256_loadu_ps(x + j)), _mm256_set1_ps(amax),
+				_CMP_EQ_OQ));
+			if (k) {
+				max = x[j + __builtin_ctz((unsigned)k)];
+				break;
+			}
+		}
+		float iscale = -127.0f / max;
+		__m256 vs = _mm256_set1_ps(iscale);
+		const __m256i lo8 = _mm256_set1_epi32(0xff), c127 = _mm256_set1_epi32(127);
+		for (int g = 0; g < QK_K; g += 32) {
+			__m256i q[4];
+			for (int k = 0; k < 4; k++) {
+				__m256 v = _mm256_round_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(x + g + 8 * k)),
+							   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+				q[k] = _mm256_and_si256(_mm256_min_epi32(_mm256_cvtps_epi32(v), c127), lo8);
+			}
+			__m256i p = _mm256_packus_epi16(_mm256_packus_epi32(q[0], q[1]),
+							_mm256_packus_epi32(q[2], q[3]));
+			p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+			_mm256_storeu_si256((__m256i *)(y[i].qs + g), p);
+			/* two bsums: the stored bytes, signed, 16 at a time */
+			__m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p),
+						      _mm256_set1_epi16(1));
+			__m128i s4 = _mm_hadd_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+			s4 = _mm_hadd_epi32(s4, s4);
+			int16_t b0 = (int16_t)_mm_cvtsi128_si32(s4);
+			int16_t b1 = (int16_t)_mm_extract_epi32(s4, 1);
+			memcpy(&y[i].bsums[g / 16], &b0, 2);
+			memcpy(&y[i].bsums[g / 16 + 1], &b1, 2);
+		}
+		float d = 1.0f / iscale;
+		memcpy(&y[i].d, &d, 4);
+	}
+}
+
 /* F16 rows (the F16 KV cache): vcvtps2ph, bit for bit fp32_to_fp16 */
 static void quant_f16(const float *x, void *vy, int64_t n)
 {
@@ -960,6 +1020,7 @@ const struct kern_ops kern_avx2_ops = {
 	.quant_act = {
 		[ENGINE_DTYPE_F16] = quant_f16,
 		[ENGINE_DTYPE_Q8_0] = quant_q8_0,
+		[ENGINE_DTYPE_Q8_K] = quant_q8_K,
 	},
 	.quant_act_aux = {
 		[ENGINE_DTYPE_Q8_0] = quant_q8_0_aux,

@@ -223,6 +223,47 @@ static void quant_q8_0_aux(const float *x, void *vy, int64_t n, float *aux)
 	quant_q8_0_body(x, vy, n, aux);
 }
 
+/* Q8_K (the K-quants' activations), quantize_row_q8_K_ref's steps: the
+ * first element of largest magnitude maps to -127, codes are
+ * min(127, rint(iscale * x)) cast to int8 (lrintf's round to nearest even;
+ * the cast keeps the low byte, which vpmovdb does too), bsums from the
+ * stored bytes. NaN inputs give unspecified codes, never a read past the
+ * block. */
+static void quant_q8_K(const float *x, void *vy, int64_t n)
+{
+	struct block_q8_K *y = vy;
+	for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+		__m512 am = _mm512_setzero_ps();
+		for (int j = 0; j < QK_K; j += 16)
+			am = _mm512_max_ps(am, _mm512_abs_ps(_mm512_loadu_ps(x + j)));
+		float amax = _mm512_reduce_max_ps(am), max = amax;
+		if (amax == 0.0f) {
+			memset(&y[i], 0, sizeof(y[i]));
+			continue;
+		}
+		for (int j = 0; j < QK_K; j += 16) {
+			__mmask16 k = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + j)),
+							 _mm512_set1_ps(amax), _CMP_EQ_OQ);
+			if (k) {
+				max = x[j + __builtin_ctz(k)];
+				break;
+			}
+		}
+		float iscale = -127.0f / max;
+		__m512 vs = _mm512_set1_ps(iscale);
+		for (int g = 0; g < QK_K / 16; g++) {
+			__m512i q = _mm512_cvt_roundps_epi32(_mm512_mul_ps(vs, _mm512_loadu_ps(x + 16 * g)),
+							     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+			__m128i b = _mm512_cvtepi32_epi8(_mm512_min_epi32(q, _mm512_set1_epi32(127)));
+			_mm_storeu_si128((__m128i *)(y[i].qs + 16 * g), b);
+			int16_t sum = (int16_t)_mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(b));
+			memcpy(&y[i].bsums[g], &sum, 2);
+		}
+		float d = 1.0f / iscale;
+		memcpy(&y[i].d, &d, 4);
+	}
+}
+
 static void quant_f16(const float *x, void *vy, int64_t n)
 {
 	uint16_t *y = vy;
@@ -1165,6 +1206,7 @@ const struct kern_ops kern_avx512_ops = {
 	.quant_act = {
 		[ENGINE_DTYPE_F16] = quant_f16,
 		[ENGINE_DTYPE_Q8_0] = quant_q8_0,
+		[ENGINE_DTYPE_Q8_K] = quant_q8_K,
 	},
 	.quant_act_aux = {
 		[ENGINE_DTYPE_Q8_0] = quant_q8_0_aux,

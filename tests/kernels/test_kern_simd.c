@@ -114,13 +114,17 @@ static void test_quant_act_exact(void)
 			if (!G->quant_act[at] || at == ENGINE_DTYPE_F32)
 				continue;
 			const struct dtype_info *di = dtype_get(at);
-			for (int mode = 0; mode < 6; mode++)
+			for (int mode = 0; mode < 7; mode++)
 				for (size_t bi = 0; bi < CM_ARRAY_LEN(blocks_list); bi++) {
 					int64_t n = (int64_t)blocks_list[bi] * di->blck;
 					float *x = kt_xcalloc((size_t)n * sizeof(float));
 					size_t rs = kern_act_row_size(at, n);
 					uint8_t *r = kt_xcalloc(rs), *q = kt_xcalloc(rs);
-					fill(x, n, mode, 32);
+					if (mode < 6)
+						fill(x, n, mode, 32);
+					else /* ties of both signs for the largest magnitude */
+						for (int64_t i = 0; i < n; i++)
+							x[i] = (float)((int)(kt_rng_u64() % 5) - 2) * 0.5f;
 					G->quant_act[at](x, r, n);
 					v[vi]->quant_act[at](x, q, n);
 					CHECK_MSG(memcmp(r, q, rs) == 0, "%s: %s activations, n %lld, mode %d",
