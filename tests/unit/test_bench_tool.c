@@ -112,7 +112,15 @@ static uint64_t mem(json_t *j, const char *key)
 static void check_figures(json_t *j)
 {
 	json_t *d = json_array_get(json_object_get(j, "decode"), 0);
-	CHECK(json_number_value(json_object_get(d, "tok_s")) > 0);
+	double tok_s = json_number_value(json_object_get(d, "tok_s"));
+	CHECK(tok_s > 0);
+	/* the paired ratio: some decode rep over a read sample beside it, so
+	 * at most the best decode over the run's lowest read sample */
+	double paired = json_number_value(json_object_get(d, "bandwidth_ratio_paired"));
+	double wb = json_number_value(json_object_get(j, "weight_bytes_per_token"));
+	double low = json_number_value(json_object_get(j, "read_bandwidth_lowest_gbs")) * 1e9;
+	CHECK_MSG(paired > 0 && low > 0 && paired <= tok_s * wb / low * 1.001 + 1e-4,
+		  "paired ratio %g, bound %g", paired, low > 0 ? tok_s * wb / low : 0);
 	CHECK(json_number_value(json_object_get(j, "first_token_ms")) > 0);
 	CHECK(json_number_value(json_object_get(j, "second_token_ms")) > 0);
 	CHECK(json_is_integer(json_object_get(j, "first_token_faults")));
