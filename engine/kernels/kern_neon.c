@@ -126,6 +126,48 @@ static void quant_q8_0(const float *x, void *vy, int64_t n)
 	}
 }
 
+/* ---- Q8_K activations ----------------------------------------------------
+ * quantize_row_q8_K_ref's steps: the first element of largest magnitude
+ * maps to -127, codes are min(127, rint(iscale * x)) cast to int8 (fcvtns
+ * rounds to nearest even like lrintf; the narrowing moves keep the low
+ * byte, as the cast does), bsums from the stored bytes. NaN inputs give
+ * unspecified codes, never a read past the block. */
+static void quant_q8_K(const float *x, void *vy, int64_t n)
+{
+	struct block_q8_K *y = vy;
+	for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+		float32x4_t m = vdupq_n_f32(0);
+		for (int j = 0; j < QK_K; j += 4)
+			m = vmaxq_f32(m, vabsq_f32(vld1q_f32(x + j)));
+		float amax = vmaxvq_f32(m), max = amax;
+		if (amax == 0.0f) {
+			memset(&y[i], 0, sizeof(y[i]));
+			continue;
+		}
+		for (int j = 0; j < QK_K; j++)
+			if (__builtin_fabsf(x[j]) == amax) {
+				max = x[j];
+				break;
+			}
+		float iscale = -127.0f / max;
+		const int32x4_t c127 = vdupq_n_s32(127);
+		for (int g = 0; g < QK_K / 16; g++) {
+			int16x4_t h[4];
+			for (int k = 0; k < 4; k++)
+				h[k] = vmovn_s32(vminq_s32(
+					vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + 16 * g + 4 * k), iscale)),
+					c127));
+			int8x16_t b = vcombine_s8(vmovn_s16(vcombine_s16(h[0], h[1])),
+						  vmovn_s16(vcombine_s16(h[2], h[3])));
+			vst1q_s8(y[i].qs + 16 * g, b);
+			int16_t sum = vaddlvq_s8(b);
+			memcpy(&y[i].bsums[g], &sum, 2);
+		}
+		float d = 1.0f / iscale;
+		memcpy(&y[i].d, &d, 4);
+	}
+}
+
 /* ---- Q8_0 / Q4_0 weights: plain NEON ------------------------------------- */
 
 static inline int32x4_t dot16(int32x4_t acc, int8x16_t w, int8x16_t a)
@@ -672,6 +714,7 @@ const struct kern_ops kern_neon_ops = {
 	},
 	.quant_act = {
 		[ENGINE_DTYPE_Q8_0] = quant_q8_0,
+		[ENGINE_DTYPE_Q8_K] = quant_q8_K,
 	},
 	.dot_f32 = dot_f32,
 	.axpy_f32 = axpy_f32,

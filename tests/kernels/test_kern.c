@@ -1674,6 +1674,42 @@ static void test_variant_quant_act(void)
 		if (n > 32)
 			CHECK(ref_f16(kt_rd16(a)) < 1.0);
 
+		/* Every other converter (F16 rows, Q8_K, ...) and every fused
+		 * one: the generic bytes, and kern_act_aux()'s floats, bit for
+		 * bit. Inputs with ties of both signs at the largest magnitude
+		 * (Q8_K keeps the first) and random ones. */
+		for (uint32_t at = 0; at < ENGINE_DTYPE_COUNT; at++) {
+			const struct kern_ops *G = &kern_generic_ops;
+			if (at == ENGINE_DTYPE_F32 || !V->quant_act[at] || !G->quant_act[at] ||
+			    n % dtype_get(at)->blck)
+				continue;
+			size_t rs = kern_act_row_size(at, n), al = kern_act_aux_len(at, n);
+			uint8_t *r = kt_xcalloc(rs), *q = kt_xcalloc(rs);
+			float *ra = kt_xcalloc(al * sizeof(float) + 1), *qa = kt_xcalloc(al * sizeof(float) + 1);
+			for (int rep = 0; rep < 4; rep++) {
+				for (int64_t i = 0; i < n; i++)
+					x[i] = rep % 2 ? (float)((int)(kt_rng_u64() % 5) - 2) * 0.5f
+						       : (float)rng_normal() * (rep ? 1e3f : 1.0f);
+				G->quant_act[at](x, r, n);
+				V->quant_act[at](x, q, n);
+				CHECK_MSG(memcmp(r, q, rs) == 0, "%s: %s activations, n %lld, rep %d",
+					  V_name, dtype_name(at), (long long)n, rep);
+				if (V->quant_act_aux[at] && al) {
+					memset(q, 0x5a, rs);
+					kern_act_aux(at, r, n, ra);
+					V->quant_act_aux[at](x, q, n, qa);
+					CHECK_MSG(memcmp(r, q, rs) == 0 &&
+						  memcmp(ra, qa, al * sizeof(float)) == 0,
+						  "%s: fused %s activations, n %lld, rep %d", V_name,
+						  dtype_name(at), (long long)n, rep);
+				}
+			}
+			free(r);
+			free(q);
+			free(ra);
+			free(qa);
+		}
+
 		/* F32 activations are a plain copy. */
 		uint32_t ft = V->t[ENGINE_DTYPE_F32].act_type;
 		if (ft == ENGINE_DTYPE_F32) {
