@@ -41,6 +41,7 @@
 #include "engine/kernels/kern.h"
 #include "tuning/tuning.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <sched.h>
@@ -206,13 +207,13 @@ static double bw_sample(struct bw_meter *b, int reps)
 	return best;
 }
 
-/* The median of v[0..n) (sorts v); the mean of the middle two for even n. */
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
 	return (x > y) - (x < y);
 }
 
+/* The median of v[0..n) (sorts v); the mean of the middle two for even n. */
 static double median(double *v, int n)
 {
 	qsort(v, (size_t)n, sizeof(double), cmp_double);
@@ -493,8 +494,10 @@ int main(int argc, char **argv)
 	 * it): on a box whose bandwidth drifts (a VM sharing its memory), the
 	 * run's best sample can come from a moment the decode never saw */
 	double paired[8] = {0}, *ratios = calloc((size_t)reps, sizeof(double));
-	if (!ratios)
+	if (!ratios) {
+		cm_err_set(&err, -ENOMEM, "no memory for %d decode ratios", reps);
 		rc = EXIT_RUNTIME;
+	}
 	for (int i = 0; i < n_ctxs && !rc; i++) {
 		double before = bw_sample(&bwm, 1);
 		for (int r = 0; r < reps && !rc; r++) {
