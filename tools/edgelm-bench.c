@@ -488,18 +488,19 @@ int main(int argc, char **argv)
 			else
 				pre[i] = CM_MAX(pre[i], prompts[i] / t);
 		}
-	(void)bw_sample(&bwm, 1);
 	/* paired[i]: the median over reps of (this rep's decode bandwidth) /
 	 * (the higher of the read samples taken just before and just after
 	 * it): on a box whose bandwidth drifts (a VM sharing its memory), the
-	 * run's best sample can come from a moment the decode never saw */
+	 * run's best sample can come from a moment the decode never saw. The
+	 * sample after prefill is the first decode's `before`; each rep's
+	 * `after` is the next one's. */
+	double before = bw_sample(&bwm, 1);
 	double paired[8] = {0}, *ratios = calloc((size_t)reps, sizeof(double));
 	if (!ratios) {
 		cm_err_set(&err, -ENOMEM, "no memory for %d decode ratios", reps);
 		rc = EXIT_RUNTIME;
 	}
 	for (int i = 0; i < n_ctxs && !rc; i++) {
-		double before = bw_sample(&bwm, 1);
 		for (int r = 0; r < reps && !rc; r++) {
 			double t = run_decode(cx, ctxs[i], n_gen, (int)info.n_vocab, &err);
 			double after = bw_sample(&bwm, 1);
