@@ -101,7 +101,12 @@ struct kern_ops {
 	const char *name; /* "scalar", "avx2", "avx512", ... */
 	struct kern_type_ops t[ENGINE_DTYPE_COUNT];
 	/* Activation converters, indexed by act_type; F16's makes the rows
-	 * of the F16 KV cache. */
+	 * of the F16 KV cache. A variant's converter gives the generic one's
+	 * bytes exactly. For Q8_K that means quantize_row_q8_K_ref's steps:
+	 * the first element of largest magnitude maps to -127, codes are
+	 * min(127, rint(iscale * x)) cast to int8 (lrintf rounds to nearest
+	 * even; the cast keeps the low byte), bsums from the stored bytes;
+	 * NaN inputs give unspecified codes, never a read past the block. */
 	kern_quant_fn quant_act[ENGINE_DTYPE_COUNT];
 	/* Converters with kern_act_aux() fused in, for the act types that
 	 * have side data (NULL: quant_act, then kern_act_aux). */
@@ -147,6 +152,19 @@ size_t kern_act_row_size(uint32_t act_type, int64_t n);
  * and take the offset off exactly once per block. */
 size_t kern_act_aux_len(uint32_t act_type, int64_t n);
 void kern_act_aux(uint32_t act_type, const void *a, int64_t n, float *aux);
+
+/* An ISA file's converter pair from one body(x, y, n, aux) that skips the
+ * aux writes when aux is NULL: NAME for quant_act, NAME##_aux for
+ * quant_act_aux (a macro: the ISA files may share no inline functions). */
+#define KERN_QUANT_PAIR(NAME, BODY)                                              \
+	static void NAME(const float *x, void *y, int64_t n)                     \
+	{                                                                          \
+		BODY(x, y, n, NULL);                                               \
+	}                                                                          \
+	static void NAME##_aux(const float *x, void *y, int64_t n, float *aux)   \
+	{                                                                          \
+		BODY(x, y, n, aux);                                                \
+	}
 
 /* ---- the x16 repacked layout ----------------------------------------------
  * Load-time repacking (model.c) turns each group of 16 rows of a Q4_0 or

@@ -376,22 +376,9 @@ static inline __attribute__((always_inline)) void quant_q8_0_body(const float *x
 	}
 }
 
-static void quant_q8_0(const float *x, void *vy, int64_t n)
-{
-	quant_q8_0_body(x, vy, n, NULL);
-}
+KERN_QUANT_PAIR(quant_q8_0, quant_q8_0_body)
 
-static void quant_q8_0_aux(const float *x, void *vy, int64_t n, float *aux)
-{
-	quant_q8_0_body(x, vy, n, aux);
-}
-
-/* Q8_K (the K-quants' activations), quantize_row_q8_K_ref's steps: the
- * first element of largest magnitude maps to -127, codes are
- * min(127, rint(iscale * x)) cast to int8 (lrintf's round to nearest even;
- * the cast keeps the low byte, as the mask and unsigned packs here do),
- * bsums from the stored bytes. NaN inputs give unspecified codes, never a
- * read past the block. */
+/* Q8_K, the generic bytes (kern.h's contract). */
 static void quant_q8_K(const float *x, void *vy, int64_t n)
 {
 	struct block_q8_K *y = vy;
@@ -427,6 +414,7 @@ static void quant_q8_K(const float *x, void *vy, int64_t n)
 							   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 				q[k] = _mm256_and_si256(_mm256_min_epi32(_mm256_cvtps_epi32(v), c127), lo8);
 			}
+			/* low bytes (the int8 cast), kept by the mask above */
 			__m256i p = _mm256_packus_epi16(_mm256_packus_epi32(q[0], q[1]),
 							_mm256_packus_epi32(q[2], q[3]));
 			p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));

@@ -213,22 +213,9 @@ static inline __attribute__((always_inline)) void quant_q8_0_body(const float *x
 	}
 }
 
-static void quant_q8_0(const float *x, void *vy, int64_t n)
-{
-	quant_q8_0_body(x, vy, n, NULL);
-}
+KERN_QUANT_PAIR(quant_q8_0, quant_q8_0_body)
 
-static void quant_q8_0_aux(const float *x, void *vy, int64_t n, float *aux)
-{
-	quant_q8_0_body(x, vy, n, aux);
-}
-
-/* Q8_K (the K-quants' activations), quantize_row_q8_K_ref's steps: the
- * first element of largest magnitude maps to -127, codes are
- * min(127, rint(iscale * x)) cast to int8 (lrintf's round to nearest even;
- * the cast keeps the low byte, which vpmovdb does too), bsums from the
- * stored bytes. NaN inputs give unspecified codes, never a read past the
- * block. */
+/* Q8_K, the generic bytes (kern.h's contract). */
 static void quant_q8_K(const float *x, void *vy, int64_t n)
 {
 	struct block_q8_K *y = vy;
@@ -254,6 +241,7 @@ static void quant_q8_K(const float *x, void *vy, int64_t n)
 		for (int g = 0; g < QK_K / 16; g++) {
 			__m512i q = _mm512_cvt_roundps_epi32(_mm512_mul_ps(vs, _mm512_loadu_ps(x + 16 * g)),
 							     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+			/* vpmovdb keeps the low byte, as the int8 cast does */
 			__m128i b = _mm512_cvtepi32_epi8(_mm512_min_epi32(q, _mm512_set1_epi32(127)));
 			_mm_storeu_si128((__m128i *)(y[i].qs + 16 * g), b);
 			int16_t sum = (int16_t)_mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(b));

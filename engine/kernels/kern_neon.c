@@ -126,12 +126,7 @@ static void quant_q8_0(const float *x, void *vy, int64_t n)
 	}
 }
 
-/* ---- Q8_K activations ----------------------------------------------------
- * quantize_row_q8_K_ref's steps: the first element of largest magnitude
- * maps to -127, codes are min(127, rint(iscale * x)) cast to int8 (fcvtns
- * rounds to nearest even like lrintf; the narrowing moves keep the low
- * byte, as the cast does), bsums from the stored bytes. NaN inputs give
- * unspecified codes, never a read past the block. */
+/* ---- Q8_K activations: the generic bytes (kern.h's contract) ------------ */
 static void quant_q8_K(const float *x, void *vy, int64_t n)
 {
 	struct block_q8_K *y = vy;
@@ -152,7 +147,7 @@ static void quant_q8_K(const float *x, void *vy, int64_t n)
 		float iscale = -127.0f / max;
 		const int32x4_t c127 = vdupq_n_s32(127);
 		for (int g = 0; g < QK_K / 16; g++) {
-			int16x4_t h[4];
+			int16x4_t h[4]; /* fcvtns: nearest even; vmovn: the low bytes */
 			for (int k = 0; k < 4; k++)
 				h[k] = vmovn_s32(vminq_s32(
 					vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + 16 * g + 4 * k), iscale)),
