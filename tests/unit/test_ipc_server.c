@@ -798,8 +798,55 @@ static void test_queue_full_1000(void)
 	daemon_stop(d);
 }
 
+/* A 2 MB generate request (a prompt of spaces). */
+static char *oversized_request(size_t *ret_len)
+{
+	size_t big = 2u << 20;
+	char *huge = malloc(big);
+	if (!huge)
+		abort();
+	memset(huge, ' ', big);
+	memcpy(huge, "{\"op\":\"generate\",\"prompt\":\"", 27);
+	memcpy(huge + big - 2, "\"}", 2);
+	*ret_len = big;
+	return huge;
+}
+
+/* `test_ipc_server --oversized-client URL`, run by test_hostile_over_wire:
+ * sends the 2 MB request with no local limit (the daemon's transport must
+ * drop the connection: the call fails with EDGELM_E_CONNECTION), then asks
+ * the same client for health (it reconnects). Exit 0 when both hold. */
+static int oversized_client(const char *url)
+{
+	edgelm_client *c;
+	struct edgelm_error e;
+	if (edgelm_connect(url, &c, &e) != 0) {
+		printf("connect %s: %s\n", url, e.message);
+		return 1;
+	}
+	edgelm_set_max_msg(c, 0);
+	edgelm_set_timeout(c, 10000);
+	size_t big;
+	char *huge = oversized_request(&big), *reply = NULL;
+	int rc = edgelm_call_json(c, huge, big, &reply, NULL, &e), ret = 0;
+	free(huge);
+	edgelm_free(reply);
+	if (rc != EDGELM_E_CONNECTION) {
+		printf("2 MB: %d (%s), want the connection dropped\n", rc, e.message);
+		ret = 2;
+	}
+	enum edgelm_health h;
+	rc = edgelm_health(c, &h, NULL, &e);
+	if (rc != 0) {
+		printf("health after the drop: %d (%s)\n", rc, e.message);
+		ret = 3;
+	}
+	edgelm_close(c);
+	return ret;
+}
+
 /* Hostile requests over the wire: each gets its code, and the daemon still
- * answers health. The 100 MB message is over NNG_OPT_RECVMAXSZ: nng drops the
+ * answers health. The 2 MB message is over NNG_OPT_RECVMAXSZ: nng drops the
  * connection without reading it, so the sender sees the connection lost;
  * libedgelm refuses it locally before sending. */
 static void test_hostile_over_wire(void)
@@ -862,28 +909,29 @@ static void test_hostile_over_wire(void)
 	edgelm_free(reply);
 	free(b.p);
 
-	/* 100 MB: the client's own limit refuses it without sending ... */
-	size_t big = 2u << 20;
-	char *huge = malloc(big);
-	memset(huge, ' ', big);
-	memcpy(huge, "{\"op\":\"generate\",\"prompt\":\"", 27);
-	memcpy(huge + big - 2, "\"}", 2);
+	/* 2 MB, over the 1 MiB limit: the client's own limit refuses it
+	 * without sending ... */
+	size_t big;
+	char *huge = oversized_request(&big);
 	edgelm_set_max_msg(c, 1u << 20);
 	CHECK_EQ_INT(edgelm_call_json(c, huge, big, &reply, NULL, &e), EDGELM_E_TOO_LARGE);
 	CHECK(reply == NULL);
-	/* ... and sent anyway, the daemon's transport drops the connection */
-	edgelm_set_max_msg(c, 0);
-	edgelm_set_timeout(c, 10000);
-	int rc = edgelm_call_json(c, huge, big, &reply, NULL, &e);
-	CHECK_MSG(rc == EDGELM_E_CONNECTION, "100 MB: %d (%s)", rc, e.message);
 	free(huge);
-	edgelm_free(reply);
-
-	/* the same client reconnects; the daemon is healthy */
-	enum edgelm_health h;
-	rc = edgelm_health(c, &h, NULL, &e);
-	CHECK_MSG(rc == 0, "health after the drop: %d (%s)", rc, e.message);
-	CHECK(health_ok(d));
+	/* ... and sent anyway by a client in its own process (as in use), the
+	 * daemon's transport drops the connection, the same client reconnects
+	 * and gets health (oversized_client). With both ends in this process,
+	 * nng 1.5.2's shared reaper stalled after the drop in ~1 of 30 runs
+	 * under load, nng_close then waiting for good; across processes 450
+	 * drops by 3 concurrent clients against edgelmd left it healthy. */
+	char self[4096], cmd[8192], *out = NULL;
+	ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	CHECK(sl > 0);
+	self[sl > 0 ? sl : 0] = '\0';
+	snprintf(cmd, sizeof(cmd), "'%s' --oversized-client '%s' 2>&1", self, d->url);
+	int rc = test_run_capture(cmd, &out);
+	CHECK_MSG(rc == 0, "oversized client: exit %d: %s", rc, out);
+	free(out);
+	CHECK(health_ok(d)); /* and to a new client here */
 	struct ipc_server_stats st;
 	ipc_server_stats_get(d->srv, &st);
 	CHECK(st.errors[IPC_ERR_INVALID_JSON] >= 4);
@@ -1114,8 +1162,10 @@ static void test_second_server_refused(void)
 	daemon_stop(d);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	if (argc == 3 && strcmp(argv[1], "--oversized-client") == 0)
+		return oversized_client(argv[2]);
 	TEST_RUN(test_ops_and_socket_file);
 	TEST_RUN(test_streaming);
 	TEST_RUN(test_concurrent_clients);
