@@ -260,10 +260,12 @@ static void make_act(engine_ctx *c, uint32_t type, bool want_aux, const float *x
 	}
 	*used += bytes;
 	struct quant_job q = {k->quant_act[type], k->quant_act_aux[type], x, x_stride, a, n, n_tok, 0};
-	if (n_tok > 1)
+	if (n_tok > 1) {
 		pool_run(c->m->pool, quant_worker, &q);
-	else
+	} else {
+		prefetch_bytes(x, (size_t)n * sizeof(float)); /* engine_impl.h */
 		quant_one(&q, 0);
+	}
 }
 
 void engine_matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_tok,

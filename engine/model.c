@@ -1024,6 +1024,7 @@ int engine_seq_copy(engine_ctx *c, int dst, int src, int n)
 
 static void rmsnorm(float *o, const float *x, const float *w, int64_t n, float eps)
 {
+	prefetch_bytes(x, (size_t)n * sizeof(float)); /* engine_impl.h */
 	/* four partial sums: one chain of dependent double adds made this
 	 * ~3 % of a prefill; each square is exact in double, so the order
 	 * changes ss only far below the float that scale is rounded to */
@@ -1403,6 +1404,9 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 		engine_matmul_multi(c, c->xb, E, T, qkv, 3);
 		for (int t = 0; t < T; t++) {
 			float *q = c->q + t * QD, *k = c->k + t * KD;
+			prefetch_bytes(q, QD * sizeof(float));
+			prefetch_bytes(k, KD * sizeof(float));
+			prefetch_bytes(c->v + t * KD, KD * sizeof(float));
 			if (L->q_norm) {
 				for (uint32_t h = 0; h < hp->n_head; h++)
 					rmsnorm(q + h * hd, q + h * hd, L->q_norm, (int64_t)hd,
