@@ -631,8 +631,22 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
 #ifndef X16_HI_TOKENS
 #define X16_HI_TOKENS 2 /* Q4_0: up to this many tokens, high nibbles unshifted */
 #endif
+/* Software prefetch of the panel stream (docs/performance.md §4), each
+ * setting from paired runs in one process (decode steps alternating
+ * between two builds of this file): Q4_0 4 KiB ahead (2, 3, 6, 8 KiB:
+ * within 2 %); the K-quants 8 KiB ahead (32 KiB before: +11-15 % Q4_K_M
+ * decode; 4, 6, 12, 64 KiB in between); Q8_0 none for one token (+5-12 %
+ * decode: the hardware prefetcher alone keeps more of its 8.5 lines per
+ * block in flight), 4 KiB from two tokens on (without it, batches of 2 and
+ * 4 lost 13-22 %). */
 #ifndef X16_PREFETCH
 #define X16_PREFETCH 4096 /* bytes ahead; 0: none */
+#endif
+#ifndef X16K_PREFETCH
+#define X16K_PREFETCH 8192
+#endif
+#ifndef X16_Q8_PF_NT
+#define X16_Q8_PF_NT 2 /* Q8_0: tokens per panel pass from which to prefetch */
 #endif
 #ifndef X16_HINT
 #define X16_HINT _MM_HINT_T0
@@ -664,7 +678,8 @@ x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, s
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 		__m512i c[8];
 #if X16_PREFETCH
-		KERN_X16_PREFETCH(X16_PF, pb, cb, 32, b, X16_PREFETCH);
+		if (q4 || NT >= X16_Q8_PF_NT)
+			KERN_X16_PREFETCH(X16_PF, pb, cb, 32, b, X16_PREFETCH);
 #endif
 		if (q4 && NT <= X16_HI_TOKENS) {
 			/* few tokens: keep the high nibbles in place (16 x code),
@@ -784,7 +799,7 @@ x16_q4_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 2048, 256, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
 #if X16_PREFETCH
-		KERN_X16_PREFETCH(X16_PF, pc, 2048, 256, b, X16_PREFETCH * 8);
+		KERN_X16_PREFETCH(X16_PF, pc, 2048, 256, b, X16K_PREFETCH);
 #endif
 		/* 6-bit scales and mins of the 8 sub-blocks, 16 rows each
 		 * (quant_scale_min_k4 on 16 lanes); mins as (m, m) int16 pairs */
@@ -889,7 +904,7 @@ x16_q6_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 3072, 288, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 3072, 288, b);
 #if X16_PREFETCH
-		KERN_X16_PREFETCH(X16_PF, pc, 3072, 288, b, X16_PREFETCH * 8);
+		KERN_X16_PREFETCH(X16_PF, pc, 3072, 288, b, X16K_PREFETCH);
 #endif
 		/* int8 scales of the 16 sub-blocks; as (sc 2p, sc 2p+1) int16
 		 * pairs for the offset term */
