@@ -633,8 +633,8 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
 #endif
 /* Software prefetch of the panel stream (docs/performance.md §4), each
  * setting from paired runs in one process (decode steps alternating
- * between two builds of this file): Q4_0 4 KiB ahead (2, 3, 6, 8 KiB:
- * within 2 %); the K-quants 8 KiB ahead (32 KiB before: +11-15 % Q4_K_M
+ * between two builds of this file, tools/dev/kernel-ab.sh): Q4_0 4 KiB
+ * ahead (2, 3, 6, 8 KiB: within 2 %); the K-quants 8 KiB ahead (32 KiB before: +11-15 % Q4_K_M
  * decode; 4, 6, 12, 64 KiB in between); Q8_0 none for one token (+5-12 %
  * decode: the hardware prefetcher alone keeps more of its 8.5 lines per
  * block in flight), 4 KiB from two tokens on (without it, batches of 2 and
@@ -645,6 +645,12 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
 #ifndef X16K_PREFETCH
 #define X16K_PREFETCH 8192
 #endif
+/* A K-quant super-block starts with its scales, which sit after the pair's
+ * codes: the stream prefetch reached them only ~2 KiB of codes before use
+ * (`perf annotate`: 18 % of Q6_K's samples on the first scale load). Each
+ * block also asks for the scales of the block this many ahead: Q4_K_M
+ * decode +2-3 % (paired runs, medians of 14). */
+#define X16K_META_AHEAD 4
 #ifndef X16_Q8_PF_NT
 #define X16_Q8_PF_NT 2 /* Q8_0: tokens per panel pass from which to prefetch */
 #endif
@@ -804,6 +810,10 @@ x16_q4_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
 #if X16_PREFETCH
 		KERN_X16_PREFETCH(X16_PF, pc, 2048, 256, b, X16K_PREFETCH);
+		if (b + X16K_META_AHEAD < nb) /* see X16K_META_AHEAD */
+			_Pragma("GCC unroll 5") for (int l_ = 0; l_ < 256; l_ += 64)
+				X16_PF((const char *)KERN_X16_META(panel, nb, 2048, 256,
+								  b + X16K_META_AHEAD) + l_);
 #endif
 		/* 6-bit scales and mins of the 8 sub-blocks, 16 rows each
 		 * (quant_scale_min_k4 on 16 lanes); mins as (m, m) int16 pairs */
@@ -909,6 +919,10 @@ x16_q6_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 		const uint8_t *pm = KERN_X16_META(panel, nb, 3072, 288, b);
 #if X16_PREFETCH
 		KERN_X16_PREFETCH(X16_PF, pc, 3072, 288, b, X16K_PREFETCH);
+		if (b + X16K_META_AHEAD < nb) /* see X16K_META_AHEAD */
+			_Pragma("GCC unroll 5") for (int l_ = 0; l_ < 288; l_ += 64)
+				X16_PF((const char *)KERN_X16_META(panel, nb, 3072, 288,
+								  b + X16K_META_AHEAD) + l_);
 #endif
 		/* int8 scales of the 16 sub-blocks; as (sc 2p, sc 2p+1) int16
 		 * pairs for the offset term */
