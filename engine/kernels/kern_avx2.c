@@ -731,7 +731,9 @@ x16a_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const floa
 {
 	const size_t cb = q4 ? 256 : 512;
 	__m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-	for (int64_t b = 0; b < nb; b++) {
+	/* two blocks per iteration: decode +3 % (Q4_0, Q8_0; paired runs,
+	 * tools/dev/kernel-ab.sh), as on avx512vnni */
+	_Pragma("GCC unroll 2") for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 		const uint8_t *sb = KERN_X16_META(panel, nb, cb, 32, b);
 		KERN_X16_PREFETCH(PF_T0, pb, cb, 32, b, X16A_PREFETCH);

@@ -1,12 +1,14 @@
 /* tools/dev/kernel-ab.c: two builds of one kernel file, compared in one
  * process (built and run by tools/dev/kernel-ab.sh; not installed).
  *
- *   kernel-ab MODEL [-n TOKENS] [-r REPS] [-t THREADS] [-b BATCH | -p]
+ *   kernel-ab MODEL [-n TOKENS] [-r REPS] [-t THREADS] [-i ISA] [-b BATCH | -p]
  *
  * On a VM whose speed drifts by 25 % within minutes, two binaries timed one
  * after the other measure the drift. Here the model is loaded once; build A
  * is the library's kernel table, build B the same kernel file compiled with
- * other flags (its table renamed to ab_b_ops by the script). Each rep runs
+ * other flags (its table renamed to ab_b_ops by the script); -i forces
+ * the variant A runs (EDGELM_ISA's names), which must be the one B's table
+ * is built from. Each rep runs
  * the same steps with A, then with B, and the result is the median of the
  * per-rep ratios B/A. A step is one decode token (default), a batch of
  * BATCH tokens per call (-b), or one prefill of TOKENS tokens (-p).
@@ -54,11 +56,13 @@ int main(int argc, char **argv)
 {
 	int n = 24, reps = 10, threads = 2, batch = 1, opt;
 	bool prefill = false;
-	while ((opt = getopt(argc, argv, "n:r:t:b:p")) != -1) {
+	const char *isa = NULL;
+	while ((opt = getopt(argc, argv, "n:r:t:i:b:p")) != -1) {
 		switch (opt) {
 		case 'n': n = atoi(optarg); break;
 		case 'r': reps = atoi(optarg); break;
 		case 't': threads = atoi(optarg); break;
+		case 'i': isa = optarg; break;
 		case 'b': batch = atoi(optarg); break;
 		case 'p': prefill = true; break;
 		default: goto usage;
@@ -67,7 +71,7 @@ int main(int argc, char **argv)
 	if (optind != argc - 1 || n < 1 || reps < 1 || reps > MAX_REPS || batch < 1)
 		goto usage;
 
-	struct engine_params p = {.n_threads = threads};
+	struct engine_params p = {.n_threads = threads, .isa = isa};
 	struct cm_err err = {0};
 	engine_model *m;
 	engine_ctx *c;
@@ -120,6 +124,6 @@ int main(int argc, char **argv)
 
 usage:
 	fprintf(stderr, "usage: kernel-ab MODEL [-n TOKENS] [-r REPS (max %d)] [-t THREADS] "
-			"[-b BATCH | -p]\n", MAX_REPS);
+			"[-i ISA] [-b BATCH | -p]\n", MAX_REPS);
 	return 1;
 }

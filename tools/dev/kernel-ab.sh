@@ -9,7 +9,8 @@
 # tools/dev/kernel-ab.c. Example, the Q4_0 prefetch distance:
 #   tools/dev/kernel-ab.sh -D X16_PREFETCH=8192 -- /tmp/tl-q4_0.gguf -r 12
 # prints per-rep tok/s of A and B and the median of B/A. A setting must be
-# reachable by a -D (an #ifndef default in the file) to be compared.
+# reachable by a -D (an #ifndef default in the file) to be compared. Another
+# variant: -f engine/kernels/kern_avx2.c -v avx2 -- MODEL -i avx2.
 set -eu
 file=engine/kernels/kern_avx512.c
 variant=avx512vnni
