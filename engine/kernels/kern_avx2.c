@@ -776,6 +776,16 @@ KERN_X16_HALVES_GEMM(x16a_gemm, x16a_one, x16a_half, X16A_TOKENS)
  * scales, mins and offsets, and the reference's float expression per
  * super-block: bit-identical to kern_generic's vec_dot. */
 #define X16K_PREFETCH 4096
+/* A super-block's code lines are asked for a few at a time as the first
+ * half-panel pass consumes them (Q4_K 8 per 512 bytes, Q6_K 12 per step),
+ * not all 32 or 48 at its start: a burst outran the miss buffers (as on
+ * avx512vnni). `--isa avx2` Q4_K_M decode +10-12 % (paired runs,
+ * tools/dev/kernel-ab.sh). */
+#define X16AK_PF_LINES(p, n)                                                \
+	do {                                                                \
+		_Pragma("GCC unroll 8") for (int l_ = 0; l_ < (n); l_ += 64) \
+			PF_T0((p) + l_);                                    \
+	} while (0)
 
 static inline __attribute__((always_inline)) __m256i dot_u8i8(__m256i acc, __m256i c,
 							      const int8_t *a4)
@@ -818,7 +828,9 @@ x16a_q4_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 2048, 256, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
-		KERN_X16_PREFETCH(PF_T0, pc, 2048, 256, b, X16K_PREFETCH);
+		/* the pair's scales here, the codes' lines in the jj loop */
+		if (b & 1)
+			X16AK_PF_LINES((const char *)pc + 2048 + X16K_PREFETCH, 2 * 256);
 		for (int hv = 0; hv < 2; hv++) {
 			/* 6-bit scales and mins of the 8 sub-blocks, rows 8hv.. */
 			__m128i q[12];
@@ -845,6 +857,8 @@ x16a_q4_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 				sumi[t] = _mm256_setzero_si256();
 			for (int jj = 0; jj < 4; jj++) {
 				__m256i i0[X16A_TOKENS], i1[X16A_TOKENS];
+				if (hv == 0)
+					X16AK_PF_LINES((const char *)pc + X16K_PREFETCH + 512 * jj, 512);
 				_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
 					i0[t] = i1[t] = _mm256_setzero_si256();
 				_Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
@@ -899,7 +913,9 @@ x16a_q6_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 3072, 288, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 3072, 288, b);
-		KERN_X16_PREFETCH(PF_T0, pc, 3072, 288, b, X16K_PREFETCH);
+		/* the pair's scales here, the codes' lines in the loop below */
+		if (b & 1)
+			X16AK_PF_LINES((const char *)pc + 3072 + X16K_PREFETCH, 2 * 288);
 		for (int hv = 0; hv < 2; hv++) {
 			/* int8 scales of the 16 sub-blocks as (sc 2p, sc 2p+1)
 			 * int16 pairs, rows 8hv.., for the offset term */
@@ -916,7 +932,12 @@ x16a_q6_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 			_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
 				sumi[t] = _mm256_setzero_si256();
 			for (int h = 0; h < 2; h++)
-				for (int i0 = 0; i0 < 8; i0 += 4)
+				for (int i0 = 0; i0 < 8; i0 += 4) {
+					if (hv == 0) /* the 12 code lines of this step */
+						_Pragma("GCC unroll 3") for (int k = 0; k < 3; k++)
+							X16AK_PF_LINES((const char *)pc + X16K_PREFETCH +
+									       h * 1536 + i0 * 64 + 512 * k,
+								       256);
 					for (int tt = 0; tt < 4; tt++) {
 						/* sub-block 8h + i0/4 + 2tt: codes of
 						 * elements 128h + 32tt + 4i, i = i0..i0+3 */
@@ -956,6 +977,7 @@ x16a_q6_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 							sumi[t] = _mm256_add_epi32(sumi[t],
 										   _mm256_mullo_epi32(is[t], scj));
 					}
+				}
 			__m256 dv = _mm256_cvtph_ps(
 				_mm_loadu_si128((const __m128i *)(pm + 256 + 16 * hv)));
 			_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) {
