@@ -858,7 +858,9 @@ x16a_q4_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 			for (int jj = 0; jj < 4; jj++) {
 				__m256i i0[X16A_TOKENS], i1[X16A_TOKENS];
 				if (hv == 0)
-					X16AK_PF_LINES((const char *)pc + X16K_PREFETCH + 512 * jj, 512);
+					X16AK_PF_LINES((const char *)pc + X16K_PREFETCH +
+							       512 * jj,
+						       512);
 				_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
 					i0[t] = i1[t] = _mm256_setzero_si256();
 				_Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
@@ -935,9 +937,10 @@ x16a_q6_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 				for (int i0 = 0; i0 < 8; i0 += 4) {
 					if (hv == 0) /* the 12 code lines of this step */
 						_Pragma("GCC unroll 3") for (int k = 0; k < 3; k++)
-							X16AK_PF_LINES((const char *)pc + X16K_PREFETCH +
-									       h * 1536 + i0 * 64 + 512 * k,
-								       256);
+							X16AK_PF_LINES(
+								(const char *)pc + X16K_PREFETCH +
+									h * 1536 + i0 * 64 + 512 * k,
+								256);
 					for (int tt = 0; tt < 4; tt++) {
 						/* sub-block 8h + i0/4 + 2tt: codes of
 						 * elements 128h + 32tt + 4i, i = i0..i0+3 */

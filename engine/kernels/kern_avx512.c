@@ -634,11 +634,11 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
 /* Software prefetch of the panel stream (docs/performance.md §4), each
  * setting from paired runs in one process (decode steps alternating
  * between two builds of this file, tools/dev/kernel-ab.sh): Q4_0 4 KiB
- * ahead (2, 3, 6, 8 KiB: within 2 %); the K-quants 8 KiB ahead (32 KiB before: +11-15 % Q4_K_M
- * decode; 4, 6, 12, 64 KiB in between); Q8_0 none for one token (+5-12 %
- * decode: the hardware prefetcher alone keeps more of its 8.5 lines per
- * block in flight), 4 KiB from two tokens on (without it, batches of 2 and
- * 4 lost 13-22 %). */
+ * ahead (2, 3, 6, 8 KiB: within 2 %); the K-quants 8 KiB ahead (32 KiB
+ * before: +11-15 % Q4_K_M decode; 4, 6, 12, 64 KiB in between); Q8_0 none
+ * for one token (+5-12 % decode: the hardware prefetcher alone keeps more
+ * of its 8.5 lines per block in flight), 4 KiB from two tokens on (without
+ * it, batches of 2 and 4 lost 13-22 %). */
 #ifndef X16_PREFETCH
 #define X16_PREFETCH 4096 /* bytes ahead; 0: none */
 #endif

@@ -45,8 +45,11 @@ objcopy --redefine-sym "kern_${variant}_ops=ab_b_${variant}_ops" $out/b.o
 for s in $(nm -g --defined-only $out/b.o | awk '$3 ~ /^kern_.*_ops$/ {print $3}'); do
 	objcopy --redefine-sym "$s=ab_unused_$s" $out/b.o
 done
-printf '#include "engine/kernels/kern.h"\nextern const struct kern_ops ab_b_%s_ops;\nconst struct kern_ops *const ab_b_ops = &ab_b_%s_ops;\n' \
-	"$variant" "$variant" >$out/stub.c
+{
+	echo '#include "engine/kernels/kern.h"'
+	echo "extern const struct kern_ops ab_b_${variant}_ops;"
+	echo "const struct kern_ops *const ab_b_ops = &ab_b_${variant}_ops;"
+} >$out/stub.c
 ${CC:-cc} -O2 -std=c11 -D_GNU_SOURCE -I. -pthread -o $out/kernel-ab tools/dev/kernel-ab.c \
 	$out/stub.c $out/b.o build/engine/libengine.a build/tuning/libtuning.a \
 	build/common/libcommon.a -lpcre2-8 -lcpuid -lnuma -lm
