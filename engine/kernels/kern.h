@@ -210,6 +210,15 @@ void kern_act_aux(uint32_t act_type, const void *a, int64_t n, float *aux);
 						     l_ += 64)                        \
 				PF((const char *)(pc) + (cb) + (dist) + l_);        \
 	} while (0)
+/* Prefetch the n bytes at p, one PF per 64-byte line (n a constant of at
+ * most 576: the K-quant kernels ask for a super-block's lines a few at a
+ * time as they consume it, kern_avx512.c X16K_PREFETCH). */
+#define KERN_PF_LINES(PF, p, n)                                              \
+	do {                                                                 \
+		_Pragma("GCC unroll 9") for (size_t l_ = 0; l_ < (size_t)(n); \
+					     l_ += 64)                        \
+			PF((const char *)(p) + l_);                          \
+	} while (0)
 bool kern_x16_supported(uint32_t type);
 /* Pack 16 native rows (`rows`, row_stride bytes apart, n elements each)
  * into `panel` (16 * row size bytes; must not overlap `rows`). */

@@ -780,12 +780,7 @@ KERN_X16_HALVES_GEMM(x16a_gemm, x16a_one, x16a_half, X16A_TOKENS)
  * half-panel pass consumes them (Q4_K 8 per 512 bytes, Q6_K 12 per step),
  * not all 32 or 48 at its start: a burst outran the miss buffers (as on
  * avx512vnni). `--isa avx2` Q4_K_M decode +10-12 % (paired runs,
- * tools/dev/kernel-ab.sh). */
-#define X16AK_PF_LINES(p, n)                                                \
-	do {                                                                \
-		_Pragma("GCC unroll 8") for (int l_ = 0; l_ < (n); l_ += 64) \
-			PF_T0((p) + l_);                                    \
-	} while (0)
+ * tools/dev/kernel-ab.sh). KERN_PF_LINES is kern.h's. */
 
 static inline __attribute__((always_inline)) __m256i dot_u8i8(__m256i acc, __m256i c,
 							      const int8_t *a4)
@@ -830,7 +825,7 @@ x16a_q4_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
 		/* the pair's scales here, the codes' lines in the jj loop */
 		if (b & 1)
-			X16AK_PF_LINES((const char *)pc + 2048 + X16K_PREFETCH, 2 * 256);
+			KERN_PF_LINES(PF_T0, (const char *)pc + 2048 + X16K_PREFETCH, 2 * 256);
 		for (int hv = 0; hv < 2; hv++) {
 			/* 6-bit scales and mins of the 8 sub-blocks, rows 8hv.. */
 			__m128i q[12];
@@ -858,9 +853,8 @@ x16a_q4_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 			for (int jj = 0; jj < 4; jj++) {
 				__m256i i0[X16A_TOKENS], i1[X16A_TOKENS];
 				if (hv == 0)
-					X16AK_PF_LINES((const char *)pc + X16K_PREFETCH +
-							       512 * jj,
-						       512);
+					KERN_PF_LINES(PF_T0, (const char *)pc + X16K_PREFETCH + 512 * jj,
+						      512);
 				_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
 					i0[t] = i1[t] = _mm256_setzero_si256();
 				_Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
@@ -917,7 +911,7 @@ x16a_q6_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 		const uint8_t *pm = KERN_X16_META(panel, nb, 3072, 288, b);
 		/* the pair's scales here, the codes' lines in the loop below */
 		if (b & 1)
-			X16AK_PF_LINES((const char *)pc + 3072 + X16K_PREFETCH, 2 * 288);
+			KERN_PF_LINES(PF_T0, (const char *)pc + 3072 + X16K_PREFETCH, 2 * 288);
 		for (int hv = 0; hv < 2; hv++) {
 			/* int8 scales of the 16 sub-blocks as (sc 2p, sc 2p+1)
 			 * int16 pairs, rows 8hv.., for the offset term */
@@ -937,10 +931,10 @@ x16a_q6_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 				for (int i0 = 0; i0 < 8; i0 += 4) {
 					if (hv == 0) /* the 12 code lines of this step */
 						_Pragma("GCC unroll 3") for (int k = 0; k < 3; k++)
-							X16AK_PF_LINES(
-								(const char *)pc + X16K_PREFETCH +
-									h * 1536 + i0 * 64 + 512 * k,
-								256);
+							KERN_PF_LINES(PF_T0,
+								      (const char *)pc + X16K_PREFETCH +
+									      h * 1536 + i0 * 64 + 512 * k,
+								      256);
 					for (int tt = 0; tt < 4; tt++) {
 						/* sub-block 8h + i0/4 + 2tt: codes of
 						 * elements 128h + 32tt + 4i, i = i0..i0+3 */

@@ -650,19 +650,16 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
  * (`perf annotate`: 18 % of Q6_K's samples on the first scale load). Each
  * block also asks for the scales of the block this many ahead: Q4_K_M
  * decode +2-3 % (paired runs, medians of 14). */
+#ifndef X16K_META_AHEAD
 #define X16K_META_AHEAD 4
+#endif
 /* The K-quant kernels ask for a super-block's code lines a few at a time
  * as they consume it (Q4_K 8 per 512 bytes, Q6_K 3 per 192), not 32 or 48
  * in a burst at its start: a burst outran the core's miss buffers and
  * lines came late. One token from DRAM, one thread, a clean stream (the
  * kernel alone): Q6_K 22-23 -> 27-29 GB/s, Q4_K 29-31 -> 33 GB/s, against
  * 32-35 for plain loads; Q4_K_M decode +18 % (paired runs, median of 12),
- * TinyLlama Q4_0 +2 % (its Q6_K output). */
-#define X16K_PF_LINES(p, n)                                                 \
-	do {                                                                \
-		_Pragma("GCC unroll 9") for (int l_ = 0; l_ < (n); l_ += 64) \
-			X16_PF((p) + l_);                                   \
-	} while (0)
+ * TinyLlama Q4_0 +2 % (its Q6_K output). KERN_PF_LINES is kern.h's. */
 #ifndef X16_Q8_PF_NT
 #define X16_Q8_PF_NT 2 /* Q8_0: tokens per panel pass from which to prefetch */
 #endif
@@ -823,11 +820,11 @@ x16_q4_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 #if X16_PREFETCH
 		/* the codes' lines are asked for inside the jj loops below */
 		if (b & 1)
-			X16K_PF_LINES((const char *)pc + 2048 + X16K_PREFETCH, 2 * 256);
+			KERN_PF_LINES(X16_PF, (const char *)pc + 2048 + X16K_PREFETCH, 2 * 256);
 		if (b + X16K_META_AHEAD < nb) /* see X16K_META_AHEAD */
-			_Pragma("GCC unroll 5") for (int l_ = 0; l_ < 256; l_ += 64)
-				X16_PF((const char *)KERN_X16_META(panel, nb, 2048, 256,
-								  b + X16K_META_AHEAD) + l_);
+			KERN_PF_LINES(X16_PF,
+				      KERN_X16_META(panel, nb, 2048, 256, b + X16K_META_AHEAD),
+				      256);
 #endif
 		/* 6-bit scales and mins of the 8 sub-blocks, 16 rows each
 		 * (quant_scale_min_k4 on 16 lanes); mins as (m, m) int16 pairs */
@@ -858,7 +855,7 @@ x16_q4_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 			 * dot (holding all 16 across tokens spilled them) */
 			const int8_t *aq = ((const struct block_q8_K *)a)[b].qs + 64 * jj;
 #if X16_PREFETCH
-			X16K_PF_LINES((const char *)pc + X16K_PREFETCH + 512 * jj, 512);
+			KERN_PF_LINES(X16_PF, (const char *)pc + X16K_PREFETCH + 512 * jj, 512);
 #endif
 			__m512i i0 = _mm512_setzero_si512(), i1 = i0, i2 = i0, i3 = i0;
 			_Pragma("GCC unroll 8") for (int i = 0; i < 8; i += 2) {
@@ -880,7 +877,7 @@ x16_q4_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 		for (int jj = 0; jj < 4 && NT > 1; jj++) {
 			__m512i lo[8], hi[8];
 #if X16_PREFETCH
-			X16K_PF_LINES((const char *)pc + X16K_PREFETCH + 512 * jj, 512);
+			KERN_PF_LINES(X16_PF, (const char *)pc + X16K_PREFETCH + 512 * jj, 512);
 #endif
 			_Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
 				__m512i v = _mm512_loadu_si512(pc + jj * 512 + i * 64);
@@ -940,11 +937,11 @@ x16_q6_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 #if X16_PREFETCH
 		/* the codes' lines are asked for inside the i loop below */
 		if (b & 1)
-			X16K_PF_LINES((const char *)pc + 3072 + X16K_PREFETCH, 2 * 288);
+			KERN_PF_LINES(X16_PF, (const char *)pc + 3072 + X16K_PREFETCH, 2 * 288);
 		if (b + X16K_META_AHEAD < nb) /* see X16K_META_AHEAD */
-			_Pragma("GCC unroll 5") for (int l_ = 0; l_ < 288; l_ += 64)
-				X16_PF((const char *)KERN_X16_META(panel, nb, 3072, 288,
-								  b + X16K_META_AHEAD) + l_);
+			KERN_PF_LINES(X16_PF,
+				      KERN_X16_META(panel, nb, 3072, 288, b + X16K_META_AHEAD),
+				      288);
 #endif
 		/* int8 scales of the 16 sub-blocks; as (sc 2p, sc 2p+1) int16
 		 * pairs for the offset term */
@@ -967,7 +964,8 @@ x16_q6_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 				_Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
 					const uint8_t *ph = pc + h * 1536 + (i0 + i) * 64;
 #if X16_PREFETCH
-					X16K_PF_LINES((const char *)pc + X16K_PREFETCH +
+					KERN_PF_LINES(X16_PF,
+						      (const char *)pc + X16K_PREFETCH +
 							      192 * (8 * h + i0 + i),
 						      192);
 #endif
