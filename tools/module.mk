@@ -11,3 +11,8 @@ $(BUILD)/bin/%: $(BUILD)/tools/%.o $(TOOLS_LIB) $(MODULE_LIBS)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(EXT_LIBS)
+
+# tools/dev/kernel-ab.c is linked only by tools/dev/kernel-ab.sh (against a
+# second build of a kernel file); compiling it with the tests keeps it in
+# step with the engine's headers.
+tests: $(BUILD)/tools/dev/kernel-ab.o
