@@ -197,27 +197,29 @@ void kern_act_aux(uint32_t act_type, const void *a, int64_t n, float *aux);
 #define KERN_X16_META(panel, nb, cb, mb, b)                                           \
 	(KERN_X16_PAIR(panel, cb, mb, b) + (((b) | 1) < (nb) ? 2 : 1) * (size_t)(cb) + \
 	 (size_t)((b)&1) * (mb))
+/* Prefetch the n bytes at p, one PF per 64-byte line (n a constant of at
+ * most 48 lines). PF(p) is the ISA file's prefetch of one line. */
+#define KERN_PF_LINES(PF, p, n)                                               \
+	do {                                                                  \
+		_Pragma("GCC unroll 48") for (size_t l_ = 0; l_ < (size_t)(n); \
+					      l_ += 64)                        \
+			PF((const char *)(p) + l_);                           \
+	} while (0)
 /* Prefetch the panel stream `dist` bytes ahead of block b's codes `pc`:
  * cb bytes of codes and, at a pair's second block, the pair's 2 * mb bytes
- * of metadata, so every 64-byte line of the stream is asked for once.
- * PF(p) is the ISA file's prefetch of one line. */
-#define KERN_X16_PREFETCH(PF, pc, cb, mb, b, dist)                                  \
-	do {                                                                        \
-		_Pragma("GCC unroll 48") for (size_t l_ = 0; l_ < (size_t)(cb); l_ += 64) \
-			PF((const char *)(pc) + (dist) + l_);                       \
-		if ((b)&1)                                                          \
-			_Pragma("GCC unroll 9") for (size_t l_ = 0; l_ < 2 * (size_t)(mb); \
-						     l_ += 64)                        \
-				PF((const char *)(pc) + (cb) + (dist) + l_);        \
+ * of metadata (KERN_X16_PREFETCH_META), so every 64-byte line of the stream
+ * is asked for once. The K-quant kernels ask for their codes a few lines at
+ * a time as they consume them and use only the _META part here. */
+#define KERN_X16_PREFETCH_META(PF, pc, cb, mb, b, dist)                     \
+	do {                                                                \
+		if ((b)&1)                                                  \
+			KERN_PF_LINES(PF, (const char *)(pc) + (cb) + (dist), \
+				      2 * (size_t)(mb));                    \
 	} while (0)
-/* Prefetch the n bytes at p, one PF per 64-byte line (n a constant of at
- * most 576: the K-quant kernels ask for a super-block's lines a few at a
- * time as they consume it, kern_avx512.c X16K_PREFETCH). */
-#define KERN_PF_LINES(PF, p, n)                                              \
-	do {                                                                 \
-		_Pragma("GCC unroll 9") for (size_t l_ = 0; l_ < (size_t)(n); \
-					     l_ += 64)                        \
-			PF((const char *)(p) + l_);                          \
+#define KERN_X16_PREFETCH(PF, pc, cb, mb, b, dist)                        \
+	do {                                                              \
+		KERN_PF_LINES(PF, (const char *)(pc) + (dist), (cb));     \
+		KERN_X16_PREFETCH_META(PF, pc, cb, mb, b, dist);          \
 	} while (0)
 bool kern_x16_supported(uint32_t type);
 /* Pack 16 native rows (`rows`, row_stride bytes apart, n elements each)

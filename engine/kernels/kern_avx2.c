@@ -780,7 +780,8 @@ KERN_X16_HALVES_GEMM(x16a_gemm, x16a_one, x16a_half, X16A_TOKENS)
  * half-panel pass consumes them (Q4_K 8 per 512 bytes, Q6_K 12 per step),
  * not all 32 or 48 at its start: a burst outran the miss buffers (as on
  * avx512vnni). `--isa avx2` Q4_K_M decode +10-12 % (paired runs,
- * tools/dev/kernel-ab.sh). KERN_PF_LINES is kern.h's. */
+ * tools/dev/kernel-ab.sh). KERN_PF_LINES and KERN_X16_PREFETCH_META are
+ * kern.h's. */
 
 static inline __attribute__((always_inline)) __m256i dot_u8i8(__m256i acc, __m256i c,
 							      const int8_t *a4)
@@ -824,8 +825,7 @@ x16a_q4_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 2048, 256, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
 		/* the pair's scales here, the codes' lines in the jj loop */
-		if (b & 1)
-			KERN_PF_LINES(PF_T0, (const char *)pc + 2048 + X16K_PREFETCH, 2 * 256);
+		KERN_X16_PREFETCH_META(PF_T0, pc, 2048, 256, b, X16K_PREFETCH);
 		for (int hv = 0; hv < 2; hv++) {
 			/* 6-bit scales and mins of the 8 sub-blocks, rows 8hv.. */
 			__m128i q[12];
@@ -910,8 +910,7 @@ x16a_q6_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 3072, 288, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 3072, 288, b);
 		/* the pair's scales here, the codes' lines in the loop below */
-		if (b & 1)
-			KERN_PF_LINES(PF_T0, (const char *)pc + 3072 + X16K_PREFETCH, 2 * 288);
+		KERN_X16_PREFETCH_META(PF_T0, pc, 3072, 288, b, X16K_PREFETCH);
 		for (int hv = 0; hv < 2; hv++) {
 			/* int8 scales of the 16 sub-blocks as (sc 2p, sc 2p+1)
 			 * int16 pairs, rows 8hv.., for the offset term */

@@ -653,6 +653,16 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
 #ifndef X16K_META_AHEAD
 #define X16K_META_AHEAD 4
 #endif
+/* A K-quant block's scale prefetches: the pair's, with the stream, and the
+ * ones X16K_META_AHEAD blocks on. */
+#define X16K_PF_SCALES(panel, nb, pc, cb, mb, b)                                        \
+	do {                                                                            \
+		KERN_X16_PREFETCH_META(X16_PF, pc, cb, mb, b, X16K_PREFETCH);            \
+		if ((b) + X16K_META_AHEAD < (nb))                                       \
+			KERN_PF_LINES(X16_PF,                                           \
+				      KERN_X16_META(panel, nb, cb, mb, (b) + X16K_META_AHEAD), \
+				      mb);                                              \
+	} while (0)
 /* The K-quant kernels ask for a super-block's code lines a few at a time
  * as they consume it (Q4_K 8 per 512 bytes, Q6_K 3 per 192), not 32 or 48
  * in a burst at its start: a burst outran the core's miss buffers and
@@ -819,12 +829,7 @@ x16_q4_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
 #if X16_PREFETCH
 		/* the codes' lines are asked for inside the jj loops below */
-		if (b & 1)
-			KERN_PF_LINES(X16_PF, (const char *)pc + 2048 + X16K_PREFETCH, 2 * 256);
-		if (b + X16K_META_AHEAD < nb) /* see X16K_META_AHEAD */
-			KERN_PF_LINES(X16_PF,
-				      KERN_X16_META(panel, nb, 2048, 256, b + X16K_META_AHEAD),
-				      256);
+		X16K_PF_SCALES(panel, nb, pc, 2048, 256, b);
 #endif
 		/* 6-bit scales and mins of the 8 sub-blocks, 16 rows each
 		 * (quant_scale_min_k4 on 16 lanes); mins as (m, m) int16 pairs */
@@ -936,12 +941,7 @@ x16_q6_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 		const uint8_t *pm = KERN_X16_META(panel, nb, 3072, 288, b);
 #if X16_PREFETCH
 		/* the codes' lines are asked for inside the i loop below */
-		if (b & 1)
-			KERN_PF_LINES(X16_PF, (const char *)pc + 3072 + X16K_PREFETCH, 2 * 288);
-		if (b + X16K_META_AHEAD < nb) /* see X16K_META_AHEAD */
-			KERN_PF_LINES(X16_PF,
-				      KERN_X16_META(panel, nb, 3072, 288, b + X16K_META_AHEAD),
-				      288);
+		X16K_PF_SCALES(panel, nb, pc, 3072, 288, b);
 #endif
 		/* int8 scales of the 16 sub-blocks; as (sc 2p, sc 2p+1) int16
 		 * pairs for the offset term */
