@@ -116,12 +116,16 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 				for (int t = 0; t < nt; t++)
 					for (int r = 0; r < nr; r += 16)
 						__builtin_prefetch(o + (size_t)t * m->out_stride + r, 1, 3);
-			/* a plain product goes straight to the output */
+			/* a plain product goes straight to the output; the
+			 * kernel's accumulators start from it (kern.h) */
+			float *d = direct ? o : tmp;
+			size_t ds = direct ? m->out_stride : TILE_ROWS;
+			for (int t = 0; t < nt; t++)
+				memset(d + (size_t)t * ds, 0, (size_t)nr * sizeof(float));
 			ko->gemm_x16(w->n_in, nr, nt, wd, w->row_bytes,
 				     a->rows + (size_t)t0 * a->stride, a->stride,
 				     a->aux ? a->aux + (size_t)t0 * a->aux_stride : NULL,
-				     a->aux_stride, direct ? o : tmp,
-				     direct ? m->out_stride : TILE_ROWS);
+				     a->aux_stride, d, ds);
 			if (!direct)
 				for (int t = 0; t < nt; t++)
 					store_row(m, o + (size_t)t * m->out_stride,

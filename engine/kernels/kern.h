@@ -82,8 +82,12 @@ struct kern_type_ops {
 	 * 16 * w_stride bytes apart (w_stride: the native row size). Any nt,
 	 * one token included: per (row, token) the float operations are one
 	 * fixed sequence, so results are bit-identical whatever nt, nr and the
-	 * tiling. NULL: the variant does not read the repacked layout, and the
-	 * model keeps the file's layout. */
+	 * tiling. The accumulators start from s's values, not from 0: the
+	 * caller zeroes s for a whole row, and a row cut into K-segments
+	 * (engine/repack.c: the first k blocks packed as panels of their own,
+	 * then the rest) runs segment after segment into the same s, which
+	 * gives the whole row's result bit for bit. NULL: the variant does not
+	 * read the repacked layout, and the model keeps the file's layout. */
 	kern_gemm_fn gemm_x16;
 };
 
@@ -231,8 +235,9 @@ void kern_x16_unpack(uint32_t type, const void *panel, int64_t n, void *rows, si
  * matrix that is repacked because it is also the (tied) output. */
 void kern_x16_unpack_row(uint32_t type, const void *panel, int64_t n, int r, void *row);
 /* The scalar reference of gemm_x16 (the oracle for the variants' kernels):
- * exact integer block dots, then per block acc += (float)isum * (d_w * d_a),
- * blocks in order, which is the sequence every gemm_x16 follows. */
+ * acc = s, then exact integer block dots, per block acc += (float)isum *
+ * (d_w * d_a), blocks in order, which is the sequence every gemm_x16
+ * follows (the K-quants: s += the generic vec_dot of each super-block). */
 void kern_gemm_x16_ref(uint32_t type, int64_t n, int nr, int nt, const void *w,
 		       size_t w_stride, const void *a, size_t a_stride, const float *aux,
 		       size_t aux_stride, float *s, size_t s_stride);

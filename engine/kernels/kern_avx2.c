@@ -730,7 +730,7 @@ static inline __attribute__((always_inline)) void
 x16a_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const float *aux, float *s)
 {
 	const size_t cb = q4 ? 256 : 512;
-	__m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+	__m256 acc0 = _mm256_loadu_ps(s), acc1 = _mm256_loadu_ps(s + 8);
 	/* two blocks per iteration: decode +3 % (Q4_0, Q8_0; paired runs,
 	 * tools/dev/kernel-ab.sh), as on avx512vnni */
 	_Pragma("GCC unroll 2") for (int64_t b = 0; b < nb; b++) {
@@ -752,7 +752,7 @@ x16a_half(bool q4, int64_t nb, int NT, const uint8_t *panel, int h, const uint8_
 	const size_t cb = q4 ? 256 : 512;
 	__m256 acc[X16A_TOKENS];
 	_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
-		acc[t] = _mm256_setzero_ps();
+		acc[t] = _mm256_loadu_ps(s + (size_t)t * s_stride + 8 * h);
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 		const uint8_t *sb = KERN_X16_META(panel, nb, cb, 32, b);
@@ -817,10 +817,6 @@ x16a_q4_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 {
 	const __m256i low = _mm256_set1_epi8(0x0f);
 	const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m48 = _mm_set1_epi8(0x30);
-	for (int t = 0; t < NT; t++) {
-		_mm256_storeu_ps(s + (size_t)t * s_stride, _mm256_setzero_ps());
-		_mm256_storeu_ps(s + (size_t)t * s_stride + 8, _mm256_setzero_ps());
-	}
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 2048, 256, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
@@ -902,10 +898,6 @@ x16a_q6_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 	  size_t s_stride)
 {
 	const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(0x30);
-	for (int t = 0; t < NT; t++) {
-		_mm256_storeu_ps(s + (size_t)t * s_stride, _mm256_setzero_ps());
-		_mm256_storeu_ps(s + (size_t)t * s_stride + 8, _mm256_setzero_ps());
-	}
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 3072, 288, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 3072, 288, b);

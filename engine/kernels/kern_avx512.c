@@ -698,7 +698,7 @@ x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, s
 	const __m512 offv = _mm512_set1_ps(q4 ? 8.0f : 128.0f);
 	__m512 acc[X16_TOKENS];
 	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
-		acc[t] = _mm512_setzero_ps();
+		acc[t] = _mm512_loadu_ps(s + (size_t)t * s_stride);
 	/* two blocks (a pair: codes, codes, metadata) per iteration: decode
 	 * +8-13 % (Q4_0, Q8_0), prefill and batches of 4 within the noise or
 	 * better (paired runs in one process); the K-quant loops gained
@@ -822,8 +822,6 @@ x16_q4_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 {
 	const __m512i low = _mm512_set1_epi8(0x0f);
 	const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m48 = _mm_set1_epi8(0x30);
-	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
-		_mm512_storeu_ps(s + (size_t)t * s_stride, _mm512_setzero_ps());
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 2048, 256, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
@@ -934,8 +932,6 @@ x16_q6_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 	       float *s, size_t s_stride)
 {
 	const __m512i low = _mm512_set1_epi8(0x0f), two = _mm512_set1_epi8(0x30);
-	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
-		_mm512_storeu_ps(s + (size_t)t * s_stride, _mm512_setzero_ps());
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 3072, 288, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 3072, 288, b);

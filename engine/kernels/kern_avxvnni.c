@@ -96,7 +96,7 @@ x16_half(bool q4, int64_t nb, int NT, const uint8_t *panel, int h, const uint8_t
 	const __m256 offv = _mm256_set1_ps(q4 ? 8.0f : 128.0f);
 	__m256 acc[X16V_TOKENS];
 	_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
-		acc[t] = _mm256_setzero_ps();
+		acc[t] = _mm256_loadu_ps(s + (size_t)t * s_stride + 8 * h);
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b) + 32 * h;
 		__m256i c[8];
@@ -145,7 +145,7 @@ x16_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const float
 	const size_t cb = q4 ? 256 : 512;
 	const __m256i low = _mm256_set1_epi8(0x0f);
 	const __m256 offv = _mm256_set1_ps(q4 ? 8.0f : 128.0f);
-	__m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+	__m256 acc[2] = {_mm256_loadu_ps(s), _mm256_loadu_ps(s + 8)};
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 		const uint8_t *sb = KERN_X16_META(panel, nb, cb, 32, b);

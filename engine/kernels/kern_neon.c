@@ -414,7 +414,7 @@ x16_panel_dp(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a
 	float32x4_t acc[X16N_TOKENS][4];
 	for (int t = 0; t < NT; t++)
 		for (int qr = 0; qr < 4; qr++)
-			acc[t][qr] = vdupq_n_f32(0);
+			acc[t][qr] = vld1q_f32(s + (size_t)t * s_stride + 4 * qr);
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 		const uint16_t *pd =
@@ -542,9 +542,6 @@ static inline __attribute__((always_inline)) DOTPROD void
 x16_q4_K_dp(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride, float *s,
 	    size_t s_stride)
 {
-	for (int t = 0; t < NT; t++)
-		for (int r = 0; r < KERN_X16_ROWS; r += 4)
-			vst1q_f32(s + (size_t)t * s_stride + r, vdupq_n_f32(0));
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 2048, 256, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
@@ -625,9 +622,6 @@ x16_q6_K_dp(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a
 	    size_t s_stride)
 {
 	const uint8x16_t low = vdupq_n_u8(0x0f), two = vdupq_n_u8(0x30);
-	for (int t = 0; t < NT; t++)
-		for (int r = 0; r < KERN_X16_ROWS; r += 4)
-			vst1q_f32(s + (size_t)t * s_stride + r, vdupq_n_f32(0));
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 3072, 288, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 3072, 288, b);

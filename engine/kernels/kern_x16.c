@@ -162,17 +162,27 @@ static void gemm_x16_ref_k(uint32_t type, int64_t n, int nr, int nt, const void 
 			   size_t s_stride)
 {
 	uint8_t *rows = malloc(KERN_X16_ROWS * w_stride);
+	size_t wb = dtype_get(type)->size; /* bytes per super-block */
 	if (!rows)
 		abort(); /* a test-only oracle: no way to report */
 	for (int p = 0; p < nr / KERN_X16_ROWS; p++) {
 		kern_x16_unpack(type, (const uint8_t *)w + (size_t)p * KERN_X16_ROWS * w_stride, n,
 				rows, w_stride);
+		/* one super-block at a time, added to s: vec_dot's own sum
+		 * (0 + the first block's term, + the next, ...) continued from
+		 * s, which is where the accumulator starts (kern.h) */
 		for (int t = 0; t < nt; t++)
-			for (int r = 0; r < KERN_X16_ROWS; r++)
-				kern_generic_ops.t[type].vec_dot(
-					n, &s[(size_t)t * s_stride + (size_t)p * KERN_X16_ROWS + r],
-					rows + (size_t)r * w_stride,
-					(const uint8_t *)a + (size_t)t * a_stride);
+			for (int r = 0; r < KERN_X16_ROWS; r++) {
+				float *o = &s[(size_t)t * s_stride + (size_t)p * KERN_X16_ROWS + r];
+				for (int64_t b = 0; b < n / QK_K; b++) {
+					float x;
+					kern_generic_ops.t[type].vec_dot(
+						QK_K, &x, rows + (size_t)r * w_stride + (size_t)b * wb,
+						(const uint8_t *)a + (size_t)t * a_stride +
+							(size_t)b * sizeof(struct block_q8_K));
+					*o = *o + x;
+				}
+			}
 	}
 	free(rows);
 }
@@ -196,7 +206,7 @@ void kern_gemm_x16_ref(uint32_t type, int64_t n, int nr, int nt, const void *w,
 			const struct block_q8_0 *ab =
 				(const struct block_q8_0 *)((const uint8_t *)a + (size_t)t * a_stride);
 			for (int r = 0; r < KERN_X16_ROWS; r++) {
-				float acc = 0.0f;
+				float acc = s[(size_t)t * s_stride + (size_t)p * KERN_X16_ROWS + r];
 				for (int64_t b = 0; b < nb; b++) {
 					const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 					int32_t isum = 0;

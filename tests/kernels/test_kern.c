@@ -1547,7 +1547,57 @@ static void test_variant_vec_dot(void)
  * token count from 1 to 17, and each token alone gives what it gives
  * in its batch. The reference itself is held to vec_dot's bound in
  * test_kern_simd.c; here, on the scalar variant, to the generic vec_dot
- * within 1e-5 relative of the row's absolute sum. */
+ * within 1e-5 relative of the row's absolute sum. K-segments (kern.h,
+ * the accumulators start from s): the row's blocks cut in two, each part
+ * packed as panels of its own and run one after the other into the same
+ * output, give the whole row's result bit for bit, in the reference and
+ * in every variant's kernel. */
+/* The rows' first k elements packed as panels of their own, the rest as
+ * others (each part a matrix with rows of its own length, kern.h's
+ * K-segments), run one after the other into one zeroed output by the
+ * reference and by the variant's gemm_x16: each gives `whole` (the
+ * reference over the whole rows) bit for bit. */
+static void check_x16_segments(uint32_t type, int64_t n, int64_t k, const uint8_t *w,
+			       size_t wrs, const uint8_t *a, size_t ars, const float *aux,
+			       size_t al, int nr, int nt, const float *whole)
+{
+	uint32_t at = V->t[type].act_type;
+	int64_t len[2] = { k, n - k };
+	size_t wo[2] = { 0, ref_bytes(type, k) }, ao[2] = { 0, ref_bytes(at, k) };
+	size_t xo[2] = { 0, kern_act_aux_len(at, k) };
+	uint8_t *seg[2];
+	for (int s = 0; s < 2; s++) {
+		size_t srs = ref_bytes(type, len[s]);
+		seg[s] = kt_xmalloc(srs * (size_t)nr);
+		for (int p = 0; p < nr / KERN_X16_ROWS; p++)
+			kern_x16_pack(type, w + (size_t)p * KERN_X16_ROWS * wrs + wo[s], wrs, len[s],
+				      seg[s] + (size_t)p * KERN_X16_ROWS * srs);
+	}
+	float *got = kt_xmalloc(sizeof(float) * (size_t)nr * (size_t)nt);
+	for (int pass = 0; pass < 2; pass++) {
+		if (pass == 1 && !V->t[type].gemm_x16)
+			break;
+		memset(got, 0, sizeof(float) * (size_t)nr * (size_t)nt);
+		for (int s = 0; s < 2; s++) {
+			size_t srs = ref_bytes(type, len[s]);
+			const float *x = aux ? aux + xo[s] : NULL;
+			if (pass == 0)
+				kern_gemm_x16_ref(type, len[s], nr, nt, seg[s], srs, a + ao[s], ars, x,
+						  al, got, (size_t)nr);
+			else
+				V->t[type].gemm_x16(len[s], nr, nt, seg[s], srs, a + ao[s], ars, x,
+						    al, got, (size_t)nr);
+		}
+		CHECK_MSG(memcmp(got, whole, sizeof(float) * (size_t)nr * (size_t)nt) == 0,
+			  "%s %s %s: n %lld cut at %lld differs from the whole rows", V_name,
+			  pass ? "gemm_x16" : "x16 reference", dtype_name(type), (long long)n,
+			  (long long)k);
+	}
+	free(seg[0]);
+	free(seg[1]);
+	free(got);
+}
+
 static void test_variant_x16(void)
 {
 	static const uint32_t types[] = { ENGINE_DTYPE_Q4_0, ENGINE_DTYPE_Q8_0, ENGINE_DTYPE_Q4_K,
@@ -1587,8 +1637,12 @@ static void test_variant_x16(void)
 						back + p * KERN_X16_ROWS * wrs, wrs);
 			CHECK_MSG(memcmp(w, back, wrs * NR) == 0, "%s x16 pack/unpack n %lld",
 				  dtype_name(type), (long long)n);
+			memset(ref, 0, sizeof(float) * NR * NT);
 			kern_gemm_x16_ref(type, n, NR, NT, panel, wrs, a, ars, al ? aux : NULL, al,
 					  ref, NR);
+			for (int cut = 1; cut < nbs[ni]; cut++)
+				check_x16_segments(type, n, cut * blck, w, wrs, a, ars,
+						   al ? aux : NULL, al, NR, NT, ref);
 			if (!V->t[type].gemm_x16) {
 				/* the reference against the generic row dot: the same
 				 * value for the K-quants (it is that dot), the same up
@@ -1616,8 +1670,7 @@ static void test_variant_x16(void)
 				 * so a token left unwritten cannot pass on the last
 				 * run's value */
 				for (int nt = 1; nt <= NT; nt++) {
-					for (int i = 0; i < NR * NT; i++)
-						got[i] = -12345.678f;
+					memset(got, 0, sizeof(float) * NR * NT);
 					V->t[type].gemm_x16(n, NR, nt, panel, wrs, a, ars, al ? aux : NULL,
 							    al, got, NR);
 					CHECK_MSG(memcmp(got, ref, sizeof(float) * NR * nt) == 0,

@@ -239,6 +239,7 @@ static void check_x16(const struct kern_ops *k, uint32_t type, int64_t n, const 
 			  "%s %s gemm_x16 differs from the reference (n %lld)", k->name,
 			  dtype_name(type), (long long)n);
 		for (int t = 0; t < nt; t++) {
+			memset(one, 0, sizeof(one)); /* the accumulators start from s */
 			k->t[type].gemm_x16(n, P, 1, panel, wrs, a + t * ars, ars,
 					    aux + t * aux_len, aux_len, one, P);
 			CHECK_MSG(memcmp(one, got + t * P, sizeof(one)) == 0,
