@@ -37,6 +37,10 @@ struct engine_params {
 	 * it and the copy takes at most half of the RAM), 1 on, -1 off. The
 	 * repacked tensors become private memory of the process (x16_bytes). */
 	int repack;
+	/* Bytes of a repacked panel's K-segment (repack.c): 0 the default
+	 * for the type, -1 whole rows, > 0 that for every type. For tests and
+	 * comparisons. */
+	int repack_segment;
 };
 
 struct engine_model_info {
@@ -54,6 +58,7 @@ struct engine_model_info {
 	int n_fallback;              /* tensors kept wider than requested (quantizer) */
 	uint32_t n_x16_tensors;      /* tensors repacked at load (engine_params.repack) */
 	uint64_t x16_bytes;          /* their bytes, now private memory */
+	uint32_t n_x16_segmented;    /* of them, cut into K-segments */
 	/* The weights live in the engine's own 2 MiB-aligned anonymous copy
 	 * with MADV_HUGEPAGE (made when repacking: the pages become private
 	 * memory anyway, and a file mapping never gets huge pages), so a

@@ -76,6 +76,9 @@ struct weight {
 	/* rows [0, n_x16) are repacked in the kernels' x16 layout (kern.h),
 	 * a multiple of 16; the rest keep the file's layout */
 	int64_t n_x16;
+	/* blocks per K-segment of the repacked rows (repack.c), the last
+	 * segment shorter; 0: one segment, the whole row */
+	int64_t x16_seg;
 };
 
 /* Vectors (norm weights, biases) are f32: a view into the mapping when the
@@ -145,7 +148,22 @@ void model_rebase(engine_model *m, void *buf);
  * variant reads the layout and the repacked bytes are at most half of the
  * RAM), 1 on (whatever the size), -1 off. Fills info.n_x16_tensors and
  * info.x16_bytes. */
-int engine_model_repack(engine_model *m, int mode, struct cm_err *err);
+int engine_model_repack(engine_model *m, int mode, int seg_bytes, struct cm_err *err);
+/* Rows per group of the repacked layout: the panels of a group are cut
+ * into K-segments together (repack.c), and matmul.c's chunks of a repacked
+ * weight are whole groups. */
+#define ENGINE_X16_GROUP 64
+/* Where K-segment `b0` (its first block) of the group holding rows
+ * [r0, ..) starts, the group's rows being nr (64, or fewer at the end). */
+static inline const uint8_t *engine_x16_segment(const struct weight *w, int64_t r0, int nr,
+						int64_t b0)
+{
+	return (const uint8_t *)w->data + (size_t)r0 * w->row_bytes +
+	       (size_t)nr * (size_t)b0 * dtype_get(w->type)->size;
+}
+/* Row r (< n_x16) of a repacked weight in the file's layout (the token
+ * embedding lookup in an output tied to it), `row` row_bytes long. */
+void engine_x16_row(const struct weight *w, int64_t r, void *row);
 
 /* ---- context (model.c) --------------------------------------------------- */
 

@@ -31,7 +31,7 @@
 
 #define MM_MAX 8          /* matmuls per group */
 #define DECODE_ROWS 64    /* rows per chunk, one token (measured: 64-128 best) */
-#define TILE_ROWS 64      /* rows per chunk, tile kernel (a multiple of 16) */
+#define TILE_ROWS ENGINE_X16_GROUP /* rows per chunk, tile kernel and x16 (64) */
 #define TILE_TOKENS 128   /* tokens per gemm call */
 
 /* One activation layout made from the input. */
@@ -96,7 +96,9 @@ static void run_vec_dot(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 }
 
 /* Rows [r0, r1) of a repacked weight: panels through gemm_x16, the native
- * tail (rows >= n_x16) through vec_dot. */
+ * tail (rows >= n_x16) through vec_dot. r0 starts a group of the layout
+ * (a chunk is one): its K-segments run one after the other into one zeroed
+ * output, each continuing the sums of the ones before (repack.c). */
 static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 {
 	const struct engine_mm *m = &j->mm[i];
@@ -107,8 +109,9 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 	if (r0 < p1) {
 		float tmp[TILE_TOKENS * TILE_ROWS];
 		int nr = (int)(p1 - r0);
-		const uint8_t *wd = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
 		bool direct = !m->bias && !m->accumulate;
+		const struct dtype_info *tw = dtype_get(w->type), *ta = dtype_get(a->type);
+		int64_t nb = w->n_in / tw->blck, sb = w->x16_seg ? w->x16_seg : nb;
 		for (int t0 = 0; t0 < j->n_tok; t0 += TILE_TOKENS) {
 			int nt = CM_MIN(TILE_TOKENS, j->n_tok - t0);
 			float *o = m->out + (size_t)t0 * m->out_stride + (size_t)r0;
@@ -122,10 +125,17 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 			size_t ds = direct ? m->out_stride : TILE_ROWS;
 			for (int t = 0; t < nt; t++)
 				memset(d + (size_t)t * ds, 0, (size_t)nr * sizeof(float));
-			ko->gemm_x16(w->n_in, nr, nt, wd, w->row_bytes,
-				     a->rows + (size_t)t0 * a->stride, a->stride,
-				     a->aux ? a->aux + (size_t)t0 * a->aux_stride : NULL,
-				     a->aux_stride, d, ds);
+			for (int64_t b0 = 0; b0 < nb; b0 += sb) {
+				int64_t n = CM_MIN(sb, nb - b0) * tw->blck;
+				size_t ab = (size_t)(b0 * tw->blck / ta->blck);
+				ko->gemm_x16(n, nr, nt, engine_x16_segment(w, r0, nr, b0),
+					     dtype_row_size(w->type, n),
+					     a->rows + (size_t)t0 * a->stride + ab * ta->size, a->stride,
+					     a->aux ? a->aux + (size_t)t0 * a->aux_stride +
+							      kern_act_aux_len(a->type, (int64_t)(ab * ta->blck))
+						    : NULL,
+					     a->aux_stride, d, ds);
+			}
 			if (!direct)
 				for (int t = 0; t < nt; t++)
 					store_row(m, o + (size_t)t * m->out_stride,

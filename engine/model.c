@@ -631,7 +631,7 @@ int engine_model_load(const char *path, const struct engine_params *p, engine_mo
 	if ((r = pool_new(nt, p->cpus, p->n_cpus, &m->pool, err)))
 		goto fail;
 	fill_info(m);
-	if ((r = engine_model_repack(m, p->repack, err)))
+	if ((r = engine_model_repack(m, p->repack, p->repack_segment, err)))
 		goto fail;
 	*ret_model = m;
 	return 0;
@@ -1384,9 +1384,8 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 		const struct weight *te = &m->tok_embd;
 		int64_t tok = b->tokens[t];
 		const uint8_t *row = (const uint8_t *)te->data + (size_t)tok * te->row_bytes;
-		if (tok < te->n_x16) { /* a repacked tied output: out of its panel */
-			kern_x16_unpack_row(te->type, row - (size_t)(tok % KERN_X16_ROWS) * te->row_bytes,
-					    te->n_in, (int)(tok % KERN_X16_ROWS), c->embd_row);
+		if (tok < te->n_x16) { /* a repacked tied output: out of its panels */
+			engine_x16_row(te, tok, c->embd_row);
 			row = c->embd_row;
 		}
 		dequantize_row(te->type, row, c->x + (size_t)t * E, (int64_t)E);

@@ -1,5 +1,5 @@
-/* engine/repack.c: load-time repacking of Q4_0/Q8_0 weights into the
- * kernels' x16 layout (kern.h).
+/* engine/repack.c: load-time repacking of Q4_0, Q8_0, Q4_K and Q6_K
+ * weights into the kernels' x16 layout (kern.h).
  *
  * The panels take exactly the bytes of the 16 rows they replace, so each
  * matrix is rewritten in place. The pages written become the process's own
@@ -14,11 +14,31 @@
  * the kernel may drop it. An output
  * tied to the token embedding is repacked too (on Llama 3.2 1B and Qwen2.5
  * 0.5B it is 28-41% of the bytes read per token); the embedding lookup then
- * takes its row out of the panel (kern_x16_unpack_row).
+ * takes its row out of the panels (engine_x16_row).
  *
- * The work is split into panels that the pool's threads claim from one
- * counter; each thread copies 16 rows to its own scratch and writes the
- * panel back over them. */
+ * K-segments. A matrix whose panels are longer than a segment (by type,
+ * segment_default() below; engine_params.repack_segment) is cut along its
+ * rows into segments of equal block counts (even where possible, so that
+ * blocks stay in pairs), each packed as panels of its own (rows as long as
+ * the segment). The rows go in groups of ENGINE_X16_GROUP (64; the last
+ * group may have fewer whole panels); a group holds its first segment's
+ * panels, then its second's, and so on:
+ *     group g: [seg 0: panel 0 .. panel 3][seg 1: panel 0 .. panel 3] ...
+ * so that a group is still one forward stream, while the kernel reads a
+ * segment's slice of the activation again for each of the group's panels
+ * after a few KiB of weights instead of after a whole row's. Paired
+ * decode runs: TinyLlama and Llama 3.2 Q4_0 +8-20 %, Qwen2.5 +4-8 %
+ * (docs/performance.md §4). Why it pays is not settled: the activation's
+ * reuse distance is the obvious reading, but Q8_0's 34 KiB panels lost
+ * when cut, and the K-quants neither gained nor lost; so the segment
+ * sizes are measured per type. matmul.c runs a group's segments one after
+ * the other into the same output; the kernels' accumulators start from
+ * the output (kern.h), so the results equal one pass over the whole rows
+ * bit for bit.
+ *
+ * The work is split into groups that the pool's threads claim from one
+ * counter; each thread copies a group's rows to its own scratch and writes
+ * the panels back over them. */
 #include "engine/engine_impl.h"
 
 #include <sys/mman.h>
@@ -36,6 +56,43 @@ struct repack_job {
 	_Alignas(64) atomic_long next;
 };
 
+/* The default K-segment of a panel, by type (0: rows not cut), from paired
+ * decode runs on this box (docs/performance.md §4): Q4_0 12 KiB (a 2048-
+ * element row in two: TinyLlama +11-16 %, Llama 3.2 +8-20 %, Qwen2.5 0.5B
+ * +4-8 %; 4.6-6.3 KiB segments gained less); Q8_0 36 KiB (only rows wider
+ * than 2048 cut, +2-5 %: cutting its 34 KiB panels of 2048 elements lost
+ * 2-5 %); the K-quants uncut (8-40 KiB all within 3 % of uncut). */
+static size_t segment_default(uint32_t type)
+{
+	switch (type) {
+	case ENGINE_DTYPE_Q4_0:
+		return 12288;
+	case ENGINE_DTYPE_Q8_0:
+		return 36864;
+	default:
+		return 0;
+	}
+}
+
+/* Blocks per K-segment for a matrix of `type` whose 16-row panels are
+ * `panel` bytes of nb blocks (0: not cut). */
+static int64_t segment_blocks(uint32_t type, int64_t nb, size_t panel, int seg_bytes)
+{
+	size_t sb = seg_bytes > 0 ? (size_t)seg_bytes : segment_default(type);
+	if (seg_bytes < 0 || sb == 0 || panel <= sb)
+		return 0;
+	int64_t ns = (int64_t)((panel + sb - 1) / sb);
+	int64_t b = (nb + ns - 1) / ns;
+	b += b & 1;
+	return b < nb ? b : 0;
+}
+
+/* Rows of the group that starts at row r0: 64, or the whole panels left */
+static int group_rows(const struct weight *w, int64_t r0)
+{
+	return (int)CM_MIN((int64_t)ENGINE_X16_GROUP, w->n_out / KERN_X16_ROWS * KERN_X16_ROWS - r0);
+}
+
 static void repack_worker(void *arg, int ith, int nth)
 {
 	struct repack_job *j = arg;
@@ -48,10 +105,37 @@ static void repack_worker(void *arg, int ith, int nth)
 		while (c >= j->first[i + 1])
 			i++;
 		struct weight *w = j->w[i];
-		uint8_t *panel = (uint8_t *)w->data +
-				 (size_t)(c - j->first[i]) * KERN_X16_ROWS * w->row_bytes;
-		memcpy(j->scratch[ith], panel, KERN_X16_ROWS * w->row_bytes);
-		kern_x16_pack(w->type, j->scratch[ith], w->row_bytes, w->n_in, panel);
+		const struct dtype_info *ti = dtype_get(w->type);
+		int64_t r0 = (c - j->first[i]) * ENGINE_X16_GROUP, nb = w->n_in / ti->blck;
+		int64_t sb = w->x16_seg ? w->x16_seg : nb;
+		int nr = group_rows(w, r0);
+		uint8_t *rows = j->scratch[ith];
+		memcpy(rows, (uint8_t *)w->data + (size_t)r0 * w->row_bytes,
+		       (size_t)nr * w->row_bytes);
+		for (int64_t b0 = 0; b0 < nb; b0 += sb) {
+			int64_t n = CM_MIN(sb, nb - b0) * ti->blck;
+			uint8_t *seg = (uint8_t *)engine_x16_segment(w, r0, nr, b0);
+			size_t srs = dtype_row_size(w->type, n);
+			for (int p = 0; p < nr; p += KERN_X16_ROWS)
+				kern_x16_pack(w->type, rows + (size_t)p * w->row_bytes + (size_t)b0 * ti->size,
+					      w->row_bytes, n, seg + (size_t)p * srs);
+		}
+	}
+}
+
+void engine_x16_row(const struct weight *w, int64_t r, void *row)
+{
+	const struct dtype_info *ti = dtype_get(w->type);
+	int64_t r0 = r / ENGINE_X16_GROUP * ENGINE_X16_GROUP, nb = w->n_in / ti->blck;
+	int64_t sb = w->x16_seg ? w->x16_seg : nb;
+	int nr = group_rows(w, r0);
+	int64_t p = (r - r0) / KERN_X16_ROWS;
+	for (int64_t b0 = 0; b0 < nb; b0 += sb) {
+		int64_t n = CM_MIN(sb, nb - b0) * ti->blck;
+		size_t srs = dtype_row_size(w->type, n);
+		kern_x16_unpack_row(w->type,
+				    engine_x16_segment(w, r0, nr, b0) + (size_t)p * KERN_X16_ROWS * srs,
+				    n, (int)(r % KERN_X16_ROWS), (uint8_t *)row + (size_t)b0 * ti->size);
 	}
 }
 
@@ -123,7 +207,7 @@ static bool copy_to_anon(engine_model *m)
 	return true;
 }
 
-int engine_model_repack(engine_model *m, int mode, struct cm_err *err)
+int engine_model_repack(engine_model *m, int mode, int seg_bytes, struct cm_err *err)
 {
 	struct weight **mats = NULL;
 	int n = engine_model_matrices(m, &mats);
@@ -154,7 +238,9 @@ int engine_model_repack(engine_model *m, int mode, struct cm_err *err)
 			continue;
 		sel[n_w++] = w;
 		bytes += (uint64_t)(w->n_out / KERN_X16_ROWS) * KERN_X16_ROWS * w->row_bytes;
-		widest = CM_MAX(widest, KERN_X16_ROWS * w->row_bytes);
+		widest = CM_MAX(widest, ENGINE_X16_GROUP * w->row_bytes);
+		w->x16_seg = segment_blocks(w->type, w->n_in / dtype_get(w->type)->blck,
+					    KERN_X16_ROWS * w->row_bytes, seg_bytes);
 	}
 	if (n_w == 0)
 		goto out;
@@ -176,7 +262,8 @@ int engine_model_repack(engine_model *m, int mode, struct cm_err *err)
 			goto done;
 		}
 	for (int i = 0; i < n_w; i++)
-		j.first[i + 1] = j.first[i] + sel[i]->n_out / KERN_X16_ROWS;
+		j.first[i + 1] = j.first[i] + (sel[i]->n_out / KERN_X16_ROWS * KERN_X16_ROWS +
+					       ENGINE_X16_GROUP - 1) / ENGINE_X16_GROUP;
 	/* (a model relocated by its caller is rewritten where it lies) */
 	bool copied = copy_to_anon(m);
 	void *base = m->relocated ? m->relocated : (void *)m->file->base;
@@ -203,11 +290,18 @@ int engine_model_repack(engine_model *m, int mode, struct cm_err *err)
 	 * embedding included when the output is tied to it */
 	for (int i = 0; i < n; i++)
 		for (int k = 0; k < n_w; k++)
-			if (mats[i]->data == sel[k]->data)
+			if (mats[i]->data == sel[k]->data) {
 				mats[i]->n_x16 = sel[k]->n_out / KERN_X16_ROWS * KERN_X16_ROWS;
-	if (m->tok_embd.data == m->output.data)
+				mats[i]->x16_seg = sel[k]->x16_seg;
+			}
+	if (m->tok_embd.data == m->output.data) {
 		m->tok_embd.n_x16 = m->output.n_x16;
+		m->tok_embd.x16_seg = m->output.x16_seg;
+	}
 	m->info.n_x16_tensors = (uint32_t)n_w;
+	m->info.n_x16_segmented = 0;
+	for (int k = 0; k < n_w; k++)
+		m->info.n_x16_segmented += sel[k]->x16_seg > 0;
 	m->info.x16_bytes = bytes;
 done:
 	/* auto: a failure before the first write leaves the file's layout,

@@ -63,8 +63,10 @@ static void usage(FILE *o)
 		"  -m, --model FILE     GGUF model (e.g. from `edgelm-gguf mkmodel`)\n"
 		"  -t, --threads N      worker threads (default: one per usable CPU)\n"
 		"      --isa NAME       force a kernel variant (also EDGELM_ISA)\n"
-		"      --repack MODE    repack Q4_0/Q8_0 weights at load: auto, on, off\n"
-		"                       (also EDGELM_REPACK; default auto)\n"
+		"      --repack MODE    repack Q4_0/Q8_0/Q4_K/Q6_K weights at load: auto, on,\n"
+		"                       off (also EDGELM_REPACK; default auto)\n"
+		"      --repack-segment BYTES  K-segment of a repacked panel: 0 the type's\n"
+		"                       default, -1 whole rows (for comparisons)\n"
 		"      --prompts LIST   prefill prompt lengths (default 128,512)\n"
 		"      --contexts LIST  decode context depths (default 0,512)\n"
 		"  -n, --n-gen N        tokens per decode run (default 32)\n"
@@ -298,7 +300,7 @@ int main(int argc, char **argv)
 			return tools_bench_daemon_main(argc, argv);
 
 	enum { OPT_TUNING = 256, OPT_PIN, OPT_HUGEPAGES, OPT_PREFAULT, OPT_MLOCK, OPT_TOKENIZE,
-	       OPT_TEXT_MB };
+	       OPT_TEXT_MB, OPT_SEGMENT };
 	static const struct option opts[] = {
 		{"model", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
 		{"isa", required_argument, NULL, 'I'},   {"prompts", required_argument, NULL, 'P'},
@@ -307,6 +309,7 @@ int main(int argc, char **argv)
 		{"json", no_argument, NULL, 'j'},        {"help", no_argument, NULL, 'h'},
 		{"batch", required_argument, NULL, 'B'}, {"kv-type", required_argument, NULL, 'K'},
 		{"repack", required_argument, NULL, 'R'},
+		{"repack-segment", required_argument, NULL, OPT_SEGMENT},
 		{"tuning", required_argument, NULL, OPT_TUNING},
 		{"pin", no_argument, NULL, OPT_PIN},
 		{"hugepages", no_argument, NULL, OPT_HUGEPAGES},
@@ -317,7 +320,7 @@ int main(int argc, char **argv)
 		{NULL, 0, NULL, 0},
 	};
 	const char *model = NULL, *isa = getenv("EDGELM_ISA"), *repack = getenv("EDGELM_REPACK");
-	int threads = 0, n_gen = 32, reps = 3, bw_mib = 1024, n_batch = 512;
+	int threads = 0, n_gen = 32, reps = 3, bw_mib = 1024, n_batch = 512, segment = 0;
 	enum engine_kv_type kv_type = ENGINE_KV_DEFAULT;
 	int prompts[8] = {128, 512}, n_prompts = 2, ctxs[8] = {0, 512}, n_ctxs = 2;
 	bool json = false, tokenize = false, bad = false, tuning = false;
@@ -331,6 +334,7 @@ int main(int argc, char **argv)
 		case 't': threads = atoi(optarg); break;
 		case 'I': isa = optarg; break;
 		case 'R': repack = optarg; break;
+		case OPT_SEGMENT: segment = atoi(optarg); break;
 		case 'P': n_prompts = parse_list(optarg, prompts, 8); break;
 		case 'C': n_ctxs = parse_list(optarg, ctxs, 8); break;
 		case 'n': n_gen = atoi(optarg); break;
@@ -400,7 +404,7 @@ int main(int argc, char **argv)
 	engine_ctx *cx = NULL;
 	struct tools_tuning *tt = NULL;
 	int rc = 0;
-	struct engine_params ep = {.isa = isa};
+	struct engine_params ep = {.isa = isa, .repack_segment = segment};
 	if (engine_repack_parse(repack, &ep.repack) != 0) {
 		fprintf(stderr, "edgelm-bench: --repack: expected auto, on or off, not '%s'\n", repack);
 		return EXIT_USAGE;
@@ -533,12 +537,13 @@ int main(int argc, char **argv)
 		tools_json_str(stdout, info.name);
 		printf(",\"arch\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
 		       "\"kv_type\":\"%s\",\"batch\":%d,"
-		       "\"repacked_tensors\":%u,\"repacked_bytes\":%llu,\"weights_anon\":%s,"
+		       "\"repacked_tensors\":%u,\"repacked_segmented\":%u,"
+		       "\"repacked_bytes\":%llu,\"weights_anon\":%s,"
 		       "\"weight_bytes_per_token\":%.0f,\"read_bandwidth_gbs\":%.3f,"
 		       "\"read_bandwidth_lowest_gbs\":%.3f,\"read_bandwidth_samples\":%d,\"prefill\":[",
 		       info.arch, info.isa, info.n_threads,
 		       engine_kv_type_name(engine_ctx_kv_type(cx)), n_batch, info.n_x16_tensors,
-		       (unsigned long long)info.x16_bytes, info.weights_anon ? "true" : "false", wb,
+		       info.n_x16_segmented, (unsigned long long)info.x16_bytes, info.weights_anon ? "true" : "false", wb,
 		       bw / 1e9, bwm.lowest / 1e9, bwm.samples);
 		for (int i = 0; i < n_prompts; i++)
 			printf("%s{\"tokens\":%d,\"tok_s\":%.2f}", i ? "," : "", prompts[i], pre[i]);
@@ -558,8 +563,9 @@ int main(int argc, char **argv)
 		       info.name[0] ? info.name : model, info.arch, wb / (1 << 20));
 		printf("kernels      %s, %d threads", info.isa, info.n_threads);
 		if (info.n_x16_tensors)
-			printf(", %u tensors repacked x16 (%.1f MiB)", info.n_x16_tensors,
-			       (double)info.x16_bytes / (1 << 20));
+			printf(", %u tensors repacked x16 (%.1f MiB, %u in K-segments)",
+			       info.n_x16_tensors, (double)info.x16_bytes / (1 << 20),
+			       info.n_x16_segmented);
 		if (info.weights_anon)
 			printf(", weights in anonymous memory (%.1f MiB in huge pages)",
 			       (double)tools_tuning_huge_bytes(tt) / (1 << 20));

@@ -7,7 +7,8 @@
  * both follow the reference's float order, to 2e-2 where the file layout
  * runs a vec_dot with its own order: see check_type); greedy
  * generation is the same; the model file on disk is not modified; a batch
- * and token-by-token processing agree. Off, nothing is repacked.
+ * and token-by-token processing agree. Off, nothing is repacked. Cut into
+ * K-segments, the repacked model gives the same logits bit for bit.
  *
  * Repacking copies the weights into 2 MiB-aligned anonymous memory advised
  * MADV_HUGEPAGE (info.weights_anon): the region is whole 2 MiB pages, the
@@ -59,10 +60,11 @@ enum { N = 9, GEN = 12 };
 
 /* Logits of a 9-token batch, then GEN greedy tokens; returns the model's
  * info through *ret_info. */
-static void run(const char *path, int repack, float *logits, int32_t *gen,
+static void run(const char *path, int repack, int segment, float *logits, int32_t *gen,
 		struct engine_model_info *ret_info)
 {
-	struct engine_params p = {.n_threads = 2, .isa = getenv("EDGELM_ISA"), .repack = repack};
+	struct engine_params p = {.n_threads = 2, .isa = getenv("EDGELM_ISA"), .repack = repack,
+				  .repack_segment = segment};
 	engine_model *m = NULL;
 	engine_ctx *c = NULL;
 	struct cm_err err = {0};
@@ -115,9 +117,10 @@ static void check_type(const char *type)
 	enum { MAXV = 1 << 16 };
 	float *l_on = calloc((size_t)N * MAXV, sizeof(float));
 	float *l_off = calloc((size_t)N * MAXV, sizeof(float));
-	int32_t g_on[GEN], g_off[GEN];
-	run(path, 1, l_on, g_on, &on);
-	run(path, -1, l_off, g_off, &off);
+	float *l_seg = calloc((size_t)N * MAXV, sizeof(float));
+	int32_t g_on[GEN], g_off[GEN], g_seg[GEN];
+	run(path, 1, 0, l_on, g_on, &on);
+	run(path, -1, 0, l_off, g_off, &off);
 	CHECK(off.n_x16_tensors == 0 && off.x16_bytes == 0);
 	if (on.n_x16_tensors == 0) {
 		TEST_SKIP("kernel variant %s has no x16 kernels for %s", on.isa, type);
@@ -152,10 +155,22 @@ static void check_type(const char *type)
 	CHECK_MSG(worst / scale <= bound, "%s: repacked logits differ by %g relative", type,
 		  worst / scale);
 	CHECK_MSG(memcmp(g_on, g_off, sizeof(g_on)) == 0, "%s: greedy tokens differ", type);
+	/* K-segments (repack.c): 1000-byte segments cut every matrix of two
+	 * blocks or more (the small shape's panels are 2.3-10 KiB, under the
+	 * default), the tied output included, which the embedding lookup
+	 * then reads back through them; the logits are the same bit for bit */
+	struct engine_model_info seg;
+	run(path, 1, 1000, l_seg, g_seg, &seg);
+	CHECK(seg.n_x16_tensors == on.n_x16_tensors);
+	CHECK_MSG(memcmp(l_seg, l_on, (size_t)N * nv * sizeof(float)) == 0,
+		  "%s: logits with K-segments differ from the whole rows'", type);
+	CHECK_MSG(memcmp(g_seg, g_on, sizeof(g_on)) == 0, "%s: greedy tokens differ (segments)",
+		  type);
 	CHECK_MSG(file_hash(path) == h0, "%s: the model file changed on disk", type);
 out:
 	free(l_on);
 	free(l_off);
+	free(l_seg);
 	unlink(path);
 }
 
