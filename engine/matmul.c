@@ -31,7 +31,8 @@
 
 #define MM_MAX 8          /* matmuls per group */
 #define DECODE_ROWS 64    /* rows per chunk, one token (measured: 64-128 best) */
-#define TILE_ROWS ENGINE_X16_GROUP /* rows per chunk, tile kernel and x16 (64) */
+#define TILE_ROWS 64      /* rows per chunk, tile kernel (a multiple of 16) */
+#define X16_ROWS ENGINE_X16_GROUP /* rows per chunk, repacked weights (a group) */
 #define TILE_TOKENS 128   /* tokens per gemm call */
 
 /* One activation layout made from the input. */
@@ -107,7 +108,7 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 	const struct act *a = j->act[i];
 	int64_t p1 = CM_MIN(r1, w->n_x16);
 	if (r0 < p1) {
-		float tmp[TILE_TOKENS * TILE_ROWS];
+		float tmp[TILE_TOKENS * X16_ROWS];
 		int nr = (int)(p1 - r0);
 		bool direct = !m->bias && !m->accumulate;
 		const struct dtype_info *tw = dtype_get(w->type), *ta = dtype_get(a->type);
@@ -122,7 +123,7 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 			/* a plain product goes straight to the output; the
 			 * kernel's accumulators start from it (kern.h) */
 			float *d = direct ? o : tmp;
-			size_t ds = direct ? m->out_stride : TILE_ROWS;
+			size_t ds = direct ? m->out_stride : X16_ROWS;
 			for (int t = 0; t < nt; t++)
 				memset(d + (size_t)t * ds, 0, (size_t)nr * sizeof(float));
 			for (int64_t b0 = 0; b0 < nb; b0 += sb) {
@@ -139,7 +140,7 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 			if (!direct)
 				for (int t = 0; t < nt; t++)
 					store_row(m, o + (size_t)t * m->out_stride,
-						  tmp + t * TILE_ROWS, r0, nr);
+						  tmp + t * X16_ROWS, r0, nr);
 		}
 	}
 	if (p1 < r1)
@@ -328,7 +329,7 @@ void engine_matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_t
 			n_acts++;
 		}
 		j.act[i] = &acts[a];
-		j.chunk_rows[i] = j.tile[i] || j.x16[i] ? TILE_ROWS : DECODE_ROWS;
+		j.chunk_rows[i] = j.x16[i] ? X16_ROWS : j.tile[i] ? TILE_ROWS : DECODE_ROWS;
 		j.first_chunk[i + 1] =
 			j.first_chunk[i] + (w->n_out + j.chunk_rows[i] - 1) / j.chunk_rows[i];
 	}

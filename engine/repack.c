@@ -20,10 +20,10 @@
  * segment_default() below; engine_params.repack_segment) is cut along its
  * rows into segments of equal block counts (even where possible, so that
  * blocks stay in pairs), each packed as panels of its own (rows as long as
- * the segment). The rows go in groups of ENGINE_X16_GROUP (64; the last
+ * the segment). The rows go in groups of ENGINE_X16_GROUP (128; the last
  * group may have fewer whole panels); a group holds its first segment's
  * panels, then its second's, and so on:
- *     group g: [seg 0: panel 0 .. panel 3][seg 1: panel 0 .. panel 3] ...
+ *     group g: [seg 0: panel 0 .. panel 7][seg 1: panel 0 .. panel 7] ...
  * so that a group is still one forward stream, while the kernel reads a
  * segment's slice of the activation again for each of the group's panels
  * after a few KiB of weights instead of after a whole row's. Paired
@@ -87,7 +87,7 @@ static int64_t segment_blocks(uint32_t type, int64_t nb, size_t panel, int seg_b
 	return b < nb ? b : 0;
 }
 
-/* Rows of the group that starts at row r0: 64, or the whole panels left */
+/* Rows of the group that starts at row r0: 128, or the whole panels left */
 static int group_rows(const struct weight *w, int64_t r0)
 {
 	return (int)CM_MIN((int64_t)ENGINE_X16_GROUP, w->n_out / KERN_X16_ROWS * KERN_X16_ROWS - r0);
