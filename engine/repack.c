@@ -29,8 +29,8 @@
  * after a few KiB of weights instead of after a whole row's. Paired
  * decode runs: TinyLlama and Llama 3.2 Q4_0 +8-20 %, Qwen2.5 +4-8 %
  * (docs/performance.md §4). Why it pays is not settled: the activation's
- * reuse distance is the obvious reading, but Q8_0's 34 KiB panels lost
- * when cut, and the K-quants neither gained nor lost; so the segment
+ * reuse distance is the obvious reading, but the K-quants neither gained
+ * nor lost, and Q8_0 lost when cut in groups of 64 rows; so the segment
  * sizes are measured per type. matmul.c runs a group's segments one after
  * the other into the same output; the kernels' accumulators start from
  * the output (kern.h), so the results equal one pass over the whole rows
@@ -57,21 +57,15 @@ struct repack_job {
 };
 
 /* The default K-segment of a panel, by type (0: rows not cut), from paired
- * decode runs on this box (docs/performance.md §4): Q4_0 12 KiB (a 2048-
- * element row in two: TinyLlama +11-16 %, Llama 3.2 +8-20 %, Qwen2.5 0.5B
- * +4-8 %; 4.6-6.3 KiB segments gained less); Q8_0 36 KiB (only rows wider
- * than 2048 cut, +2-5 %: cutting its 34 KiB panels of 2048 elements lost
- * 2-5 %); the K-quants uncut (8-40 KiB all within 3 % of uncut). */
+ * decode runs on this box (docs/performance.md §4), with groups of 128
+ * rows: Q4_0 and Q8_0 12 KiB (a 2048-element Q4_0 row in two halves:
+ * TinyLlama and Llama 3.2 +8-20 %; Q8_0 rows in three: TinyLlama +2-5 %
+ * against cutting only rows wider than 2048, and Qwen2.5's 896-element
+ * Q8_0 output in two, +2.5 %); 4.6-6.3 KiB Q4_0 segments gained less. The
+ * K-quants uncut: 8-40 KiB segments all within 3 % of uncut. */
 static size_t segment_default(uint32_t type)
 {
-	switch (type) {
-	case ENGINE_DTYPE_Q4_0:
-		return 12288;
-	case ENGINE_DTYPE_Q8_0:
-		return 36864;
-	default:
-		return 0;
-	}
+	return type == ENGINE_DTYPE_Q4_0 || type == ENGINE_DTYPE_Q8_0 ? 12288 : 0;
 }
 
 /* Blocks per K-segment for a matrix of `type` whose 16-row panels are
