@@ -98,8 +98,9 @@ static void run_vec_dot(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 
 /* Rows [r0, r1) of a repacked weight: panels through gemm_x16, the native
  * tail (rows >= n_x16) through vec_dot. r0 starts a group of the layout
- * (a chunk is one): its K-segments run one after the other into one zeroed
- * output, each continuing the sums of the ones before (repack.c). */
+ * (a chunk is one): its K-segments run one after the other into one
+ * output, each after the first continuing the sums of the ones before
+ * (repack.c; kern.h's from_s). */
 static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 {
 	const struct engine_mm *m = &j->mm[i];
@@ -120,12 +121,9 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 				for (int t = 0; t < nt; t++)
 					for (int r = 0; r < nr; r += 16)
 						__builtin_prefetch(o + (size_t)t * m->out_stride + r, 1, 3);
-			/* a plain product goes straight to the output; the
-			 * kernel's accumulators start from it (kern.h) */
+			/* a plain product goes straight to the output */
 			float *d = direct ? o : tmp;
 			size_t ds = direct ? m->out_stride : X16_ROWS;
-			for (int t = 0; t < nt; t++)
-				memset(d + (size_t)t * ds, 0, (size_t)nr * sizeof(float));
 			for (int64_t b0 = 0; b0 < nb; b0 += sb) {
 				int64_t n = CM_MIN(sb, nb - b0) * tw->blck;
 				size_t ab = (size_t)(b0 * tw->blck / ta->blck);
@@ -135,7 +133,7 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 					     a->aux ? a->aux + (size_t)t0 * a->aux_stride +
 							      kern_act_aux_len(a->type, (int64_t)(ab * ta->blck))
 						    : NULL,
-					     a->aux_stride, d, ds);
+					     a->aux_stride, d, ds, b0 > 0);
 			}
 			if (!direct)
 				for (int t = 0; t < nt; t++)

@@ -41,6 +41,11 @@ typedef void (*kern_dequant_fn)(const void *w, float *y, int64_t n);
 typedef void (*kern_gemm_fn)(int64_t n, int nr, int nt, const void *w, size_t w_stride,
 			     const void *a, size_t a_stride, const float *aux, size_t aux_stride,
 			     float *s, size_t s_stride);
+/* The x16 tile kernel (kern_type_ops.gemm_x16): kern_gemm_fn's arguments,
+ * and from_s: the accumulators start from s's values instead of 0. */
+typedef void (*kern_gemm_x16_fn)(int64_t n, int nr, int nt, const void *w, size_t w_stride,
+				 const void *a, size_t a_stride, const float *aux,
+				 size_t aux_stride, float *s, size_t s_stride, bool from_s);
 
 /* Attention over a KV cache (model.c), per KV head: n cached rows of hd
  * elements, row i at (const uint8_t *)k + i * stride. An F16 row is hd
@@ -82,13 +87,13 @@ struct kern_type_ops {
 	 * 16 * w_stride bytes apart (w_stride: the native row size). Any nt,
 	 * one token included: per (row, token) the float operations are one
 	 * fixed sequence, so results are bit-identical whatever nt, nr and the
-	 * tiling. The accumulators start from s's values, not from 0: the
-	 * caller zeroes s for a whole row, and a row cut into K-segments
-	 * (engine/repack.c: the first k blocks packed as panels of their own,
-	 * then the rest) runs segment after segment into the same s, which
-	 * gives the whole row's result bit for bit. NULL: the variant does not
-	 * read the repacked layout, and the model keeps the file's layout. */
-	kern_gemm_fn gemm_x16;
+	 * tiling. With from_s the accumulators start from s's values instead
+	 * of 0: a row cut into K-segments (engine/repack.c: the first k blocks
+	 * packed as panels of their own, then the rest) runs its first segment
+	 * without, the others with, into the same s, which gives the whole
+	 * row's result bit for bit. NULL: the variant does not read the
+	 * repacked layout, and the model keeps the file's layout. */
+	kern_gemm_x16_fn gemm_x16;
 };
 
 /* CPU features the dispatcher looks at (filled by tuning/ or by
@@ -235,12 +240,13 @@ void kern_x16_unpack(uint32_t type, const void *panel, int64_t n, void *rows, si
  * matrix that is repacked because it is also the (tied) output. */
 void kern_x16_unpack_row(uint32_t type, const void *panel, int64_t n, int r, void *row);
 /* The scalar reference of gemm_x16 (the oracle for the variants' kernels):
- * acc = s, then exact integer block dots, per block acc += (float)isum *
- * (d_w * d_a), blocks in order, which is the sequence every gemm_x16
- * follows (the K-quants: s += the generic vec_dot of each super-block). */
+ * acc = from_s ? s : 0, then exact integer block dots, per block acc +=
+ * (float)isum * (d_w * d_a), blocks in order, which is the sequence every
+ * gemm_x16 follows (the K-quants: s += the generic vec_dot of each
+ * super-block). */
 void kern_gemm_x16_ref(uint32_t type, int64_t n, int nr, int nt, const void *w,
 		       size_t w_stride, const void *a, size_t a_stride, const float *aux,
-		       size_t aux_stride, float *s, size_t s_stride);
+		       size_t aux_stride, float *s, size_t s_stride, bool from_s);
 
 /* Portable streaming read (8 independent 64-bit lanes). */
 uint64_t kern_read_stream_generic(const void *p, size_t n);

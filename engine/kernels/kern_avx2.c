@@ -727,10 +727,12 @@ static inline __attribute__((always_inline)) __m256 x16_step(bool q4, __m256 acc
 }
 
 static inline __attribute__((always_inline)) void
-x16a_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const float *aux, float *s)
+x16a_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const float *aux, float *s,
+	 bool from_s)
 {
 	const size_t cb = q4 ? 256 : 512;
-	__m256 acc0 = _mm256_loadu_ps(s), acc1 = _mm256_loadu_ps(s + 8);
+	__m256 acc0 = from_s ? _mm256_loadu_ps(s) : _mm256_setzero_ps();
+	__m256 acc1 = from_s ? _mm256_loadu_ps(s + 8) : _mm256_setzero_ps();
 	/* two blocks per iteration: decode +3 % (Q4_0, Q8_0; paired runs,
 	 * tools/dev/kernel-ab.sh), as on avx512vnni */
 	_Pragma("GCC unroll 2") for (int64_t b = 0; b < nb; b++) {
@@ -747,12 +749,14 @@ x16a_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const floa
 
 static inline __attribute__((always_inline)) void
 x16a_half(bool q4, int64_t nb, int NT, const uint8_t *panel, int h, const uint8_t *a,
-	  size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride)
+	  size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride,
+	  bool from_s)
 {
 	const size_t cb = q4 ? 256 : 512;
 	__m256 acc[X16A_TOKENS];
 	_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
-		acc[t] = _mm256_loadu_ps(s + (size_t)t * s_stride + 8 * h);
+		acc[t] = from_s ? _mm256_loadu_ps(s + (size_t)t * s_stride + 8 * h)
+				: _mm256_setzero_ps();
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 		const uint8_t *sb = KERN_X16_META(panel, nb, cb, 32, b);
@@ -813,10 +817,14 @@ static inline float d_of(const struct block_q8_K *ab)
 
 static inline __attribute__((always_inline)) void
 x16a_q4_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride, float *s,
-	  size_t s_stride)
+	  size_t s_stride, bool from_s)
 {
 	const __m256i low = _mm256_set1_epi8(0x0f);
 	const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m48 = _mm_set1_epi8(0x30);
+	for (int t = 0; t < NT && !from_s; t++) {
+		_mm256_storeu_ps(s + (size_t)t * s_stride, _mm256_setzero_ps());
+		_mm256_storeu_ps(s + (size_t)t * s_stride + 8, _mm256_setzero_ps());
+	}
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 2048, 256, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
@@ -895,9 +903,13 @@ x16a_q4_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 
 static inline __attribute__((always_inline)) void
 x16a_q6_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride, float *s,
-	  size_t s_stride)
+	  size_t s_stride, bool from_s)
 {
 	const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(0x30);
+	for (int t = 0; t < NT && !from_s; t++) {
+		_mm256_storeu_ps(s + (size_t)t * s_stride, _mm256_setzero_ps());
+		_mm256_storeu_ps(s + (size_t)t * s_stride + 8, _mm256_setzero_ps());
+	}
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 3072, 288, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 3072, 288, b);
@@ -990,16 +1002,16 @@ KERN_X16K_GEMM(gemm_x16_q6_K, , x16a_q6_K, X16A_TOKENS)
 
 static void gemm_x16_q4_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
 			  const void *a, size_t a_stride, const float *aux, size_t aux_stride,
-			  float *s, size_t s_stride)
+			  float *s, size_t s_stride, bool from_s)
 {
-	x16a_gemm(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+	x16a_gemm(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride, from_s);
 }
 
 static void gemm_x16_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
 			  const void *a, size_t a_stride, const float *aux, size_t aux_stride,
-			  float *s, size_t s_stride)
+			  float *s, size_t s_stride, bool from_s)
 {
-	x16a_gemm(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+	x16a_gemm(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride, from_s);
 }
 
 const struct kern_ops kern_avx2_ops = {

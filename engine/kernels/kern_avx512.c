@@ -691,14 +691,14 @@ static inline __attribute__((always_inline)) VNNI __m512i dpbusd_bcst(__m512i ac
 
 static inline __attribute__((always_inline)) VNNI void
 x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
-	  const float *aux, size_t aux_stride, float *s, size_t s_stride)
+	  const float *aux, size_t aux_stride, float *s, size_t s_stride, bool from_s)
 {
 	const size_t cb = q4 ? 256 : 512;
 	const __m512i low = _mm512_set1_epi8(0x0f);
 	const __m512 offv = _mm512_set1_ps(q4 ? 8.0f : 128.0f);
 	__m512 acc[X16_TOKENS];
 	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
-		acc[t] = _mm512_loadu_ps(s + (size_t)t * s_stride);
+		acc[t] = from_s ? _mm512_loadu_ps(s + (size_t)t * s_stride) : _mm512_setzero_ps();
 	/* two blocks (a pair: codes, codes, metadata) per iteration: decode
 	 * +8-13 % (Q4_0, Q8_0), prefill and batches of 4 within the noise or
 	 * better (paired runs in one process); the K-quant loops gained
@@ -759,7 +759,8 @@ x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, s
 
 static inline __attribute__((always_inline)) VNNI void
 x16_gemm(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, const void *va,
-	 size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride)
+	 size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride,
+	 bool from_s)
 {
 	const uint8_t *w = vw, *a = va;
 	int64_t nb = n / 32;
@@ -768,7 +769,7 @@ x16_gemm(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, co
 #define X16_TILE(q4, t, NT)                                                                \
 	x16_panel(q4, nb, NT, panel, a + (size_t)(t) * a_stride, a_stride,                 \
 		  aux + (size_t)(t) * aux_stride, aux_stride,                              \
-		  s + (size_t)(t) * s_stride + r0, s_stride)
+		  s + (size_t)(t) * s_stride + r0, s_stride, from_s)
 		KERN_TILES(nt, X16_TOKENS, X16_TILE, q4);
 #undef X16_TILE
 	}
@@ -776,16 +777,16 @@ x16_gemm(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, co
 
 static VNNI void gemm_x16_q4_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
 			       const void *a, size_t a_stride, const float *aux, size_t aux_stride,
-			       float *s, size_t s_stride)
+			       float *s, size_t s_stride, bool from_s)
 {
-	x16_gemm(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+	x16_gemm(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride, from_s);
 }
 
 static VNNI void gemm_x16_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
 			       const void *a, size_t a_stride, const float *aux, size_t aux_stride,
-			       float *s, size_t s_stride)
+			       float *s, size_t s_stride, bool from_s)
 {
-	x16_gemm(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+	x16_gemm(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride, from_s);
 }
 
 /* ---- VNNI: x16 K-quants (Q4_K, Q6_K) --------------------------------------
@@ -818,10 +819,12 @@ static inline __attribute__((always_inline)) VNNI __m512i dpwssd_bcst(__m512i ac
 
 static inline __attribute__((always_inline)) VNNI void
 x16_q4_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
-	       float *s, size_t s_stride)
+	       float *s, size_t s_stride, bool from_s)
 {
 	const __m512i low = _mm512_set1_epi8(0x0f);
 	const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m48 = _mm_set1_epi8(0x30);
+	_Pragma("GCC unroll 8") for (int t = 0; t < NT && !from_s; t++)
+		_mm512_storeu_ps(s + (size_t)t * s_stride, _mm512_setzero_ps());
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 2048, 256, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
@@ -929,9 +932,11 @@ x16_q4_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 
 static inline __attribute__((always_inline)) VNNI void
 x16_q6_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
-	       float *s, size_t s_stride)
+	       float *s, size_t s_stride, bool from_s)
 {
 	const __m512i low = _mm512_set1_epi8(0x0f), two = _mm512_set1_epi8(0x30);
+	_Pragma("GCC unroll 8") for (int t = 0; t < NT && !from_s; t++)
+		_mm512_storeu_ps(s + (size_t)t * s_stride, _mm512_setzero_ps());
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 3072, 288, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 3072, 288, b);

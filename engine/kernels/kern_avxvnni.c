@@ -89,14 +89,16 @@ static inline int32_t ld32(const void *p)
 
 static inline __attribute__((always_inline)) void
 x16_half(bool q4, int64_t nb, int NT, const uint8_t *panel, int h, const uint8_t *a,
-	 size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride)
+	 size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride,
+	 bool from_s)
 {
 	const size_t cb = q4 ? 256 : 512;
 	const __m256i low = _mm256_set1_epi8(0x0f);
 	const __m256 offv = _mm256_set1_ps(q4 ? 8.0f : 128.0f);
 	__m256 acc[X16V_TOKENS];
 	_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
-		acc[t] = _mm256_loadu_ps(s + (size_t)t * s_stride + 8 * h);
+		acc[t] = from_s ? _mm256_loadu_ps(s + (size_t)t * s_stride + 8 * h)
+				: _mm256_setzero_ps();
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b) + 32 * h;
 		__m256i c[8];
@@ -140,12 +142,14 @@ x16_half(bool q4, int64_t nb, int NT, const uint8_t *panel, int h, const uint8_t
 #define PF_T0(p) _mm_prefetch((p), _MM_HINT_T0)
 
 static inline __attribute__((always_inline)) void
-x16_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const float *aux, float *s)
+x16_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const float *aux, float *s,
+	bool from_s)
 {
 	const size_t cb = q4 ? 256 : 512;
 	const __m256i low = _mm256_set1_epi8(0x0f);
 	const __m256 offv = _mm256_set1_ps(q4 ? 8.0f : 128.0f);
-	__m256 acc[2] = {_mm256_loadu_ps(s), _mm256_loadu_ps(s + 8)};
+	__m256 acc[2] = {from_s ? _mm256_loadu_ps(s) : _mm256_setzero_ps(),
+			 from_s ? _mm256_loadu_ps(s + 8) : _mm256_setzero_ps()};
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 		const uint8_t *sb = KERN_X16_META(panel, nb, cb, 32, b);
@@ -192,16 +196,16 @@ KERN_X16_HALVES_GEMM(x16_gemm, x16_one, x16_half, X16V_TOKENS)
 
 static void gemm_x16_q4_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
 			  const void *a, size_t a_stride, const float *aux, size_t aux_stride,
-			  float *s, size_t s_stride)
+			  float *s, size_t s_stride, bool from_s)
 {
-	x16_gemm(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+	x16_gemm(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride, from_s);
 }
 
 static void gemm_x16_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
 			  const void *a, size_t a_stride, const float *aux, size_t aux_stride,
-			  float *s, size_t s_stride)
+			  float *s, size_t s_stride, bool from_s)
 {
-	x16_gemm(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+	x16_gemm(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride, from_s);
 }
 
 const struct kern_ops kern_avxvnni_ops = {

@@ -408,13 +408,14 @@ static void attn_vsum_q8_0(int hd, int n, const float *w, const void *v, size_t 
 
 static inline __attribute__((always_inline)) DOTPROD void
 x16_panel_dp(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
-	     const float *aux, size_t aux_stride, float *s, size_t s_stride)
+	     const float *aux, size_t aux_stride, float *s, size_t s_stride, bool from_s)
 {
 	const size_t cb = q4 ? 256 : 512;
 	float32x4_t acc[X16N_TOKENS][4];
 	for (int t = 0; t < NT; t++)
 		for (int qr = 0; qr < 4; qr++)
-			acc[t][qr] = vld1q_f32(s + (size_t)t * s_stride + 4 * qr);
+			acc[t][qr] = from_s ? vld1q_f32(s + (size_t)t * s_stride + 4 * qr)
+					    : vdupq_n_f32(0);
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 		const uint16_t *pd =
@@ -463,7 +464,8 @@ x16_panel_dp(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a
 
 static inline __attribute__((always_inline)) DOTPROD void
 x16_gemm_dp(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, const void *va,
-	    size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride)
+	    size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride,
+	    bool from_s)
 {
 	const uint8_t *w = vw, *a = va;
 	int64_t nb = n / 32;
@@ -472,7 +474,7 @@ x16_gemm_dp(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride,
 #define X16N_TILE(q4, t, NT)                                                               \
 	x16_panel_dp(q4, nb, NT, panel, a + (size_t)(t) * a_stride, a_stride,              \
 		     aux + (size_t)(t) * aux_stride, aux_stride,                           \
-		     s + (size_t)(t) * s_stride + r0, s_stride)
+		     s + (size_t)(t) * s_stride + r0, s_stride, from_s)
 		KERN_TILES(nt, X16N_TOKENS, X16N_TILE, q4);
 #undef X16N_TILE
 	}
@@ -480,16 +482,16 @@ x16_gemm_dp(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride,
 
 static DOTPROD void gemm_x16_q4_0_dp(int64_t n, int nr, int nt, const void *w, size_t w_stride,
 				     const void *a, size_t a_stride, const float *aux,
-				     size_t aux_stride, float *s, size_t s_stride)
+				     size_t aux_stride, float *s, size_t s_stride, bool from_s)
 {
-	x16_gemm_dp(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+	x16_gemm_dp(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride, from_s);
 }
 
 static DOTPROD void gemm_x16_q8_0_dp(int64_t n, int nr, int nt, const void *w, size_t w_stride,
 				     const void *a, size_t a_stride, const float *aux,
-				     size_t aux_stride, float *s, size_t s_stride)
+				     size_t aux_stride, float *s, size_t s_stride, bool from_s)
 {
-	x16_gemm_dp(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride);
+	x16_gemm_dp(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride, from_s);
 }
 
 /* ---- dotprod: x16 K-quants (Q4_K, Q6_K; Q8_K activations) ----------------
@@ -540,8 +542,11 @@ static inline float32x4_t quarter_f16(const uint8_t *p)
 
 static inline __attribute__((always_inline)) DOTPROD void
 x16_q4_K_dp(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride, float *s,
-	    size_t s_stride)
+	    size_t s_stride, bool from_s)
 {
+	for (int t = 0; t < NT && !from_s; t++)
+		for (int r = 0; r < KERN_X16_ROWS; r += 4)
+			vst1q_f32(s + (size_t)t * s_stride + r, vdupq_n_f32(0));
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 2048, 256, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
@@ -619,9 +624,12 @@ x16_q4_K_dp(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a
 
 static inline __attribute__((always_inline)) DOTPROD void
 x16_q6_K_dp(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride, float *s,
-	    size_t s_stride)
+	    size_t s_stride, bool from_s)
 {
 	const uint8x16_t low = vdupq_n_u8(0x0f), two = vdupq_n_u8(0x30);
+	for (int t = 0; t < NT && !from_s; t++)
+		for (int r = 0; r < KERN_X16_ROWS; r += 4)
+			vst1q_f32(s + (size_t)t * s_stride + r, vdupq_n_f32(0));
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pc = KERN_X16_CODES(panel, nb, 3072, 288, b);
 		const uint8_t *pm = KERN_X16_META(panel, nb, 3072, 288, b);

@@ -45,21 +45,22 @@
 	case 7: CALL(ARG, t, 7); break;
 
 /* The x16 Q4_0/Q8_0 gemm driver of the 256-bit files (avx2, avxvnni),
- * whose vectors hold half a panel's rows: ONE(q4, nb, panel, a, aux, s)
- * walks a panel once for one token, HALF(q4, nb, NT, panel, h, a,
- * a_stride, aux, aux_stride, s, s_stride) walks half h for up to TOKENS. */
+ * whose vectors hold half a panel's rows: ONE(q4, nb, panel, a, aux, s,
+ * from_s) walks a panel once for one token, HALF(q4, nb, NT, panel, h, a,
+ * a_stride, aux, aux_stride, s, s_stride, from_s) walks half h for up to
+ * TOKENS (from_s: kern.h's gemm_x16 contract). */
 #define KERN_X16_HALVES_GEMM(NAME, ONE, HALF, TOKENS)                              \
 	static inline __attribute__((always_inline)) void NAME(                    \
 		bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, \
 		const void *va, size_t a_stride, const float *aux, size_t aux_stride, \
-		float *s, size_t s_stride)                                         \
+		float *s, size_t s_stride, bool from_s)                            \
 	{                                                                          \
 		const uint8_t *w = vw, *a = va;                                    \
 		int64_t nb = n / 32;                                               \
 		for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {  \
 			const uint8_t *panel = w + (size_t)r0 * w_stride;          \
 			if (nt == 1) {                                             \
-				ONE(q4, nb, panel, a, aux, s + r0);                \
+				ONE(q4, nb, panel, a, aux, s + r0, from_s);        \
 				continue;                                          \
 			}                                                          \
 			KERN_TILES(nt, TOKENS, KERN_X16_HALVES_TILE_, HALF);       \
@@ -69,17 +70,18 @@
 	for (int h = 0; h < 2; h++)                                                \
 		HALF(q4, nb, NT, panel, h, a + (size_t)(t) * a_stride, a_stride,   \
 		     aux + (size_t)(t) * aux_stride, aux_stride,                   \
-		     s + (size_t)(t) * s_stride + r0, s_stride)
+		     s + (size_t)(t) * s_stride + r0, s_stride, from_s)
 
 /* The x16 K-quant gemm (kern.h's gemm_x16 contract) of one ISA file:
  * panels of 16 rows, each walked by PANEL(nb, NT, panel, a, a_stride, s,
- * s_stride) for tiles of up to TOKENS tokens (the K-quants need no aux).
+ * s_stride, from_s) for tiles of up to TOKENS tokens (the K-quants need no
+ * aux).
  * ATTR is the file's target attribute for the function, or nothing. */
 #define KERN_X16K_GEMM(NAME, ATTR, PANEL, TOKENS)                                  \
 	static ATTR void NAME(int64_t n, int nr, int nt, const void *vw,           \
 			      size_t w_stride, const void *va, size_t a_stride,    \
 			      const float *aux, size_t aux_stride, float *s,       \
-			      size_t s_stride)                                     \
+			      size_t s_stride, bool from_s)                        \
 	{                                                                          \
 		const uint8_t *w = vw, *a = va;                                    \
 		int64_t nb = n / QK_K;                                             \
@@ -92,6 +94,6 @@
 	}
 #define KERN_X16K_TILE_(PANEL, t, NT)                                              \
 	PANEL(nb, NT, panel, a + (size_t)(t) * a_stride, a_stride,                 \
-	      s + (size_t)(t) * s_stride + r0, s_stride)
+	      s + (size_t)(t) * s_stride + r0, s_stride, from_s)
 
 #endif

@@ -159,7 +159,7 @@ static int code_at(uint32_t type, const uint8_t *pb, int r, int e)
  * the x16 kernel is the generic vec_dot over the unpacked rows. */
 static void gemm_x16_ref_k(uint32_t type, int64_t n, int nr, int nt, const void *w,
 			   size_t w_stride, const void *a, size_t a_stride, float *s,
-			   size_t s_stride)
+			   size_t s_stride, bool from_s)
 {
 	uint8_t *rows = malloc(KERN_X16_ROWS * w_stride);
 	size_t wb = dtype_get(type)->size; /* bytes per super-block */
@@ -174,6 +174,8 @@ static void gemm_x16_ref_k(uint32_t type, int64_t n, int nr, int nt, const void 
 		for (int t = 0; t < nt; t++)
 			for (int r = 0; r < KERN_X16_ROWS; r++) {
 				float *o = &s[(size_t)t * s_stride + (size_t)p * KERN_X16_ROWS + r];
+				if (!from_s)
+					*o = 0.0f;
 				for (int64_t b = 0; b < n / QK_K; b++) {
 					float x;
 					kern_generic_ops.t[type].vec_dot(
@@ -189,10 +191,10 @@ static void gemm_x16_ref_k(uint32_t type, int64_t n, int nr, int nt, const void 
 
 void kern_gemm_x16_ref(uint32_t type, int64_t n, int nr, int nt, const void *w,
 		       size_t w_stride, const void *a, size_t a_stride, const float *aux,
-		       size_t aux_stride, float *s, size_t s_stride)
+		       size_t aux_stride, float *s, size_t s_stride, bool from_s)
 {
 	if (type == ENGINE_DTYPE_Q4_K || type == ENGINE_DTYPE_Q6_K) {
-		gemm_x16_ref_k(type, n, nr, nt, w, w_stride, a, a_stride, s, s_stride);
+		gemm_x16_ref_k(type, n, nr, nt, w, w_stride, a, a_stride, s, s_stride, from_s);
 		return;
 	}
 	int64_t nb = n / 32;
@@ -206,7 +208,8 @@ void kern_gemm_x16_ref(uint32_t type, int64_t n, int nr, int nt, const void *w,
 			const struct block_q8_0 *ab =
 				(const struct block_q8_0 *)((const uint8_t *)a + (size_t)t * a_stride);
 			for (int r = 0; r < KERN_X16_ROWS; r++) {
-				float acc = s[(size_t)t * s_stride + (size_t)p * KERN_X16_ROWS + r];
+				float acc = from_s ? s[(size_t)t * s_stride + (size_t)p * KERN_X16_ROWS + r]
+						   : 0.0f;
 				for (int64_t b = 0; b < nb; b++) {
 					const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 					int32_t isum = 0;

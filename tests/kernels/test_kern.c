@@ -1554,7 +1554,8 @@ static void test_variant_vec_dot(void)
  * in every variant's kernel. */
 /* The rows' first k elements packed as panels of their own, the rest as
  * others (each part a matrix with rows of its own length, kern.h's
- * K-segments), run one after the other into one zeroed output by the
+ * K-segments), run one after the other into one output (poisoned first:
+ * the first part must not read it, the second continues from it) by the
  * reference and by the variant's gemm_x16: each gives `whole` (the
  * reference over the whole rows) bit for bit. */
 static void check_x16_segments(uint32_t type, int64_t n, int64_t k, const uint8_t *w,
@@ -1577,16 +1578,17 @@ static void check_x16_segments(uint32_t type, int64_t n, int64_t k, const uint8_
 	for (int pass = 0; pass < 2; pass++) {
 		if (pass == 1 && !V->t[type].gemm_x16)
 			break;
-		memset(got, 0, sizeof(float) * (size_t)nr * (size_t)nt);
+		for (int i = 0; i < nr * nt; i++)
+			got[i] = -12345.678f;
 		for (int s = 0; s < 2; s++) {
 			size_t srs = ref_bytes(type, len[s]);
 			const float *x = aux ? aux + xo[s] : NULL;
 			if (pass == 0)
 				kern_gemm_x16_ref(type, len[s], nr, nt, seg[s], srs, a + ao[s], ars, x,
-						  al, got, (size_t)nr);
+						  al, got, (size_t)nr, s > 0);
 			else
 				V->t[type].gemm_x16(len[s], nr, nt, seg[s], srs, a + ao[s], ars, x,
-						    al, got, (size_t)nr);
+						    al, got, (size_t)nr, s > 0);
 		}
 		CHECK_MSG(memcmp(got, whole, sizeof(float) * (size_t)nr * (size_t)nt) == 0,
 			  "%s %s %s: n %lld cut at %lld differs from the whole rows", V_name,
@@ -1637,9 +1639,10 @@ static void test_variant_x16(void)
 						back + p * KERN_X16_ROWS * wrs, wrs);
 			CHECK_MSG(memcmp(w, back, wrs * NR) == 0, "%s x16 pack/unpack n %lld",
 				  dtype_name(type), (long long)n);
-			memset(ref, 0, sizeof(float) * NR * NT);
+			for (int i = 0; i < NR * NT; i++)
+				ref[i] = -12345.678f;
 			kern_gemm_x16_ref(type, n, NR, NT, panel, wrs, a, ars, al ? aux : NULL, al,
-					  ref, NR);
+					  ref, NR, false);
 			for (int cut = 1; cut < nbs[ni]; cut++)
 				check_x16_segments(type, n, cut * blck, w, wrs, a, ars,
 						   al ? aux : NULL, al, NR, NT, ref);
@@ -1670,9 +1673,10 @@ static void test_variant_x16(void)
 				 * so a token left unwritten cannot pass on the last
 				 * run's value */
 				for (int nt = 1; nt <= NT; nt++) {
-					memset(got, 0, sizeof(float) * NR * NT);
+					for (int i = 0; i < NR * NT; i++)
+						got[i] = -12345.678f;
 					V->t[type].gemm_x16(n, NR, nt, panel, wrs, a, ars, al ? aux : NULL,
-							    al, got, NR);
+							    al, got, NR, false);
 					CHECK_MSG(memcmp(got, ref, sizeof(float) * NR * nt) == 0,
 						  "%s %s gemm_x16 n %lld nt %d differs from the reference",
 						  V_name, dtype_name(type), (long long)n, nt);

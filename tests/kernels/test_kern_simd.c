@@ -225,7 +225,7 @@ static void check_x16(const struct kern_ops *k, uint32_t type, int64_t n, const 
 	kern_x16_unpack(type, panel, n, back, wrs);
 	CHECK_MSG(memcmp(back, w, wrs * P) == 0, "%s x16 pack/unpack not lossless (n %lld)",
 		  dtype_name(type), (long long)n);
-	kern_gemm_x16_ref(type, n, P, nt, panel, wrs, a, ars, aux, aux_len, ref, P);
+	kern_gemm_x16_ref(type, n, P, nt, panel, wrs, a, ars, aux, aux_len, ref, P, false);
 	for (int t = 0; t < nt; t++)
 		for (int r = 0; r < P; r++)
 			CHECK_MSG(fabs((double)ref[t * P + r] - (double)dots[t * nr + r]) <=
@@ -234,14 +234,17 @@ static void check_x16(const struct kern_ops *k, uint32_t type, int64_t n, const 
 				  dtype_name(type), (long long)n, r, t, ref[t * P + r],
 				  dots[t * nr + r]);
 	if (k->t[type].gemm_x16) {
-		k->t[type].gemm_x16(n, P, nt, panel, wrs, a, ars, aux, aux_len, got, P);
+		for (int i = 0; i < P * nt; i++)
+			got[i] = -12345.678f; /* written, not read: from_s false */
+		k->t[type].gemm_x16(n, P, nt, panel, wrs, a, ars, aux, aux_len, got, P, false);
 		CHECK_MSG(memcmp(ref, got, sizeof(float) * P * nt) == 0,
 			  "%s %s gemm_x16 differs from the reference (n %lld)", k->name,
 			  dtype_name(type), (long long)n);
 		for (int t = 0; t < nt; t++) {
-			memset(one, 0, sizeof(one)); /* the accumulators start from s */
+			for (int r = 0; r < P; r++)
+				one[r] = -12345.678f;
 			k->t[type].gemm_x16(n, P, 1, panel, wrs, a + t * ars, ars,
-					    aux + t * aux_len, aux_len, one, P);
+					    aux + t * aux_len, aux_len, one, P, false);
 			CHECK_MSG(memcmp(one, got + t * P, sizeof(one)) == 0,
 				  "%s %s gemm_x16: token %d alone differs from its batch", k->name,
 				  dtype_name(type), t);
