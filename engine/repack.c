@@ -32,9 +32,9 @@
  * reuse distance is the obvious reading, but the K-quants neither gained
  * nor lost, and Q8_0 lost when cut in groups of 64 rows; so the segment
  * sizes are measured per type. matmul.c runs a group's segments one after
- * the other into the same output; the kernels' accumulators start from
- * the output (kern.h), so the results equal one pass over the whole rows
- * bit for bit.
+ * the other into the same output, the kernels' accumulators starting from
+ * it for every segment but the first (kern.h's from_s), so the results
+ * equal one pass over the whole rows bit for bit.
  *
  * The work is split into groups that the pool's threads claim from one
  * counter; each thread copies a group's rows to its own scratch and writes
