@@ -77,7 +77,8 @@ struct weight {
 	 * a multiple of 16; the rest keep the file's layout */
 	int64_t n_x16;
 	/* blocks per K-segment of the repacked rows (repack.c), the last
-	 * segment shorter; 0: one segment, the whole row */
+	 * segment shorter; 0: one segment, the whole row (read only where
+	 * n_x16 > 0) */
 	int64_t x16_seg;
 };
 
@@ -146,8 +147,9 @@ void model_rebase(engine_model *m, void *buf);
  * Repack the Q4_0/Q8_0 matrices into the kernel variant's x16 layout, in
  * place (the mapping's pages become private copies). mode: 0 auto (when the
  * variant reads the layout and the repacked bytes are at most half of the
- * RAM), 1 on (whatever the size), -1 off. Fills info.n_x16_tensors and
- * info.x16_bytes. */
+ * RAM), 1 on (whatever the size), -1 off. seg_bytes: the K-segment of a
+ * panel (engine_params.repack_segment). Fills info.n_x16_tensors,
+ * info.n_x16_segmented and info.x16_bytes. */
 int engine_model_repack(engine_model *m, int mode, int seg_bytes, struct cm_err *err);
 /* Rows per group of the repacked layout: the panels of a group are cut
  * into K-segments together (repack.c), and matmul.c's chunks of a repacked
@@ -156,7 +158,7 @@ int engine_model_repack(engine_model *m, int mode, int seg_bytes, struct cm_err 
  * 256 gained no more. */
 #define ENGINE_X16_GROUP 128
 /* Where K-segment `b0` (its first block) of the group holding rows
- * [r0, ..) starts, the group's rows being nr (64, or fewer at the end). */
+ * [r0, ..) starts, the group's rows being nr (128, or fewer at the end). */
 static inline const uint8_t *engine_x16_segment(const struct weight *w, int64_t r0, int nr,
 						int64_t b0)
 {

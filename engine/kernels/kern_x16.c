@@ -168,9 +168,9 @@ static void gemm_x16_ref_k(uint32_t type, int64_t n, int nr, int nt, const void 
 	for (int p = 0; p < nr / KERN_X16_ROWS; p++) {
 		kern_x16_unpack(type, (const uint8_t *)w + (size_t)p * KERN_X16_ROWS * w_stride, n,
 				rows, w_stride);
-		/* one super-block at a time, added to s: vec_dot's own sum
-		 * (0 + the first block's term, + the next, ...) continued from
-		 * s, which is where the accumulator starts (kern.h) */
+		/* one super-block at a time, added to the accumulator (0, or
+		 * s with from_s): vec_dot's own sum (0 + the first block's
+		 * term, + the next, ...), which a K-segment continues */
 		for (int t = 0; t < nt; t++)
 			for (int r = 0; r < KERN_X16_ROWS; r++) {
 				float *o = &s[(size_t)t * s_stride + (size_t)p * KERN_X16_ROWS + r];
