@@ -346,6 +346,39 @@ static void test_hugepages_repacked(void)
 	json_decref(j);
 }
 
+/* --repack-segment: the small shape's panels (2.3-6.9 KiB) are under the
+ * default segment, so nothing is cut; 1000-byte segments cut every matrix
+ * of two blocks or more; -1 none; the JSON says how many. */
+static void test_repack_segment(void)
+{
+	static const struct {
+		const char *args;
+		bool cut;
+	} cases[] = {
+		{"--repack on", false},
+		{"--repack on --repack-segment 1000", true},
+		{"--repack on --repack-segment -1", false},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		json_t *j = bench("", cases[i].args, NULL);
+		if (!j)
+			return;
+		json_int_t n = json_integer_value(json_object_get(j, "repacked_tensors"));
+		json_int_t cut = json_integer_value(json_object_get(j, "repacked_segmented"));
+		if (n == 0) {
+			TEST_SKIP("the %s kernels do not repack",
+			          json_string_value(json_object_get(j, "isa")));
+			json_decref(j);
+			return;
+		}
+		CHECK(json_is_integer(json_object_get(j, "repacked_segmented")));
+		CHECK_MSG(cases[i].cut ? cut > 0 && cut <= n : cut == 0,
+		          "%s: %lld of %lld tensors in K-segments", cases[i].args, (long long)cut,
+		          (long long)n);
+		json_decref(j);
+	}
+}
+
 static void test_hugepages_blocked(void)
 {
 	if (!setup())
@@ -485,6 +518,7 @@ int main(void)
 	TEST_RUN(test_pin_refused);
 	TEST_RUN(test_hugepages_blocked);
 	TEST_RUN(test_hugepages_repacked);
+	TEST_RUN(test_repack_segment);
 	TEST_RUN(test_table);
 	TEST_RUN(test_tokenize);
 	if (tmp[0]) {
