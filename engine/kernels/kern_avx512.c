@@ -635,12 +635,17 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
  * setting from paired runs in one process (decode steps alternating
  * between two builds of this file, tools/dev/kernel-ab.sh): Q4_0 4 KiB
  * ahead (2, 3, 6, 8 KiB: within 2 %); the K-quants 8 KiB ahead (32 KiB
- * before: +11-15 % Q4_K_M decode; 4, 6, 12, 64 KiB in between); Q8_0 none
- * for one token (+5-12 % decode: the hardware prefetcher alone keeps more
- * of its 8.5 lines per block in flight), 4 KiB from two tokens on (without
- * it, batches of 2 and 4 lost 13-22 %). */
+ * before: +11-15 % Q4_K_M decode; 4, 6, 12, 64 KiB in between); Q8_0 4
+ * KiB from two tokens on (without it, batches of 2 and 4 lost 13-22 %)
+ * and 16 KiB for one token: with the rows cut into K-segments, +7 %
+ * TinyLlama Q8_0 and +5-6 % Qwen2.5 (its Q8_0 output) decode against none
+ * (12, 24, 32 KiB: +2-4 %); before the segments, 4 KiB for one token had
+ * lost 5-12 % against none. Q4_0 at 8 or 16 KiB lost 3-7 %. */
 #ifndef X16_PREFETCH
 #define X16_PREFETCH 4096 /* bytes ahead; 0: none */
+#endif
+#ifndef X16_Q8_1T_PREFETCH
+#define X16_Q8_1T_PREFETCH 16384 /* Q8_0, fewer than X16_Q8_PF_NT tokens */
 #endif
 #ifndef X16K_PREFETCH
 #define X16K_PREFETCH 8192
@@ -709,6 +714,10 @@ x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, s
 #if X16_PREFETCH
 		if (q4 || NT >= X16_Q8_PF_NT)
 			KERN_X16_PREFETCH(X16_PF, pb, cb, 32, b, X16_PREFETCH);
+#endif
+#if X16_Q8_1T_PREFETCH
+		if (!q4 && NT < X16_Q8_PF_NT)
+			KERN_X16_PREFETCH(X16_PF, pb, cb, 32, b, X16_Q8_1T_PREFETCH);
 #endif
 		if (q4 && NT <= X16_HI_TOKENS) {
 			/* few tokens: keep the high nibbles in place (16 x code),
