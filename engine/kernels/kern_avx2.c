@@ -668,7 +668,17 @@ static void attn_vsum_q8_0(int hd, int n, const float *w, const void *v, size_t 
  * memory streams while the compute runs); more walk each half in turn for
  * up to 4 tokens. */
 #define X16A_TOKENS 4
-#define X16A_PREFETCH 2048
+/* One token's panel stream prefetched this far ahead: 8 KiB, with the rows
+ * cut into K-segments, against 2 KiB before them (TinyLlama, paired runs
+ * of 12-20 reps, tools/dev/kernel-ab.sh): Q4_0 decode +10-24 % in four
+ * runs, equal in two; Q8_0 +16-20 % in three, -7 % in two. Each run's
+ * reps agreed closely while runs disagreed: the VM's memory latency moves
+ * between runs, and a longer distance is what holds up when it is high.
+ * Q4_0 12 and 16 KiB +20-24 %, Q8_0 12 and 16 KiB +11-14 % (one run
+ * each). */
+#ifndef X16A_PREFETCH
+#define X16A_PREFETCH 8192
+#endif
 #define PF_T0(p) _mm_prefetch((p), _MM_HINT_T0)
 
 static inline int32_t ld32(const void *p)

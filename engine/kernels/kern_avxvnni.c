@@ -138,7 +138,9 @@ x16_half(bool q4, int64_t nb, int NT, const uint8_t *panel, int h, const uint8_t
  * and for Q4_0 the high nibbles fed unshifted (16 x code, the sum taken
  * down by 16 once, exact). Per (row, token) the same float steps as
  * x16_half: bit-identical. */
+#ifndef X16V_PREFETCH
 #define X16V_PREFETCH 2048
+#endif
 #define PF_T0(p) _mm_prefetch((p), _MM_HINT_T0)
 
 static inline __attribute__((always_inline)) void
