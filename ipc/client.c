@@ -14,9 +14,11 @@
 #include "ipc/edgelm.h"
 #include "ipc/ipc.h"
 
+#include <errno.h>
 #include <math.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -204,11 +206,114 @@ EDGELM_API int edgelm_connect(const char *url, edgelm_client **ret_client, struc
 	return 0;
 }
 
+/* ---- closing ---------------------------------------------------------------
+ * nng 1.5.2's nng_close can wait for good after the peer dropped the
+ * connection (its shared reaper misses a wakeup; nanomsg/nng#1543, fixed in
+ * nng 1.8): seen in ~1 of 30 runs of a client whose oversized request the
+ * daemon cut off, then reconnected. A client must not hang in close for
+ * that, so the close runs in a detached thread and edgelm_close waits for
+ * it IPC_CLOSE_WAIT_MS at most; past that the thread keeps the socket (and
+ * frees its record if the close ever returns). */
+void (*ipc_client_close_fn)(uint32_t sock_id) = NULL;
+
+struct closer {
+	nng_socket sock;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool done;
+	int refs; /* the thread's and edgelm_close's */
+};
+
+static void closer_unref(struct closer *k)
+{
+	pthread_mutex_lock(&k->mu);
+	bool last = --k->refs == 0;
+	pthread_mutex_unlock(&k->mu);
+	if (last) {
+		pthread_cond_destroy(&k->cv);
+		pthread_mutex_destroy(&k->mu);
+		cm_free(k);
+	}
+}
+
+static void sock_close(nng_socket s)
+{
+	if (ipc_client_close_fn)
+		ipc_client_close_fn(nng_socket_id(s));
+	else
+		nng_close(s);
+}
+
+static void *close_thread(void *arg)
+{
+	struct closer *k = arg;
+	sock_close(k->sock);
+	pthread_mutex_lock(&k->mu);
+	k->done = true;
+	pthread_cond_signal(&k->cv);
+	pthread_mutex_unlock(&k->mu);
+	closer_unref(k);
+	return NULL;
+}
+
+/* Starts close_thread on k (refs 2); false when it cannot (k destroyed) */
+static bool closer_start(struct closer *k)
+{
+	pthread_condattr_t ca;
+	pthread_attr_t ta;
+	pthread_t th;
+	bool ok = false;
+	if (pthread_condattr_init(&ca) != 0)
+		return false;
+	if (pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+	    pthread_cond_init(&k->cv, &ca) == 0) {
+		if (pthread_mutex_init(&k->mu, NULL) == 0) {
+			if (pthread_attr_init(&ta) == 0) {
+				if (pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED) == 0)
+					ok = pthread_create(&th, &ta, close_thread, k) == 0;
+				pthread_attr_destroy(&ta);
+			}
+			if (!ok)
+				pthread_mutex_destroy(&k->mu);
+		}
+		if (!ok)
+			pthread_cond_destroy(&k->cv);
+	}
+	pthread_condattr_destroy(&ca);
+	return ok;
+}
+
 EDGELM_API void edgelm_close(edgelm_client *c)
 {
 	if (!c)
 		return;
-	nng_close(c->sock);
+	struct closer *k = cm_malloc(sizeof(*k));
+	if (k) {
+		*k = (struct closer){.sock = c->sock, .refs = 2};
+		if (!closer_start(k)) {
+			cm_free(k);
+			k = NULL;
+		}
+	}
+	if (!k) { /* no thread to be had: close here */
+		sock_close(c->sock);
+		cm_free(c);
+		return;
+	}
+	struct timespec dl;
+	clock_gettime(CLOCK_MONOTONIC, &dl);
+	dl.tv_sec += IPC_CLOSE_WAIT_MS / 1000;
+	dl.tv_nsec += (long)(IPC_CLOSE_WAIT_MS % 1000) * 1000000L;
+	if (dl.tv_nsec >= 1000000000L) {
+		dl.tv_sec++;
+		dl.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&k->mu);
+	while (!k->done)
+		if (pthread_cond_timedwait(&k->cv, &k->mu, &dl) == ETIMEDOUT)
+			break;
+	pthread_mutex_unlock(&k->mu);
+	closer_unref(k);
 	cm_free(c);
 }
 

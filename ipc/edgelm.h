@@ -98,7 +98,11 @@ typedef struct edgelm_client edgelm_client;
  * connection the library reconnects by itself. */
 EDGELM_API int edgelm_connect(const char *url, edgelm_client **ret_client,
                               struct edgelm_error *err);
-EDGELM_API void edgelm_close(edgelm_client *c); /* NULL-safe */
+/* NULL-safe. Returns within 2 s even where nng's own close stalls (nng
+ * 1.5.2, Debian 12's, can wait for good after the daemon dropped the
+ * connection: nanomsg/nng#1543, fixed in nng 1.8); the socket is then left
+ * to a helper thread, which finishes the close if it ever can. */
+EDGELM_API void edgelm_close(edgelm_client *c);
 
 /* How long a call waits for its reply, in ms (default 30000; <= 0: forever).
  * A blocking generate waits its deadline_ms plus this, or forever when it has

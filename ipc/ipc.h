@@ -427,4 +427,10 @@ int ipc_call_reply_encode(ipc_call *call, const struct ipc_reply *r);
 int ipc_call_error(ipc_call *call, enum ipc_errcode code, int64_t retry_after_ms, const char *fmt,
                    ...) CM_PRINTF(4, 5);
 
+/* libedgelm's edgelm_close waits this long at most for nng's close, which
+ * runs in a helper thread (client.c); tests may replace the close itself
+ * (NULL: nng_close of the socket with that id). */
+#define IPC_CLOSE_WAIT_MS 2000
+extern void (*ipc_client_close_fn)(uint32_t sock_id);
+
 #endif
