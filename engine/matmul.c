@@ -126,13 +126,16 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 			size_t ds = direct ? m->out_stride : X16_ROWS;
 			for (int64_t b0 = 0; b0 < nb; b0 += sb) {
 				int64_t n = CM_MIN(sb, nb - b0) * tw->blck;
-				size_t ab = (size_t)(b0 * tw->blck / ta->blck);
+				/* the segment's activation blocks and their aux */
+				int64_t ab = b0 * tw->blck / ta->blck;
+				const uint8_t *ar =
+					a->rows + (size_t)t0 * a->stride + (size_t)ab * ta->size;
+				const float *xr = NULL;
+				if (a->aux)
+					xr = a->aux + (size_t)t0 * a->aux_stride +
+					     kern_act_aux_len(a->type, ab * ta->blck);
 				ko->gemm_x16(n, nr, nt, engine_x16_segment(w, r0, nr, b0),
-					     dtype_row_size(w->type, n),
-					     a->rows + (size_t)t0 * a->stride + ab * ta->size, a->stride,
-					     a->aux ? a->aux + (size_t)t0 * a->aux_stride +
-							      kern_act_aux_len(a->type, (int64_t)(ab * ta->blck))
-						    : NULL,
+					     dtype_row_size(w->type, n), ar, a->stride, xr,
 					     a->aux_stride, d, ds, b0 > 0);
 			}
 			if (!direct)

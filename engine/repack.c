@@ -84,7 +84,8 @@ static int64_t segment_blocks(uint32_t type, int64_t nb, size_t panel, int seg_b
 /* Rows of the group that starts at row r0: 128, or the whole panels left */
 static int group_rows(const struct weight *w, int64_t r0)
 {
-	return (int)CM_MIN((int64_t)ENGINE_X16_GROUP, w->n_out / KERN_X16_ROWS * KERN_X16_ROWS - r0);
+	int64_t left = w->n_out / KERN_X16_ROWS * KERN_X16_ROWS - r0;
+	return (int)CM_MIN((int64_t)ENGINE_X16_GROUP, left);
 }
 
 static void repack_worker(void *arg, int ith, int nth)
@@ -110,8 +111,9 @@ static void repack_worker(void *arg, int ith, int nth)
 			int64_t n = CM_MIN(sb, nb - b0) * ti->blck;
 			uint8_t *seg = (uint8_t *)engine_x16_segment(w, r0, nr, b0);
 			size_t srs = dtype_row_size(w->type, n);
+			const uint8_t *src = rows + (size_t)b0 * ti->size;
 			for (int p = 0; p < nr; p += KERN_X16_ROWS)
-				kern_x16_pack(w->type, rows + (size_t)p * w->row_bytes + (size_t)b0 * ti->size,
+				kern_x16_pack(w->type, src + (size_t)p * w->row_bytes,
 					      w->row_bytes, n, seg + (size_t)p * srs);
 		}
 	}
@@ -127,9 +129,10 @@ void engine_x16_row(const struct weight *w, int64_t r, void *row)
 	for (int64_t b0 = 0; b0 < nb; b0 += sb) {
 		int64_t n = CM_MIN(sb, nb - b0) * ti->blck;
 		size_t srs = dtype_row_size(w->type, n);
-		kern_x16_unpack_row(w->type,
-				    engine_x16_segment(w, r0, nr, b0) + (size_t)p * KERN_X16_ROWS * srs,
-				    n, (int)(r % KERN_X16_ROWS), (uint8_t *)row + (size_t)b0 * ti->size);
+		const uint8_t *panel = engine_x16_segment(w, r0, nr, b0) +
+				       (size_t)p * KERN_X16_ROWS * srs;
+		kern_x16_unpack_row(w->type, panel, n, (int)(r % KERN_X16_ROWS),
+				    (uint8_t *)row + (size_t)b0 * ti->size);
 	}
 }
 

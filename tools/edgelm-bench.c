@@ -543,7 +543,8 @@ int main(int argc, char **argv)
 		       "\"read_bandwidth_lowest_gbs\":%.3f,\"read_bandwidth_samples\":%d,\"prefill\":[",
 		       info.arch, info.isa, info.n_threads,
 		       engine_kv_type_name(engine_ctx_kv_type(cx)), n_batch, info.n_x16_tensors,
-		       info.n_x16_segmented, (unsigned long long)info.x16_bytes, info.weights_anon ? "true" : "false", wb,
+		       info.n_x16_segmented, (unsigned long long)info.x16_bytes,
+		       info.weights_anon ? "true" : "false", wb,
 		       bw / 1e9, bwm.lowest / 1e9, bwm.samples);
 		for (int i = 0; i < n_prompts; i++)
 			printf("%s{\"tokens\":%d,\"tok_s\":%.2f}", i ? "," : "", prompts[i], pre[i]);

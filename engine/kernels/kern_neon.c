@@ -484,14 +484,16 @@ static DOTPROD void gemm_x16_q4_0_dp(int64_t n, int nr, int nt, const void *w, s
 				     const void *a, size_t a_stride, const float *aux,
 				     size_t aux_stride, float *s, size_t s_stride, bool from_s)
 {
-	x16_gemm_dp(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride, from_s);
+	x16_gemm_dp(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride,
+		    from_s);
 }
 
 static DOTPROD void gemm_x16_q8_0_dp(int64_t n, int nr, int nt, const void *w, size_t w_stride,
 				     const void *a, size_t a_stride, const float *aux,
 				     size_t aux_stride, float *s, size_t s_stride, bool from_s)
 {
-	x16_gemm_dp(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride, from_s);
+	x16_gemm_dp(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride,
+		    from_s);
 }
 
 /* ---- dotprod: x16 K-quants (Q4_K, Q6_K; Q8_K activations) ----------------

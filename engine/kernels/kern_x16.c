@@ -178,10 +178,12 @@ static void gemm_x16_ref_k(uint32_t type, int64_t n, int nr, int nt, const void 
 					*o = 0.0f;
 				for (int64_t b = 0; b < n / QK_K; b++) {
 					float x;
-					kern_generic_ops.t[type].vec_dot(
-						QK_K, &x, rows + (size_t)r * w_stride + (size_t)b * wb,
+					const uint8_t *wr =
+						rows + (size_t)r * w_stride + (size_t)b * wb;
+					const uint8_t *ar =
 						(const uint8_t *)a + (size_t)t * a_stride +
-							(size_t)b * sizeof(struct block_q8_K));
+						(size_t)b * sizeof(struct block_q8_K);
+					kern_generic_ops.t[type].vec_dot(QK_K, &x, wr, ar);
 					*o = *o + x;
 				}
 			}
@@ -208,8 +210,8 @@ void kern_gemm_x16_ref(uint32_t type, int64_t n, int nr, int nt, const void *w,
 			const struct block_q8_0 *ab =
 				(const struct block_q8_0 *)((const uint8_t *)a + (size_t)t * a_stride);
 			for (int r = 0; r < KERN_X16_ROWS; r++) {
-				float acc = from_s ? s[(size_t)t * s_stride + (size_t)p * KERN_X16_ROWS + r]
-						   : 0.0f;
+				float *o = &s[(size_t)t * s_stride + (size_t)p * KERN_X16_ROWS + r];
+				float acc = from_s ? *o : 0.0f;
 				for (int64_t b = 0; b < nb; b++) {
 					const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 					int32_t isum = 0;
@@ -220,7 +222,7 @@ void kern_gemm_x16_ref(uint32_t type, int64_t n, int nr, int nt, const void *w,
 					float dw = fp16_to_f32(dh), da = fp16_to_f32(ab[b].d);
 					acc = fmaf((float)isum, dw * da, acc);
 				}
-				s[(size_t)t * s_stride + (size_t)p * KERN_X16_ROWS + r] = acc;
+				*o = acc;
 			}
 		}
 	}

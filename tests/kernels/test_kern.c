@@ -1571,8 +1571,8 @@ static void check_x16_segments(uint32_t type, int64_t n, int64_t k, const uint8_
 		size_t srs = ref_bytes(type, len[s]);
 		seg[s] = kt_xmalloc(srs * (size_t)nr);
 		for (int p = 0; p < nr / KERN_X16_ROWS; p++)
-			kern_x16_pack(type, w + (size_t)p * KERN_X16_ROWS * wrs + wo[s], wrs, len[s],
-				      seg[s] + (size_t)p * KERN_X16_ROWS * srs);
+			kern_x16_pack(type, w + (size_t)p * KERN_X16_ROWS * wrs + wo[s], wrs,
+				      len[s], seg[s] + (size_t)p * KERN_X16_ROWS * srs);
 	}
 	float *got = kt_xmalloc(sizeof(float) * (size_t)nr * (size_t)nt);
 	for (int pass = 0; pass < 2; pass++) {
@@ -1584,8 +1584,8 @@ static void check_x16_segments(uint32_t type, int64_t n, int64_t k, const uint8_
 			size_t srs = ref_bytes(type, len[s]);
 			const float *x = aux ? aux + xo[s] : NULL;
 			if (pass == 0)
-				kern_gemm_x16_ref(type, len[s], nr, nt, seg[s], srs, a + ao[s], ars, x,
-						  al, got, (size_t)nr, s > 0);
+				kern_gemm_x16_ref(type, len[s], nr, nt, seg[s], srs, a + ao[s],
+						  ars, x, al, got, (size_t)nr, s > 0);
 			else
 				V->t[type].gemm_x16(len[s], nr, nt, seg[s], srs, a + ao[s], ars, x,
 						    al, got, (size_t)nr, s > 0);
