@@ -8,7 +8,8 @@
  * runs a vec_dot with its own order: see check_type); greedy
  * generation is the same; the model file on disk is not modified; a batch
  * and token-by-token processing agree. Off, nothing is repacked. Cut into
- * K-segments, the repacked model gives the same logits bit for bit.
+ * K-segments, the repacked model gives the same logits bit for bit, on 1, 2
+ * and 3 threads.
  *
  * Repacking copies the weights into 2 MiB-aligned anonymous memory advised
  * MADV_HUGEPAGE (info.weights_anon): the region is whole 2 MiB pages, the
@@ -60,11 +61,11 @@ enum { N = 9, GEN = 12 };
 
 /* Logits of a 9-token batch, then GEN greedy tokens; returns the model's
  * info through *ret_info. */
-static void run(const char *path, int repack, int segment, float *logits, int32_t *gen,
-		struct engine_model_info *ret_info)
+static void run_threads(const char *path, int threads, int repack, int segment, float *logits,
+			int32_t *gen, struct engine_model_info *ret_info)
 {
-	struct engine_params p = {.n_threads = 2, .isa = getenv("EDGELM_ISA"), .repack = repack,
-				  .repack_segment = segment};
+	struct engine_params p = {.n_threads = threads, .isa = getenv("EDGELM_ISA"),
+				  .repack = repack, .repack_segment = segment};
 	engine_model *m = NULL;
 	engine_ctx *c = NULL;
 	struct cm_err err = {0};
@@ -104,6 +105,12 @@ static void run(const char *path, int repack, int segment, float *logits, int32_
 out:
 	engine_ctx_free(c);
 	engine_model_free(m);
+}
+
+static void run(const char *path, int repack, int segment, float *logits, int32_t *gen,
+		struct engine_model_info *ret_info)
+{
+	run_threads(path, 2, repack, segment, logits, gen, ret_info);
 }
 
 static void check_type(const char *type)
@@ -166,6 +173,17 @@ static void check_type(const char *type)
 		  "%s: logits with K-segments differ from the whole rows'", type);
 	CHECK_MSG(memcmp(g_seg, g_on, sizeof(g_on)) == 0, "%s: greedy tokens differ (segments)",
 		  type);
+	/* and on 1 and 3 threads: a group's segments are one worker's (into
+	 * l_off's buffer, done with above) */
+	for (int nth = 1; nth <= 3; nth += 2) {
+		struct engine_model_info ti;
+		int32_t g_t[GEN];
+		run_threads(path, nth, 1, 1000, l_off, g_t, &ti);
+		CHECK_MSG(memcmp(l_off, l_seg, (size_t)N * nv * sizeof(float)) == 0,
+			  "%s: logits with K-segments on %d threads differ from 2 threads'", type,
+			  nth);
+		CHECK(memcmp(g_t, g_seg, sizeof(g_t)) == 0);
+	}
 	CHECK_MSG(file_hash(path) == h0, "%s: the model file changed on disk", type);
 out:
 	free(l_on);
