@@ -126,6 +126,19 @@ uint64_t cm_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+struct timespec cm_deadline(clockid_t clock, int64_t ms)
+{
+	struct timespec ts;
+	clock_gettime(clock, &ts);
+	ts.tv_sec += (time_t)(ms / 1000);
+	ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	return ts;
+}
+
 double cm_now(void)
 {
 	return (double)cm_now_ns() * 1e-9;

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #define CM_UNUSED __attribute__((unused))
 #define CM_PRINTF(a, b) __attribute__((format(printf, a, b)))
@@ -75,5 +76,8 @@ static inline uint64_t cm_align_up(uint64_t x, uint64_t a)
 /* Monotonic clock in seconds / nanoseconds. */
 double cm_now(void);
 uint64_t cm_now_ns(void);
+/* The time ms milliseconds from now on `clock` (the clock of the condition
+ * variable it is for), for pthread_cond_timedwait. */
+struct timespec cm_deadline(clockid_t clock, int64_t ms);
 
 #endif

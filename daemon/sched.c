@@ -814,13 +814,7 @@ static void *sched_main(void *arg)
 		}
 		if (!work) {
 			/* idle: wake for new work, held polls and the watchdog */
-			struct timespec ts;
-			clock_gettime(CLOCK_MONOTONIC, &ts);
-			ts.tv_nsec += 50 * 1000000L;
-			if (ts.tv_nsec >= 1000000000L) {
-				ts.tv_sec++;
-				ts.tv_nsec -= 1000000000L;
-			}
+			struct timespec ts = cm_deadline(CLOCK_MONOTONIC, 50);
 			pthread_cond_timedwait(&s->cv, &d->mu, &ts);
 			pthread_mutex_unlock(&d->mu);
 			update_status(s, 0, 0, 0);

@@ -300,14 +300,7 @@ EDGELM_API void edgelm_close(edgelm_client *c)
 		cm_free(c);
 		return;
 	}
-	struct timespec dl;
-	clock_gettime(CLOCK_MONOTONIC, &dl);
-	dl.tv_sec += IPC_CLOSE_WAIT_MS / 1000;
-	dl.tv_nsec += (long)(IPC_CLOSE_WAIT_MS % 1000) * 1000000L;
-	if (dl.tv_nsec >= 1000000000L) {
-		dl.tv_sec++;
-		dl.tv_nsec -= 1000000000L;
-	}
+	struct timespec dl = cm_deadline(CLOCK_MONOTONIC, IPC_CLOSE_WAIT_MS);
 	pthread_mutex_lock(&k->mu);
 	while (!k->done)
 		if (pthread_cond_timedwait(&k->cv, &k->mu, &dl) == ETIMEDOUT)

@@ -642,14 +642,7 @@ int ipc_server_stop(ipc_server *srv, int timeout_ms)
 		return (int)atomic_load(&srv->in_handler);
 	}
 	if (timeout_ms > 0) {
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_sec += timeout_ms / 1000;
-		ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
-		}
+		struct timespec ts = cm_deadline(CLOCK_REALTIME, timeout_ms);
 		while (atomic_load(&srv->in_handler) + atomic_load(&srv->sending) > 0)
 			if (pthread_cond_timedwait(&srv->cv, &srv->mu, &ts) != 0)
 				break;
