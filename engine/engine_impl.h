@@ -77,8 +77,8 @@ struct weight {
 	 * a multiple of 16; the rest keep the file's layout */
 	int64_t n_x16;
 	/* blocks per K-segment of the repacked rows (repack.c), the last
-	 * segment shorter; 0: one segment, the whole row (read only where
-	 * n_x16 > 0) */
+	 * segment shorter; the row's block count when it is not cut (read
+	 * only where n_x16 > 0) */
 	int64_t x16_seg;
 };
 

@@ -113,7 +113,7 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 		int nr = (int)(p1 - r0);
 		bool direct = !m->bias && !m->accumulate;
 		const struct dtype_info *tw = dtype_get(w->type), *ta = dtype_get(a->type);
-		int64_t nb = w->n_in / tw->blck, sb = w->x16_seg ? w->x16_seg : nb;
+		int64_t nb = w->n_in / tw->blck, sb = w->x16_seg;
 		for (int t0 = 0; t0 < j->n_tok; t0 += TILE_TOKENS) {
 			int nt = CM_MIN(TILE_TOKENS, j->n_tok - t0);
 			float *o = m->out + (size_t)t0 * m->out_stride + (size_t)r0;

@@ -69,16 +69,16 @@ static size_t segment_default(uint32_t type)
 }
 
 /* Blocks per K-segment for a matrix of `type` whose 16-row panels are
- * `panel` bytes of nb blocks (0: not cut). */
+ * `panel` bytes of nb blocks (nb: not cut). */
 static int64_t segment_blocks(uint32_t type, int64_t nb, size_t panel, int seg_bytes)
 {
 	size_t sb = seg_bytes > 0 ? (size_t)seg_bytes : segment_default(type);
 	if (seg_bytes < 0 || sb == 0 || panel <= sb)
-		return 0;
+		return nb;
 	int64_t ns = (int64_t)((panel + sb - 1) / sb);
 	int64_t b = (nb + ns - 1) / ns;
 	b += b & 1;
-	return b < nb ? b : 0;
+	return CM_MIN(b, nb);
 }
 
 /* Rows of the group that starts at row r0: 128, or the whole panels left */
@@ -102,7 +102,7 @@ static void repack_worker(void *arg, int ith, int nth)
 		struct weight *w = j->w[i];
 		const struct dtype_info *ti = dtype_get(w->type);
 		int64_t r0 = (c - j->first[i]) * ENGINE_X16_GROUP, nb = w->n_in / ti->blck;
-		int64_t sb = w->x16_seg ? w->x16_seg : nb;
+		int64_t sb = w->x16_seg;
 		int nr = group_rows(w, r0);
 		uint8_t *rows = j->scratch[ith];
 		memcpy(rows, (uint8_t *)w->data + (size_t)r0 * w->row_bytes,
@@ -123,7 +123,7 @@ void engine_x16_row(const struct weight *w, int64_t r, void *row)
 {
 	const struct dtype_info *ti = dtype_get(w->type);
 	int64_t r0 = r / ENGINE_X16_GROUP * ENGINE_X16_GROUP, nb = w->n_in / ti->blck;
-	int64_t sb = w->x16_seg ? w->x16_seg : nb;
+	int64_t sb = w->x16_seg;
 	int nr = group_rows(w, r0);
 	int64_t p = (r - r0) / KERN_X16_ROWS;
 	for (int64_t b0 = 0; b0 < nb; b0 += sb) {
@@ -298,7 +298,8 @@ int engine_model_repack(engine_model *m, int mode, int seg_bytes, struct cm_err 
 	m->info.n_x16_tensors = (uint32_t)n_w;
 	m->info.n_x16_segmented = 0;
 	for (int k = 0; k < n_w; k++)
-		m->info.n_x16_segmented += sel[k]->x16_seg > 0;
+		m->info.n_x16_segmented +=
+			sel[k]->x16_seg < sel[k]->n_in / dtype_get(sel[k]->type)->blck;
 	m->info.x16_bytes = bytes;
 done:
 	/* auto: a failure before the first write leaves the file's layout,
