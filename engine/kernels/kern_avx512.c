@@ -711,14 +711,10 @@ x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, s
 	_Pragma("GCC unroll 2") for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 		__m512i c[8];
-#if X16_PREFETCH
-		if (q4 || NT >= X16_Q8_PF_NT)
-			KERN_X16_PREFETCH(X16_PF, pb, cb, 32, b, X16_PREFETCH);
-#endif
-#if X16_Q8_1T_PREFETCH
-		if (!q4 && NT < X16_Q8_PF_NT)
-			KERN_X16_PREFETCH(X16_PF, pb, cb, 32, b, X16_Q8_1T_PREFETCH);
-#endif
+		/* constant per inlined (q4, NT): 0 asks for nothing */
+		const size_t pf = q4 || NT >= X16_Q8_PF_NT ? X16_PREFETCH : X16_Q8_1T_PREFETCH;
+		if (pf)
+			KERN_X16_PREFETCH(X16_PF, pb, cb, 32, b, pf);
 		if (q4 && NT <= X16_HI_TOKENS) {
 			/* few tokens: keep the high nibbles in place (16 x code),
 			 * one and instead of a shift and an and per vector; the
