@@ -359,7 +359,7 @@ static void test_repack_segment(void)
 		{"--repack on --repack-segment 1000", true},
 		{"--repack on --repack-segment -1", false},
 	};
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+	for (size_t i = 0; i < CM_ARRAY_LEN(cases); i++) {
 		json_t *j = bench("", cases[i].args, NULL);
 		if (!j)
 			return;
