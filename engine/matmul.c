@@ -34,6 +34,10 @@
 #define TILE_ROWS 64      /* rows per chunk, tile kernel (a multiple of 16) */
 #define X16_ROWS ENGINE_X16_GROUP /* rows per chunk, repacked weights (a group) */
 #define TILE_TOKENS 128   /* tokens per gemm call */
+/* engine_matmul_swiglu tiles a pair's chunk with each matrix's own chunks */
+_Static_assert(X16_ROWS % TILE_ROWS == 0 && X16_ROWS % DECODE_ROWS == 0 &&
+		       TILE_ROWS == DECODE_ROWS,
+	       "chunk sizes must divide the largest");
 #ifndef STORE_AHEAD
 #define STORE_AHEAD 4
 #endif
@@ -56,6 +60,10 @@ struct mm_job {
 	bool tile[MM_MAX];
 	bool x16[MM_MAX];
 	int n, n_tok;
+	/* engine_matmul_swiglu: a chunk is swiglu_rows rows of both gate
+	 * (mm[0]) and up (mm[1]), then gate = swiglu(gate, up) over them */
+	void (*swiglu)(int64_t n, float *g, const float *u);
+	int swiglu_rows;
 	struct pool_ranges ranges;
 };
 
@@ -208,6 +216,21 @@ static void run_rows(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 	}
 }
 
+/* engine_matmul_swiglu's chunk c: rows [c * swiglu_rows, ...) of gate,
+ * then of up, each in its own chunk size, then their product while both
+ * are in this worker's cache */
+static void run_swiglu(const struct mm_job *j, int64_t c)
+{
+	const struct engine_mm *g = &j->mm[0], *u = &j->mm[1];
+	int64_t r0 = c * j->swiglu_rows, r1 = CM_MIN(r0 + j->swiglu_rows, g->w->n_out);
+	for (int i = 0; i < 2; i++)
+		for (int64_t r = r0; r < r1; r += j->chunk_rows[i])
+			run_rows(j, i, r, CM_MIN(r + j->chunk_rows[i], r1));
+	for (int t = 0; t < j->n_tok; t++)
+		j->swiglu(r1 - r0, g->out + (size_t)t * g->out_stride + r0,
+			  u->out + (size_t)t * u->out_stride + r0);
+}
+
 static void mm_worker(void *arg, int ith, int nth)
 {
 	struct mm_job *j = arg;
@@ -216,6 +239,10 @@ static void mm_worker(void *arg, int ith, int nth)
 		int64_t c = pool_ranges_claim(&j->ranges, ith);
 		if (c < 0)
 			break;
+		if (j->swiglu) {
+			run_swiglu(j, c);
+			continue;
+		}
 		int i = 0;
 		while (c >= j->first_chunk[i + 1])
 			i++;
@@ -304,8 +331,10 @@ static void make_act(engine_ctx *c, uint32_t type, bool want_aux, const float *x
 	}
 }
 
-void engine_matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_tok,
-			 const struct engine_mm *mm, int n)
+/* engine_matmul_multi(); with swiglu (a gate and up pair of one n_out),
+ * their product too */
+static void matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_tok,
+			 const struct engine_mm *mm, int n, bool swiglu)
 {
 	const struct kern_ops *k = c->m->kern;
 	struct act acts[MM_MAX];
@@ -354,8 +383,36 @@ void engine_matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_t
 		j.first_chunk[i + 1] =
 			j.first_chunk[i] + (w->n_out + j.chunk_rows[i] - 1) / j.chunk_rows[i];
 	}
-	pool_ranges_init(&j.ranges, j.first_chunk[n], pool_size(c->m->pool));
+	int64_t n_chunks = j.first_chunk[n];
+	if (swiglu) {
+		/* chunk sizes are 64 or 128 rows: the larger is a multiple of
+		 * the smaller, so each matrix's own chunks tile the pair's */
+		j.swiglu = k->silu_mul_f32;
+		j.swiglu_rows = CM_MAX(j.chunk_rows[0], j.chunk_rows[1]);
+		n_chunks = (mm[0].w->n_out + j.swiglu_rows - 1) / j.swiglu_rows;
+	}
+	pool_ranges_init(&j.ranges, n_chunks, pool_size(c->m->pool));
 	pool_run(c->m->pool, mm_worker, &j);
+}
+
+void engine_matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_tok,
+			 const struct engine_mm *mm, int n)
+{
+	matmul_multi(c, x, x_stride, n_tok, mm, n, false);
+}
+
+void engine_matmul_swiglu(engine_ctx *c, const float *x, size_t x_stride, int n_tok,
+			  const struct engine_mm gu[2])
+{
+	if (n_tok > 1) {
+		matmul_multi(c, x, x_stride, n_tok, gu, 2, true);
+		return;
+	}
+	/* one token: each worker streams its own run of both matrices (the
+	 * pair's chunks would alternate between them), then one short row */
+	matmul_multi(c, x, x_stride, n_tok, gu, 2, false);
+	if (n_tok == 1)
+		c->m->kern->silu_mul_f32(gu[0].w->n_out, gu[0].out, gu[1].out);
 }
 
 /* out[n_tok][w->n_out] (+)= x[n_tok][w->n_in] . W^T */

@@ -24,4 +24,14 @@ struct engine_mm {
 void engine_matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_tok,
 			 const struct engine_mm *mm, int n);
 
+/* A SwiGLU FFN's gate (gu[0]) and up (gu[1]) projections of x, then
+ * gate = silu(gate) * up (kern_ops.silu_mul_f32); the outputs take no bias
+ * and are overwritten. With a batch, a chunk of the job is the same rows
+ * of both matrices, and its worker takes their product right away, while
+ * both tiles are in its cache: a separate pass over the two T x n_ff
+ * outputs read them back from memory (~5 % of a Qwen2.5 0.5B prefill).
+ * The results are the same either way (element-wise). */
+void engine_matmul_swiglu(engine_ctx *c, const float *x, size_t x_stride, int n_tok,
+			  const struct engine_mm gu[2]);
+
 #endif

@@ -1111,14 +1111,12 @@ static void rmsnorm_rows(engine_ctx *c, float *o, const float *x, const float *w
 
 static float gelu(float x);
 
+/* GeGLU (SwiGLU is engine_matmul_swiglu's) */
 static void act_range(engine_ctx *c, int64_t i0, int64_t i1, const void *varg)
 {
 	(void)varg;
-	if (c->m->hp.act == FFN_GELU)
-		for (int64_t i = i0; i < i1; i++)
-			c->hb[i] = gelu(c->hb[i]) * c->hb2[i];
-	else
-		c->m->kern->silu_mul_f32(i1 - i0, c->hb + i0, c->hb2 + i0);
+	for (int64_t i = i0; i < i1; i++)
+		c->hb[i] = gelu(c->hb[i]) * c->hb2[i];
 }
 
 /* local: gemma3's sliding layers, with their own tables */
@@ -1460,8 +1458,12 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 		rmsnorm_rows(c, c->xb, c->x, L->ffn_norm, T, (int64_t)E, hp->eps);
 		struct engine_mm gate_up[2] = {{&L->w_gate, c->hb, FF, NULL, false},
 					       {&L->w_up, c->hb2, FF, NULL, false}};
-		engine_matmul_multi(c, c->xb, E, T, gate_up, 2);
-		par_for(c, (int64_t)T * (int64_t)FF, 4096, 1, act_range, NULL);
+		if (hp->act == FFN_SILU) {
+			engine_matmul_swiglu(c, c->xb, E, T, gate_up);
+		} else {
+			engine_matmul_multi(c, c->xb, E, T, gate_up, 2);
+			par_for(c, (int64_t)T * (int64_t)FF, 4096, 1, act_range, NULL);
+		}
 		if (L->post_ffn_norm)
 			add_post_normed(c, &L->w_down, c->hb, FF, T, L->post_ffn_norm);
 		else
