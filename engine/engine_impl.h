@@ -9,6 +9,26 @@
 #include "engine/quant.h"
 
 #include <stdatomic.h>
+#include <string.h>
+
+/* Four floats (doubles) in GCC's vector extension, for the element-wise
+ * loops of model.c and matmul.c: -O2's cost model leaves a loop of unknown
+ * count scalar, and these files are built for the baseline ISA (SSE2 on
+ * x86-64, NEON on aarch64). Element for element the scalar expressions. */
+typedef float v4f __attribute__((vector_size(16)));
+typedef double v4d __attribute__((vector_size(32)));
+
+static inline v4f v4f_load(const float *p)
+{
+	v4f v;
+	memcpy(&v, p, sizeof v);
+	return v;
+}
+
+static inline void v4f_store(float *p, v4f v)
+{
+	memcpy(p, &v, sizeof v);
+}
 
 /* ---- thread pool (threadpool.c) -----------------------------------------
  * A fixed set of persistent workers. pool_run(fn, arg) opens a run of

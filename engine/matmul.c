@@ -75,31 +75,20 @@ static void store(const struct engine_mm *m, int t, int64_t r, float s)
 }
 
 /* out[0..nr) (+)= s[0..nr) (+ bias[r0..]): store() for a row of results,
- * four at a time in GCC's vector extension (the plain loop stayed scalar:
- * -O2's cost model does not version a loop for aliasing; ~5 % of a
- * Qwen2.5 0.5B prefill went to it). Element-wise, the same expression. */
-typedef float store_v4 __attribute__((vector_size(16)));
-
-static inline store_v4 load_v4(const float *p)
-{
-	store_v4 v;
-	memcpy(&v, p, sizeof v);
-	return v;
-}
-
+ * four at a time (engine_impl.h's v4f: the plain loop stayed scalar, ~5 %
+ * of a Qwen2.5 0.5B prefill). */
 static void store_row(const struct engine_mm *m, float *out, const float *s, int64_t r0, int nr)
 {
 	const float *b = m->bias ? m->bias + r0 : NULL;
-	const store_v4 zero = {0.0f, 0.0f, 0.0f, 0.0f};
+	const v4f zero = {0.0f, 0.0f, 0.0f, 0.0f};
 	int r = 0;
 	if (!m->accumulate && !b) {
 		memcpy(out, s, (size_t)nr * sizeof(float));
 		return;
 	}
 	for (; r + 4 <= nr; r += 4) {
-		store_v4 v = load_v4(s + r), bv = b ? load_v4(b + r) : zero;
-		v = m->accumulate ? load_v4(out + r) + v + bv : v + bv;
-		memcpy(out + r, &v, sizeof v);
+		v4f v = v4f_load(s + r), bv = b ? v4f_load(b + r) : zero;
+		v4f_store(out + r, m->accumulate ? v4f_load(out + r) + v + bv : v + bv);
 	}
 	for (; r < nr; r++) /* store()'s expression */
 		out[r] = (m->accumulate ? out[r] + s[r] : s[r]) + (b ? b[r] : 0.0f);

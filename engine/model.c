@@ -1027,17 +1027,22 @@ static void rmsnorm(float *o, const float *x, const float *w, int64_t n, float e
 	prefetch_bytes(x, (size_t)n * sizeof(float)); /* engine_impl.h */
 	/* four partial sums: one chain of dependent double adds made this
 	 * ~3 % of a prefill; each square is exact in double, so the order
-	 * changes ss only far below the float that scale is rounded to */
-	double s4[4] = {0, 0, 0, 0};
-	int64_t i4 = 0;
-	for (; i4 + 4 <= n; i4 += 4)
-		for (int k = 0; k < 4; k++)
-			s4[k] += (double)x[i4 + k] * (double)x[i4 + k];
-	for (; i4 < n; i4++)
-		s4[0] += (double)x[i4] * (double)x[i4];
+	 * changes ss only far below the float that scale is rounded to. The
+	 * vector extension keeps the four sums in lanes (the same sums the
+	 * scalar loop made; -O2 left that loop and the product scalar). */
+	v4d s4 = {0, 0, 0, 0};
+	int64_t i = 0;
+	for (; i + 4 <= n; i += 4) {
+		v4d d = __builtin_convertvector(v4f_load(x + i), v4d);
+		s4 += d * d;
+	}
+	for (; i < n; i++)
+		s4[0] += (double)x[i] * (double)x[i];
 	double ss = (s4[0] + s4[1]) + (s4[2] + s4[3]);
 	float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
-	for (int64_t i = 0; i < n; i++)
+	for (i = 0; i + 4 <= n; i += 4)
+		v4f_store(o + i, v4f_load(x + i) * scale * v4f_load(w + i));
+	for (; i < n; i++)
 		o[i] = x[i] * scale * w[i];
 }
 
@@ -1128,7 +1133,15 @@ static void rope_apply(const engine_ctx *c, float *v, int n_heads, int pos, bool
 	const float *sn = (local ? c->rope_sin_local : c->rope_sin) + (size_t)pos * half;
 	for (int h = 0; h < n_heads; h++) {
 		float *x = v + (size_t)h * hp->head_dim;
-		for (int i = 0; i < half; i++) {
+		int i = 0;
+		if (hp->rope == ROPE_NEOX) /* pairs (i, i + half): four at a time */
+			for (; i + 4 <= half; i += 4) {
+				v4f a = v4f_load(x + i), b = v4f_load(x + i + half);
+				v4f c4 = v4f_load(cs + i), s4 = v4f_load(sn + i);
+				v4f_store(x + i, a * c4 - b * s4);
+				v4f_store(x + i + half, a * s4 + b * c4);
+			}
+		for (; i < half; i++) {
 			int ia = hp->rope == ROPE_NORM ? 2 * i : i;
 			int ib = hp->rope == ROPE_NORM ? 2 * i + 1 : i + half;
 			float a = x[ia], b = x[ib];
