@@ -1281,6 +1281,37 @@ struct attn_task {
 	int split; /* runs of query heads per KV head (attn_worker) */
 };
 
+/* The largest of x[0..n) (-inf for none), four lanes at a time: with the
+ * row 512 tokens long, the scalar loop and the one below were ~4 % of a
+ * TinyLlama prefill. max is exact, so the order does not matter. */
+static float max_f32(const float *x, int n)
+{
+	typedef int32_t v4i __attribute__((vector_size(16)));
+	v4f m = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+	int i = 0;
+	for (; i + 4 <= n; i += 4) {
+		v4f v = v4f_load(x + i);
+		v4i gt = v > m;
+		m = (v4f)(((v4i)v & gt) | ((v4i)m & ~gt));
+	}
+	float r = -INFINITY;
+	for (int k = 0; k < 4; k++)
+		r = m[k] > r ? m[k] : r;
+	for (; i < n; i++)
+		r = x[i] > r ? x[i] : r;
+	return r;
+}
+
+/* x[0..n) *= f */
+static void scale_f32(float *x, int n, float f)
+{
+	int i = 0;
+	for (; i + 4 <= n; i += 4)
+		v4f_store(x + i, v4f_load(x + i) * f);
+	for (; i < n; i++)
+		x[i] *= f;
+}
+
 /* gemma2's soft-capping of attention scores and logits */
 static float softcap(float s, float cap)
 {
@@ -1304,17 +1335,12 @@ static void attn_head(struct attn_task *at, int ith, int t, int h)
 	const uint8_t *kc = c->k_cache + base + (size_t)p0 * c->kv_row_bytes;
 	const uint8_t *vc = c->v_cache + base + (size_t)p0 * c->kv_row_bytes;
 	attn_scores(c, ith, q, kc, pos - p0 + 1, scale, sc + p0);
-	float mx = -INFINITY;
-	for (int p = p0; p <= pos; p++) {
-		if (cap > 0)
+	if (cap > 0)
+		for (int p = p0; p <= pos; p++)
 			sc[p] = softcap(sc[p], cap);
-		if (sc[p] > mx)
-			mx = sc[p];
-	}
+	float mx = max_f32(sc + p0, pos - p0 + 1);
 	float sum = c->m->kern->exp_sum_f32(pos - p0 + 1, sc + p0, mx);
-	float inv = 1.0f / sum;
-	for (int p = p0; p <= pos; p++)
-		sc[p] *= inv;
+	scale_f32(sc + p0, pos - p0 + 1, 1.0f / sum);
 	float *o = c->att + (size_t)t * nh * hd + (size_t)h * hd;
 	attn_values(c, sc + p0, vc, pos - p0 + 1, o);
 }
