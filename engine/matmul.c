@@ -24,6 +24,10 @@
  * variant's gemm_x16 for every batch size, one token included, and
  * vec_dot for the few rows past the last full panel.
  *
+ * engine_matmul_swiglu() runs a SwiGLU FFN's gate and up projections as
+ * one such job whose chunks each cover the same rows of both, and takes
+ * silu(gate) * up over a chunk as soon as it is done.
+ *
  * Results do not depend on the thread count: every output element is
  * computed by one worker, by a kernel whose operation order depends only on
  * the shapes and the batch size, never on which worker runs which chunk. */
@@ -36,8 +40,8 @@
 #define TILE_TOKENS 128   /* tokens per gemm call */
 /* engine_matmul_swiglu tiles a pair's chunk with each matrix's own chunks */
 _Static_assert(X16_ROWS % TILE_ROWS == 0 && X16_ROWS % DECODE_ROWS == 0 &&
-		       TILE_ROWS == DECODE_ROWS,
-	       "chunk sizes must divide the largest");
+		       (TILE_ROWS % DECODE_ROWS == 0 || DECODE_ROWS % TILE_ROWS == 0),
+	       "each chunk size must divide the larger ones");
 #ifndef STORE_AHEAD
 #define STORE_AHEAD 4
 #endif
@@ -374,8 +378,9 @@ static void matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_t
 	}
 	int64_t n_chunks = j.first_chunk[n];
 	if (swiglu) {
-		/* chunk sizes are 64 or 128 rows: the larger is a multiple of
-		 * the smaller, so each matrix's own chunks tile the pair's */
+		/* the larger chunk size is a multiple of the smaller (the
+		 * assertion at the top), so each matrix's own chunks tile the
+		 * pair's */
 		j.swiglu = k->silu_mul_f32;
 		j.swiglu_rows = CM_MAX(j.chunk_rows[0], j.chunk_rows[1]);
 		n_chunks = (mm[0].w->n_out + j.swiglu_rows - 1) / j.swiglu_rows;

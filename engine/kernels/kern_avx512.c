@@ -193,10 +193,11 @@ static inline __m512i round_away_512(__m512 v)
 }
 
 /* Lane i of the result: the max (float) or sum (int32) of the 16 lanes of
- * v[i], for 16 vectors at once, in 16 + 15 steps instead of a horizontal
- * reduction per vector. Pairs of quarters, then of their halves, meet at
- * each level; the last leaves block k + 4j of quarter k... in lane 4k + j
- * with j's order 0, 8, 4, 12 (see the index), which one permute undoes. */
+ * v[i], for 16 vectors at once, in 15 steps of two shuffles and an op
+ * instead of a horizontal reduction per vector (v is overwritten). Each
+ * level halves the vectors, pairing quarters, then halves of quarters, then
+ * lanes; the last leaves in lane 4k + j the result of vector k, k + 8,
+ * k + 4, k + 12 for j = 0..3, which one permute puts back in order. */
 #define HREDUCE16(NAME, T, OP, SHUF, LO, HI, CAST, UNCAST)                                      \
 	static inline T NAME(T v[16])                                                            \
 	{                                                                                        \
