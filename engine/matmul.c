@@ -255,7 +255,9 @@ struct quant_job {
 	struct act *a;
 	int64_t n;
 	int n_tok;
-	_Alignas(64) atomic_int next;
+	/* tokens in one range per worker: the same ones model.c's par_for
+	 * gives it (the norm before), so a row it wrote is in its cache */
+	struct pool_ranges ranges;
 };
 
 static void quant_one(const struct quant_job *q, int t)
@@ -275,13 +277,12 @@ static void quant_one(const struct quant_job *q, int t)
 static void quant_worker(void *arg, int ith, int nth)
 {
 	struct quant_job *q = arg;
-	(void)ith;
 	(void)nth;
 	for (;;) {
-		int t = atomic_fetch_add_explicit(&q->next, 1, memory_order_relaxed);
-		if (t >= q->n_tok)
+		int64_t t = pool_ranges_claim(&q->ranges, ith);
+		if (t < 0)
 			break;
-		quant_one(q, t);
+		quant_one(q, (int)t);
 	}
 }
 
@@ -315,8 +316,10 @@ static void make_act(engine_ctx *c, uint32_t type, bool want_aux, const float *x
 		bytes += align64(aux_len * sizeof(float) * (size_t)n_tok);
 	}
 	*used += bytes;
-	struct quant_job q = {k->quant_act[type], k->quant_act_aux[type], x, x_stride, a, n, n_tok, 0};
+	struct quant_job q = {.fn = k->quant_act[type], .fn_aux = k->quant_act_aux[type], .x = x,
+			      .x_stride = x_stride, .a = a, .n = n, .n_tok = n_tok};
 	if (n_tok > 1) {
+		pool_ranges_init(&q.ranges, n_tok, pool_size(c->m->pool));
 		pool_run(c->m->pool, quant_worker, &q);
 	} else {
 		prefetch_bytes(x, (size_t)n * sizeof(float)); /* engine_impl.h */

@@ -1049,9 +1049,12 @@ static void rmsnorm(float *o, const float *x, const float *w, int64_t n, float e
 /* ---- element-wise work of a batch, on the pool ----------------------------
  * The matmuls are parallel; with a prefill batch, the per-token norms and
  * the FFN activation (T x n_ff expf) would otherwise run on one thread
- * between them. Chunks are claimed from a counter like the matmul rows;
- * each element is computed the same way whoever computes it, so results
- * do not change. Small batches (decode) stay on the calling thread, where
+ * between them. Chunks are claimed in one range per worker, as the matmul
+ * rows are (pool_ranges): a worker then takes the same tokens here as in
+ * the activation conversion that follows (matmul.c's quant_worker claims
+ * tokens the same way), and converts the rows it normed from its own cache
+ * (Qwen2.5 0.5B prefill +3.5 % over one shared counter). Each element is
+ * computed the same way whoever computes it, so results do not change. Small batches (decode) stay on the calling thread, where
  * waking the pool would cost more than the work. */
 enum { PAR_MIN = 1 << 15 }; /* elements below which a job stays serial */
 
@@ -1060,19 +1063,18 @@ struct par_job {
 	void (*fn)(engine_ctx *c, int64_t i0, int64_t i1, const void *arg);
 	const void *arg;
 	int64_t n, chunk;
-	_Alignas(64) atomic_long next;
+	struct pool_ranges ranges; /* chunks */
 };
 
 static void par_worker(void *varg, int ith, int nth)
 {
 	struct par_job *j = varg;
-	(void)ith;
 	(void)nth;
 	for (;;) {
-		int64_t k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-		int64_t i0 = k * j->chunk;
-		if (i0 >= j->n)
+		int64_t k = pool_ranges_claim(&j->ranges, ith);
+		if (k < 0)
 			break;
+		int64_t i0 = k * j->chunk;
 		j->fn(j->c, i0, CM_MIN(i0 + j->chunk, j->n), j->arg);
 	}
 }
@@ -1087,7 +1089,7 @@ static void par_for(engine_ctx *c, int64_t n, int64_t chunk, int64_t weight,
 		return;
 	}
 	struct par_job j = {.c = c, .fn = fn, .arg = arg, .n = n, .chunk = chunk};
-	atomic_store_explicit(&j.next, 0, memory_order_relaxed);
+	pool_ranges_init(&j.ranges, (n + chunk - 1) / chunk, pool_size(c->m->pool));
 	pool_run(c->m->pool, par_worker, &j);
 }
 
