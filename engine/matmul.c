@@ -155,11 +155,10 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 				for (int t = 0; t < nt; t++) {
 					/* a later token's residual rows: asked for
 					 * before the gemm, they were gone after it */
+					size_t ahead = (size_t)(t + STORE_AHEAD) * m->out_stride;
 					if (m->accumulate && t + STORE_AHEAD < nt)
 						for (int r = 0; r < nr; r += 16)
-							__builtin_prefetch(o + (size_t)(t + STORE_AHEAD) *
-										   m->out_stride + r,
-									   1, 3);
+							__builtin_prefetch(o + ahead + r, 1, 3);
 					store_row(m, o + (size_t)t * m->out_stride,
 						  tmp + t * X16_ROWS, r0, nr);
 				}

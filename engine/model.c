@@ -1047,14 +1047,15 @@ static void rmsnorm(float *o, const float *x, const float *w, int64_t n, float e
 }
 
 /* ---- element-wise work of a batch, on the pool ----------------------------
- * The matmuls are parallel; with a prefill batch, the per-token norms and
- * the FFN activation (T x n_ff expf) would otherwise run on one thread
- * between them. Chunks are claimed in one range per worker, as the matmul
+ * The matmuls are parallel; with a prefill batch, the per-token norms,
+ * RoPE and the GeGLU activation (T x n_ff tanhf) would otherwise run on one
+ * thread between them. Chunks are claimed in one range per worker, as the matmul
  * rows are (pool_ranges): a worker then takes the same tokens here as in
  * the activation conversion that follows (matmul.c's quant_worker claims
  * tokens the same way), and converts the rows it normed from its own cache
  * (Qwen2.5 0.5B prefill +3.5 % over one shared counter). Each element is
- * computed the same way whoever computes it, so results do not change. Small batches (decode) stay on the calling thread, where
+ * computed the same way whoever computes it, so results do not change.
+ * Small batches (decode) stay on the calling thread, where
  * waking the pool would cost more than the work. */
 enum { PAR_MIN = 1 << 15 }; /* elements below which a job stays serial */
 

@@ -187,8 +187,9 @@ static uint64_t read_stream_chain(const void *p, size_t n)
  * included (checked exhaustively), in three instructions instead of seven. */
 static inline __m512i round_away_512(__m512 v)
 {
+	/* (v & sign) | (0.5 - 2^-25) */
 	__m512i h = _mm512_ternarylogic_epi32(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN),
-					      _mm512_set1_epi32(0x3effffff), 0xea); /* (v & B) | C */
+					      _mm512_set1_epi32(0x3effffff), 0xea);
 	return _mm512_cvttps_epi32(_mm512_add_ps(v, _mm512_castsi512_ps(h)));
 }
 
@@ -239,8 +240,8 @@ static inline __attribute__((always_inline)) void quant_q8_0_body(const float *x
 					     _mm512_abs_ps(_mm512_loadu_ps(xb + 32 * j + 16)));
 		__m512 d = _mm512_div_ps(hmax16_ps(m), _mm512_set1_ps(127.0f));
 		/* d != 0.0f ? 1.0f / d : 0.0f, a NaN d included */
-		__m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_UQ),
-						_mm512_set1_ps(1.0f), d);
+		__mmask16 nz = _mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+		__m512 id = _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), d);
 		__m256i dh = _mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT);
 		float ids[16];
 		uint16_t dhs[16];
@@ -248,9 +249,9 @@ static inline __attribute__((always_inline)) void quant_q8_0_body(const float *x
 		_mm256_storeu_si256((__m256i *)dhs, dh);
 		for (int j = 0; j < 16; j++) {
 			__m512 vid = _mm512_set1_ps(ids[j]);
-			__m512i i0 = round_away_512(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * j), vid));
-			__m512i i1 =
-				round_away_512(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * j + 16), vid));
+			const float *xj = xb + 32 * j;
+			__m512i i0 = round_away_512(_mm512_mul_ps(_mm512_loadu_ps(xj), vid));
+			__m512i i1 = round_away_512(_mm512_mul_ps(_mm512_loadu_ps(xj + 16), vid));
 			memcpy(&y[i + j].d, &dhs[j], 2);
 			_mm_storeu_si128((__m128i *)y[i + j].qs, _mm512_cvtsepi32_epi8(i0));
 			_mm_storeu_si128((__m128i *)(y[i + j].qs + 16), _mm512_cvtsepi32_epi8(i1));
@@ -258,8 +259,8 @@ static inline __attribute__((always_inline)) void quant_q8_0_body(const float *x
 		}
 		if (aux) { /* d (as f32) and sum(q), interleaved per block */
 			__m512 dv = _mm512_cvtph_ps(dh), sv = _mm512_cvtepi32_ps(hadd16_epi32(sum));
-			const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6,
-							     22, 7, 23);
+			const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5,
+							     21, 6, 22, 7, 23);
 			const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
 			_mm512_storeu_ps(aux + 2 * i, _mm512_permutex2var_ps(dv, lo, sv));
 			_mm512_storeu_ps(aux + 2 * i + 16, _mm512_permutex2var_ps(dv, hi, sv));

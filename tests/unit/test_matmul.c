@@ -64,14 +64,14 @@ static void check_pair(engine_ctx *c, const struct weight *gate, const struct we
 	static const int toks[] = {1, 3, 130};
 	for (size_t k = 0; k < CM_ARRAY_LEN(toks); k++) {
 		int T = toks[k];
+		size_t out = (size_t)T * F * sizeof(float);
 		float *x = malloc((size_t)T * E * sizeof(float));
-		float *g = malloc((size_t)T * F * sizeof(float)), *u = malloc((size_t)T * F * sizeof(float));
-		float *g0 = malloc((size_t)T * F * sizeof(float)), *u0 = malloc((size_t)T * F * sizeof(float));
+		float *g = malloc(out), *u = malloc(out), *g0 = malloc(out), *u0 = malloc(out);
 		for (int64_t i = 0; i < T * E; i++)
 			x[i] = unif();
 		/* poisoned outputs: every element must be written */
-		memset(g, 0xff, (size_t)T * F * sizeof(float));
-		memset(u, 0xff, (size_t)T * F * sizeof(float));
+		memset(g, 0xff, out);
+		memset(u, 0xff, out);
 		struct engine_mm ref[2] = {{gate, g0, (size_t)F, NULL, false},
 					   {up, u0, (size_t)F, NULL, false}};
 		engine_matmul_multi(c, x, (size_t)E, T, ref, 2);
@@ -80,10 +80,8 @@ static void check_pair(engine_ctx *c, const struct weight *gate, const struct we
 		struct engine_mm gu[2] = {{gate, g, (size_t)F, NULL, false},
 					  {up, u, (size_t)F, NULL, false}};
 		engine_matmul_swiglu(c, x, (size_t)E, T, gu);
-		CHECK_MSG(memcmp(g, g0, (size_t)T * F * sizeof(float)) == 0,
-			  "%s, %d tokens: silu(gate) * up differs", what, T);
-		CHECK_MSG(memcmp(u, u0, (size_t)T * F * sizeof(float)) == 0,
-			  "%s, %d tokens: up differs", what, T);
+		CHECK_MSG(memcmp(g, g0, out) == 0, "%s, %d tokens: the product differs", what, T);
+		CHECK_MSG(memcmp(u, u0, out) == 0, "%s, %d tokens: up differs", what, T);
 		/* and it is the product, not two copies of one input */
 		bool moved = false;
 		for (int64_t i = 0; i < T * F; i++)
