@@ -319,6 +319,7 @@ int main(int argc, char **argv)
 		{"text-mb", required_argument, NULL, OPT_TEXT_MB},
 		{NULL, 0, NULL, 0},
 	};
+	static const char P[] = "edgelm-bench";
 	const char *model = NULL, *isa = getenv("EDGELM_ISA"), *repack = getenv("EDGELM_REPACK");
 	int threads = 0, n_gen = 32, reps = 3, bw_mib = 1024, n_batch = 512, segment = 0;
 	enum engine_kv_type kv_type = ENGINE_KV_DEFAULT;
@@ -331,17 +332,19 @@ int main(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, "m:t:n:r:b:jh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'm': model = optarg; break;
-		case 't': threads = atoi(optarg); break;
+		case 't': bad |= tools_opt_int(P, "--threads", optarg, 0, 4096, &threads) != 0; break;
 		case 'I': isa = optarg; break;
 		case 'R': repack = optarg; break;
-		case OPT_SEGMENT: segment = atoi(optarg); break;
+		case OPT_SEGMENT:
+			bad |= tools_opt_int(P, "--repack-segment", optarg, -1, 1 << 30, &segment) != 0;
+			break;
 		case 'P': n_prompts = parse_list(optarg, prompts, 8); break;
 		case 'C': n_ctxs = parse_list(optarg, ctxs, 8); break;
-		case 'n': n_gen = atoi(optarg); break;
-		case 'r': reps = atoi(optarg); break;
-		case 'W': bw_mib = atoi(optarg); break;
+		case 'n': bad |= tools_opt_int(P, "--n-gen", optarg, 1, 1 << 20, &n_gen) != 0; break;
+		case 'r': bad |= tools_opt_int(P, "--reps", optarg, 1, 1000, &reps) != 0; break;
+		case 'W': bad |= tools_opt_int(P, "--bw-mib", optarg, 16, 1 << 20, &bw_mib) != 0; break;
 		case 'b':
-		case 'B': n_batch = atoi(optarg); break;
+		case 'B': bad |= tools_opt_int(P, "--batch", optarg, 1, 65536, &n_batch) != 0; break;
 		case 'K':
 			if (engine_kv_type_from_name(optarg, &kv_type) != 0) {
 				fprintf(stderr, "edgelm-bench: --kv-type: '%s' is not one of %s\n",

@@ -226,17 +226,11 @@ int main(int argc, char **argv)
 
 	while ((c = getopt_long(argc, argv, "t:h", long_opts, NULL)) != -1) {
 		switch (c) {
-		case 't': {
-			char *end;
-			long v = strtol(optarg, &end, 10);
-			if (*optarg == '\0' || *end || v < 1 || v > MAX_THREADS) {
-				fprintf(stderr, "edgelm-quantize: bad thread count '%s' (1..%d)\n",
-					optarg, MAX_THREADS);
+		case 't':
+			if (tools_opt_int("edgelm-quantize", "--threads", optarg, 1, MAX_THREADS,
+					  &nthreads) != 0)
 				return EXIT_USAGE;
-			}
-			nthreads = (int)v;
 			break;
-		}
 		case 'h':
 			usage(stdout);
 			return 0;

@@ -130,15 +130,17 @@ static const struct option long_opts[] = {
 	{NULL, 0, NULL, 0},
 };
 
-static int parse_long(const char *s, long lo, long hi, long *ret)
+/* "--name" of option c, for messages (argv[optind - 1] is the value when
+ * it came as its own argument, and "--name=value" otherwise) */
+static const char *opt_name(int c)
 {
-	char *end;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
-		return -1;
-	*ret = v;
-	return 0;
+	static char b[64];
+	for (const struct option *o = long_opts; o->name; o++)
+		if (o->val == c) {
+			snprintf(b, sizeof(b), "--%s", o->name);
+			return b;
+		}
+	return "?";
 }
 
 static int parse_float(const char *s, float lo, float hi, float *ret)
@@ -349,10 +351,10 @@ int main(int argc, char **argv)
 		case 'm': model_path = optarg; break;
 		case 'p': prompt = optarg; break;
 		case 'f': prompt_file = optarg; break;
-		case 'n': bad = parse_long(optarg, 0, 1 << 24, &n_predict); break;
-		case 't': bad = parse_long(optarg, 1, 4096, &n_threads); break;
-		case 'c': bad = parse_long(optarg, 1, 1 << 24, &ctx); break;
-		case 'b': bad = parse_long(optarg, 1, 65536, &n_batch); break;
+		case 'n': bad = tools_parse_long(optarg, 0, 1 << 24, &n_predict); break;
+		case 't': bad = tools_parse_long(optarg, 1, 4096, &n_threads); break;
+		case 'c': bad = tools_parse_long(optarg, 1, 1 << 24, &ctx); break;
+		case 'b': bad = tools_parse_long(optarg, 1, 65536, &n_batch); break;
 		case OPT_KV_TYPE:
 			if (engine_kv_type_from_name(optarg, &kv_type) != 0) {
 				fprintf(stderr, "edgelm-run: --kv-type: '%s' is not one of %s\n",
@@ -362,7 +364,7 @@ int main(int argc, char **argv)
 			break;
 		case OPT_TEMP: bad = parse_float(optarg, 0, 100, &sp.temp); break;
 		case OPT_TOPK:
-			bad = parse_long(optarg, 0, 1 << 30, &lv);
+			bad = tools_parse_long(optarg, 0, 1 << 30, &lv);
 			sp.top_k = (int32_t)lv;
 			break;
 		case OPT_TOPP: bad = parse_float(optarg, 0, 1, &sp.top_p); break;
@@ -371,7 +373,7 @@ int main(int argc, char **argv)
 		case OPT_FREQ: bad = parse_float(optarg, -100, 100, &sp.freq_penalty); break;
 		case OPT_PRES: bad = parse_float(optarg, -100, 100, &sp.presence_penalty); break;
 		case OPT_LASTN:
-			bad = parse_long(optarg, -1, 1 << 24, &lastn);
+			bad = tools_parse_long(optarg, -1, 1 << 24, &lastn);
 			break;
 		case OPT_SEED: {
 			char *end;
@@ -384,7 +386,7 @@ int main(int argc, char **argv)
 		case OPT_ISA: isa = optarg; break;
 		case OPT_REPACK: repack = optarg; break;
 		case OPT_JSON: json = true; break;
-		case OPT_TOPL: bad = parse_long(optarg, 0, 1 << 20, &top_n); break;
+		case OPT_TOPL: bad = tools_parse_long(optarg, 0, 1 << 20, &top_n); break;
 		case OPT_TOKENIZE: tokenize_only = true; break;
 		case OPT_SPECIAL: special = true; break;
 		case OPT_CHAT: chat_file = optarg; break;
@@ -411,7 +413,7 @@ int main(int argc, char **argv)
 		}
 		if (bad) {
 			fprintf(stderr, "edgelm-run: invalid value '%s' for %s\n", optarg,
-				argv[optind - 1]);
+				opt_name(c));
 			return EXIT_USAGE;
 		}
 	}

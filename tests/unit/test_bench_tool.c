@@ -416,6 +416,36 @@ static void test_table(void)
 	snprintf(cmd, sizeof(cmd), "%s -m '%s' extra-arg 2>/dev/null", bin("edgelm-bench"), model);
 	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
 	free(out);
+	/* numbers are whole numbers in range: atoi took "two" as 0 and "12k"
+	 * as 12, and ran with them */
+	static const char *const bad_nums[][2] = {
+		{"--reps two", "--reps: 'two'"},
+		{"--repack-segment 12k", "--repack-segment: '12k'"},
+		{"-t -1", "--threads: '-1'"},
+		{"--bw-mib 8", "--bw-mib: '8'"},
+		{"-n 0", "--n-gen: '0'"},
+		{"--batch 99999999999", "--batch: '99999999999'"},
+	};
+	for (size_t i = 0; i < CM_ARRAY_LEN(bad_nums); i++) {
+		snprintf(cmd, sizeof(cmd), "%s -m '%s' %s 2>&1", bin("edgelm-bench"), model,
+			 bad_nums[i][0]);
+		CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
+		CHECK_MSG(strstr(out, bad_nums[i][1]) && strstr(out, "is not a whole number"),
+			  "%s: %s", bad_nums[i][0], out);
+		free(out);
+	}
+	/* the daemon mode's options too (parsed before it connects) */
+	snprintf(cmd, sizeof(cmd), "%s --daemon ipc:///nonexistent --streams 1,x 2>&1",
+		 bin("edgelm-bench"));
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
+	CHECK_MSG(strstr(out, "--streams: 'x'") != NULL, "%s", out);
+	free(out);
+	/* and edgelm-gguf mkmodel's */
+	snprintf(cmd, sizeof(cmd), "%s mkmodel --shape tiny --layers 2x -o /dev/null 2>&1",
+		 bin("edgelm-gguf"));
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
+	CHECK_MSG(strstr(out, "--layers: '2x'") != NULL, "%s", out);
+	free(out);
 }
 
 /* --tokenize --json; returns the object. */

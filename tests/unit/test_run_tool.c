@@ -180,6 +180,15 @@ static void test_usage_errors(void)
 	snprintf(cmd, sizeof(cmd), "%s -m x.gguf --temp abc 2>/dev/null", bin());
 	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
 	free(out);
+	/* the message names the option, not its value (it said "for abc") */
+	snprintf(cmd, sizeof(cmd), "%s -m x.gguf -n abc 2>&1", bin());
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
+	CHECK_MSG(strstr(out, "invalid value 'abc' for --n-predict") != NULL, "%s", out);
+	free(out);
+	snprintf(cmd, sizeof(cmd), "%s -m x.gguf --top-k=1x 2>&1", bin());
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
+	CHECK_MSG(strstr(out, "invalid value '1x' for --top-k") != NULL, "%s", out);
+	free(out);
 	snprintf(cmd, sizeof(cmd), "%s -m /nonexistent.gguf -p hi 2>/dev/null", bin());
 	CHECK_EQ_INT(test_run_capture(cmd, &out), 2);
 	free(out);

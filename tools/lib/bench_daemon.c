@@ -185,31 +185,42 @@ int tools_bench_daemon_main(int argc, char **argv)
 	};
 	const char *url = NULL;
 	int streams[8] = {1, 4, 8}, n_streams = 3, n_gen = 64, n_long = 2000;
-	bool json = false;
+	bool json = false, bad = false;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "d:s:n:l:jh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'd': url = optarg; break;
 		case 's': {
+			/* N[,N...]: up to 8 stream counts */
+			char buf[256];
+			snprintf(buf, sizeof(buf), "%s", optarg);
 			n_streams = 0;
-			for (char *p = optarg; *p && n_streams < 8;) {
-				streams[n_streams++] = atoi(p);
-				p = strchr(p, ',');
-				if (!p)
+			for (char *sp = NULL, *p = strtok_r(buf, ",", &sp); p && !bad;
+			     p = strtok_r(NULL, ",", &sp)) {
+				if (n_streams == 8) {
+					fprintf(stderr, "edgelm-bench: --streams: at most 8 counts\n");
+					bad = true;
 					break;
-				p++;
+				}
+				bad = tools_opt_int("edgelm-bench", "--streams", p, 1, 1024,
+						    &streams[n_streams++]) != 0;
 			}
+			bad |= n_streams == 0;
 			break;
 		}
-		case 'n': n_gen = atoi(optarg); break;
-		case 'l': n_long = atoi(optarg); break;
+		case 'n':
+			bad |= tools_opt_int("edgelm-bench", "--n-gen", optarg, 1, 1 << 20, &n_gen) != 0;
+			break;
+		case 'l':
+			bad |= tools_opt_int("edgelm-bench", "--long", optarg, 0, 1 << 20, &n_long) != 0;
+			break;
 		case 'j': json = true; break;
 		case 'h': tools_bench_daemon_usage(stdout); return 0;
 		default: tools_bench_daemon_usage(stderr); return 1;
 		}
 	}
-	if (!url || n_gen < 1 || n_long < 0) {
+	if (!url || bad || n_gen < 1 || n_long < 0) {
 		tools_bench_daemon_usage(stderr);
 		return 1;
 	}

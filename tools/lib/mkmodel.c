@@ -17,6 +17,7 @@
 #include "engine/quant.h"
 
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -281,7 +282,9 @@ int tools_mkmodel_main(int argc, char **argv)
 		{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
 	};
 	const char *shape_name = NULL, *vocab = NULL, *out = NULL, *type_name = "Q4_0";
+	static const char G[] = "edgelm-gguf";
 	long seed = 1, layers = 0, ctx = 0, threads = 0;
+	bool bad = false;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "s:T:v:S:l:c:t:o:h", opts, NULL)) != -1) {
@@ -289,10 +292,10 @@ int tools_mkmodel_main(int argc, char **argv)
 		case 's': shape_name = optarg; break;
 		case 'T': type_name = optarg; break;
 		case 'v': vocab = optarg; break;
-		case 'S': seed = strtol(optarg, NULL, 0); break;
-		case 'l': layers = strtol(optarg, NULL, 10); break;
-		case 'c': ctx = strtol(optarg, NULL, 10); break;
-		case 't': threads = strtol(optarg, NULL, 10); break;
+		case 'S': bad |= tools_opt_long(G, "--seed", optarg, 0, LONG_MAX, &seed) != 0; break;
+		case 'l': bad |= tools_opt_long(G, "--layers", optarg, 0, 512, &layers) != 0; break;
+		case 'c': bad |= tools_opt_long(G, "--ctx", optarg, 0, INT32_MAX, &ctx) != 0; break;
+		case 't': bad |= tools_opt_long(G, "--threads", optarg, 0, 4096, &threads) != 0; break;
 		case 'o': out = optarg; break;
 		case 'h': tools_mkmodel_usage(stdout); return 0;
 		default: tools_mkmodel_usage(stderr); return 1;
@@ -304,7 +307,7 @@ int tools_mkmodel_main(int argc, char **argv)
 			sh = &shapes[i];
 	const struct tools_recipe *recipe = tools_recipe_find(type_name);
 	bool type_ok = recipe != NULL;
-	if (!sh || !out || !type_ok || layers < 0 || layers > 512 || ctx < 0 || optind < argc) {
+	if (!sh || !out || !type_ok || bad || optind < argc) {
 		if (shape_name && !sh)
 			fprintf(stderr, "edgelm-gguf: unknown shape '%s'\n", shape_name);
 		if (!type_ok)

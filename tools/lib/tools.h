@@ -109,4 +109,14 @@ uint64_t tools_tuning_huge_bytes(const struct tools_tuning *t);
 void tools_tuning_print(const struct tools_tuning *t, FILE *o);
 void tools_tuning_json(const struct tools_tuning *t, FILE *o);
 
+/* ---- numeric arguments (args.c) ----------------------------------------- */
+
+/* All of s as a base-10 number within [lo, hi]: 0, else -1 (*ret unset). */
+int tools_parse_long(const char *s, long lo, long hi, long *ret);
+/* The same for option `opt` of program `prog`; on failure says "PROG: OPT:
+ * 'S' is not a whole number from LO to HI" on stderr and returns -1. The
+ * int form wants [lo, hi] within int's range. */
+int tools_opt_long(const char *prog, const char *opt, const char *s, long lo, long hi, long *ret);
+int tools_opt_int(const char *prog, const char *opt, const char *s, long lo, long hi, int *ret);
+
 #endif
