@@ -371,7 +371,7 @@ int main(int argc, char **argv)
 	}
 	if (tokenize) {
 		/* --tokenize [FILE]: the one place a positional argument is taken */
-		if (!model || bad || reps < 1 || optind + 1 < argc) {
+		if (!model || bad || optind + 1 < argc) {
 			usage(stderr);
 			return EXIT_USAGE;
 		}
@@ -382,8 +382,8 @@ int main(int argc, char **argv)
 						   .json = json};
 		return tools_bench_tokenize(&tp);
 	}
-	if (!model || bad || optind < argc || n_prompts < 0 || n_ctxs < 0 || threads < 0 ||
-	    n_gen < 1 || reps < 1 || bw_mib < 16 || n_batch < 1 || n_batch > 65536) {
+	/* the numeric options' ranges are checked as they are parsed */
+	if (!model || bad || optind < argc || n_prompts < 0 || n_ctxs < 0) {
 		usage(stderr);
 		return EXIT_USAGE;
 	}

@@ -220,7 +220,7 @@ int tools_bench_daemon_main(int argc, char **argv)
 		default: tools_bench_daemon_usage(stderr); return 1;
 		}
 	}
-	if (!url || bad || n_gen < 1 || n_long < 0) {
+	if (!url || bad) { /* bad: a number out of its range, said as parsed */
 		tools_bench_daemon_usage(stderr);
 		return 1;
 	}
