@@ -265,21 +265,19 @@ static bool closer_start(struct closer *k)
 	bool ok = false;
 	if (pthread_condattr_init(&ca) != 0)
 		return false;
-	if (pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
-	    pthread_cond_init(&k->cv, &ca) == 0) {
-		if (pthread_mutex_init(&k->mu, NULL) == 0) {
-			if (pthread_attr_init(&ta) == 0) {
-				if (pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED) == 0)
-					ok = pthread_create(&th, &ta, close_thread, k) == 0;
-				pthread_attr_destroy(&ta);
-			}
-			if (!ok)
-				pthread_mutex_destroy(&k->mu);
-		}
-		if (!ok)
-			pthread_cond_destroy(&k->cv);
-	}
+	bool cv = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+		  pthread_cond_init(&k->cv, &ca) == 0;
 	pthread_condattr_destroy(&ca);
+	bool mu = cv && pthread_mutex_init(&k->mu, NULL) == 0;
+	if (mu && pthread_attr_init(&ta) == 0) {
+		ok = pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED) == 0 &&
+		     pthread_create(&th, &ta, close_thread, k) == 0;
+		pthread_attr_destroy(&ta);
+	}
+	if (!ok && mu)
+		pthread_mutex_destroy(&k->mu);
+	if (!ok && cv)
+		pthread_cond_destroy(&k->cv);
 	return ok;
 }
 
