@@ -11,11 +11,14 @@
 #include <stdatomic.h>
 #include <string.h>
 
-/* Four floats (doubles) in GCC's vector extension, for the element-wise
- * loops of model.c and matmul.c: -O2's cost model leaves a loop of unknown
- * count scalar, and these files are built for the baseline ISA (SSE2 on
- * x86-64, NEON on aarch64). Element for element the scalar expressions. */
+/* Four floats, two or four doubles in GCC's vector extension, for the
+ * element-wise loops of model.c and matmul.c: -O2's cost model leaves a
+ * loop of unknown count scalar, and these files are built for the baseline
+ * ISA (SSE2 on x86-64, NEON on aarch64), whose registers are 16 bytes: a
+ * v4d is for converting four floats at once, not for a loop-carried value
+ * (GCC keeps that in memory). Element for element the scalar expressions. */
 typedef float v4f __attribute__((vector_size(16)));
+typedef double v2d __attribute__((vector_size(16)));
 typedef double v4d __attribute__((vector_size(32)));
 
 static inline v4f v4f_load(const float *p)

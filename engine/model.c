@@ -1029,16 +1029,21 @@ static void rmsnorm(float *o, const float *x, const float *w, int64_t n, float e
 	 * ~3 % of a prefill; each square is exact in double, so the order
 	 * changes ss only far below the float that scale is rounded to. The
 	 * vector extension keeps the four sums in lanes (the same sums the
-	 * scalar loop made; -O2 left that loop and the product scalar). */
-	v4d s4 = {0, 0, 0, 0};
+	 * scalar loop made; -O2 left that loop and the product scalar), in
+	 * two halves: one accumulator of four doubles, wider than the
+	 * baseline's registers, lived on the stack and each add waited on its
+	 * store and reload (rmsnorm 2.9 -> 1.2 % of a Qwen2.5 prefill). */
+	v2d lo = {0, 0}, hi = {0, 0};
 	int64_t i = 0;
 	for (; i + 4 <= n; i += 4) {
 		v4d d = __builtin_convertvector(v4f_load(x + i), v4d);
-		s4 += d * d;
+		v2d d0 = {d[0], d[1]}, d1 = {d[2], d[3]};
+		lo += d0 * d0;
+		hi += d1 * d1;
 	}
 	for (; i < n; i++)
-		s4[0] += (double)x[i] * (double)x[i];
-	double ss = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+		lo[0] += (double)x[i] * (double)x[i];
+	double ss = (lo[0] + lo[1]) + (hi[0] + hi[1]);
 	float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
 	for (i = 0; i + 4 <= n; i += 4)
 		v4f_store(o + i, v4f_load(x + i) * scale * v4f_load(w + i));
