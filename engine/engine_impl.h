@@ -216,7 +216,8 @@ struct engine_ctx {
 	float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
 	void *act;        /* quantized activations, n_batch rows */
 	size_t act_cap;   /* bytes */
-	float *scores;    /* [n_threads][n_ctx] */
+	float *scores;    /* [n_threads][attn_mq][n_ctx] */
+	int attn_mq;      /* query heads scored together (several-head kernels), or 1 */
 	float *logits;    /* [n_batch][n_vocab] */
 	int32_t *logit_row; /* batch index -> row in logits, -1 if none */
 	int32_t *zero_seq;  /* n_batch zeros: the seq array when a batch has none */

@@ -913,6 +913,14 @@ int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ct
 	size_t FF = hp->n_ff, maxd = CM_MAX(CM_MAX(E, QD), FF);
 	int nt = pool_size(m->pool);
 	c->act_cap = B * kern_act_row_size(ENGINE_DTYPE_F32, (int64_t)maxd);
+	/* the query heads of a KV head together over the F16 cache, where
+	 * the variant has kernels for that (attn_heads) */
+	const struct kern_ops *kn = m->kern;
+	uint32_t group = hp->n_head / hp->n_head_kv;
+	c->attn_mq = c->kv_type == ENGINE_KV_F16 && kn->attn_score_f16_mq && kn->attn_vsum_f16_mq &&
+				     group > 1
+			     ? (int)group
+			     : 1;
 	int r = 0;
 	if (ctx_alloc_bytes(&c->k_cache, kv_bytes) || ctx_alloc_bytes(&c->v_cache, kv_bytes) ||
 	    ctx_alloc(&c->kv_pad, nbh * QK8_0) || ctx_alloc(&c->attn_qpad, (size_t)nt * nbh * QK8_0) ||
@@ -921,7 +929,7 @@ int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ct
 	    ctx_alloc(&c->x, B * E) || ctx_alloc(&c->xb, B * maxd) || ctx_alloc(&c->q, B * QD) ||
 	    ctx_alloc(&c->k, B * kvd) || ctx_alloc(&c->v, B * kvd) || ctx_alloc(&c->att, B * QD) ||
 	    ctx_alloc(&c->hb, B * FF) || ctx_alloc(&c->hb2, B * FF) ||
-	    ctx_alloc(&c->scores, (size_t)nt * c->n_ctx) ||
+	    ctx_alloc(&c->scores, (size_t)nt * (size_t)c->attn_mq * c->n_ctx) ||
 	    ctx_alloc(&c->logits, B * hp->n_vocab) ||
 	    ctx_alloc(&c->rope_cos, (size_t)c->n_ctx * hp->n_rot / 2) ||
 	    ctx_alloc(&c->rope_sin, (size_t)c->n_ctx * hp->n_rot / 2) ||
@@ -1353,6 +1361,44 @@ static void attn_head(struct attn_task *at, int ith, int t, int h)
 	attn_values(c, sc + p0, vc, pos - p0 + 1, o);
 }
 
+/* attn_head for the query heads [h0, h1) of one KV head together
+ * (c->attn_mq > 1): their scores side by side in the thread's rows, each
+ * head's softmax on its own, then the weighted sums; every head's values
+ * are the ones attn_head gives (kern.h: bit for bit the single-head
+ * kernels). The K and V rows are converted from F16 once for all of them
+ * instead of once per head. */
+static void attn_heads(struct attn_task *at, int ith, int t, int h0, int h1)
+{
+	engine_ctx *c = at->c;
+	const struct hparams *hp = &c->m->hp;
+	const struct kern_ops *k = c->m->kern;
+	int hd = (int)hp->head_dim, nh = (int)hp->n_head, nq = h1 - h0;
+	int kvh = h0 / (int)(hp->n_head / hp->n_head_kv);
+	float cap = hp->attn_softcap;
+	size_t ns = (size_t)c->n_ctx;
+	float *sc = c->scores + (size_t)ith * (size_t)c->attn_mq * ns;
+	int pos = c->pos[t], seq = c->seq[t];
+	size_t base = (size_t)seq * c->kv_seq_stride + (size_t)at->layer * c->kv_layer_stride +
+		      (size_t)kvh * c->kv_head_bytes;
+	int p0 = at->n_swa > 0 && pos >= at->n_swa ? pos - at->n_swa + 1 : 0, n = pos - p0 + 1;
+	const uint8_t *kc = c->k_cache + base + (size_t)p0 * c->kv_row_bytes;
+	const uint8_t *vc = c->v_cache + base + (size_t)p0 * c->kv_row_bytes;
+	const float *q = c->q + (size_t)t * nh * hd + (size_t)h0 * hd;
+	k->attn_score_f16_mq(hd, n, nq, q, (size_t)hd, kc, c->kv_row_bytes, hp->attn_scale, sc + p0,
+			     ns);
+	for (int i = 0; i < nq; i++) {
+		float *s = sc + (size_t)i * ns + p0;
+		if (cap > 0)
+			for (int p = 0; p < n; p++)
+				s[p] = softcap(s[p], cap);
+		float mx = max_f32(s, n);
+		float sum = k->exp_sum_f32(n, s, mx);
+		scale_f32(s, n, 1.0f / sum);
+	}
+	float *o = c->att + (size_t)t * nh * hd + (size_t)h0 * hd;
+	k->attn_vsum_f16_mq(hd, n, nq, sc + p0, ns, vc, c->kv_row_bytes, o, (size_t)hd);
+}
+
 /* Runs per KV head: 1 when tokens x KV heads give every thread two
  * tasks, else as many as that takes (at most one per query head) */
 static int attn_split(const engine_ctx *c, int T)
@@ -1385,6 +1431,10 @@ static void attn_worker(void *arg, int ith, int nth)
 		int t = i / (nkv * at->split), r = i % (nkv * at->split);
 		int kvh = r / at->split, part = r % at->split;
 		int h0 = kvh * group + part * per, h1 = CM_MIN(h0 + per, (kvh + 1) * group);
+		if (c->attn_mq > 1) {
+			attn_heads(at, ith, t, h0, h1);
+			continue;
+		}
 		for (int h = h0; h < h1; h++)
 			attn_head(at, ith, t, h);
 	}

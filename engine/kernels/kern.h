@@ -71,6 +71,18 @@ typedef void (*kern_attn_score_fn)(int hd, int n, const void *q, const void *k, 
 				   float scale, float *s);
 typedef void (*kern_attn_vsum_fn)(int hd, int n, const float *w, const void *v, size_t stride,
 				  float *o);
+/* The query heads that share a KV head (GQA) against the same F16 rows:
+ * for h < nq, attn_score_f16(hd, n, q + h q_stride, k, stride, scale,
+ * s + h s_stride) and attn_vsum_f16(hd, n, w + h w_stride, v, stride,
+ * o + h o_stride) (strides in floats), bit for bit what the variant's
+ * single-query kernel gives, so a head's result never depends on how many
+ * heads were taken together. What the heads share is the rows' loads and
+ * their conversion from F16. */
+typedef void (*kern_attn_score_mq_fn)(int hd, int n, int nq, const float *q, size_t q_stride,
+				      const void *k, size_t stride, float scale, float *s,
+				      size_t s_stride);
+typedef void (*kern_attn_vsum_mq_fn)(int hd, int n, int nq, const float *w, size_t w_stride,
+				     const void *v, size_t stride, float *o, size_t o_stride);
 
 struct kern_type_ops {
 	uint32_t act_type;        /* ENGINE_DTYPE_* of the activation layout */
@@ -146,6 +158,12 @@ struct kern_ops {
 	 * uses dot_f32 and axpy_f32). */
 	kern_attn_score_fn attn_score_f16, attn_score_q8_0;
 	kern_attn_vsum_fn attn_vsum_f16, attn_vsum_q8_0;
+	/* Several query heads at once (contract above), each paired with the
+	 * single-query kernel beside it: a variant that defines that one
+	 * defines these too or leaves them NULL, and NULL means the caller
+	 * runs the single-query kernel once per head. */
+	kern_attn_score_mq_fn attn_score_f16_mq;
+	kern_attn_vsum_mq_fn attn_vsum_f16_mq;
 };
 
 /* The generic (scalar) table: always available, the reference. */

@@ -1142,9 +1142,22 @@ static inline __m512 score_f16_row_512(int hd, __mmask16 tm, const float *q, con
 	return _mm512_add_ps(a0, a1);
 }
 
+/* The sums of four vectors: per 128-bit lane [r0 r1 r0 r1] + ..., then
+ * [r0 r1 r2 r3], then the lanes folded. */
+static inline __m128 attn_reduce4(__m512 r0, __m512 r1, __m512 r2, __m512 r3)
+{
+	__m512 t01 = _mm512_add_ps(_mm512_unpacklo_ps(r0, r1), _mm512_unpackhi_ps(r0, r1));
+	__m512 t23 = _mm512_add_ps(_mm512_unpacklo_ps(r2, r3), _mm512_unpackhi_ps(r2, r3));
+	__m512 u = _mm512_add_ps(
+		_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t01), _mm512_castps_pd(t23))),
+		_mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t01), _mm512_castps_pd(t23))));
+	__m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+	return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
 /* Rows four at a time: their four vectors of partial sums are reduced
- * together (interleave, add, fold the 128-bit lanes), a third of the
- * shuffles of four separate reductions. */
+ * together (attn_reduce4), a third of the shuffles of four separate
+ * reductions. */
 static void attn_score_f16_512(int hd, int n, const void *vq, const void *k, size_t stride,
 			       float scale, float *s)
 {
@@ -1160,15 +1173,7 @@ static void attn_score_f16_512(int hd, int n, const void *vq, const void *k, siz
 					      (const uint16_t *)(kb + (size_t)(i + 2) * stride));
 		__m512 r3 = score_f16_row_512(hd, tm, q,
 					      (const uint16_t *)(kb + (size_t)(i + 3) * stride));
-		/* per 128-bit lane: [r0 r1 r0 r1] + ..., then [r0 r1 r2 r3] */
-		__m512 t01 = _mm512_add_ps(_mm512_unpacklo_ps(r0, r1), _mm512_unpackhi_ps(r0, r1));
-		__m512 t23 = _mm512_add_ps(_mm512_unpacklo_ps(r2, r3), _mm512_unpackhi_ps(r2, r3));
-		__m512 u = _mm512_add_ps(
-			_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t01), _mm512_castps_pd(t23))),
-			_mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t01), _mm512_castps_pd(t23))));
-		__m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
-		__m128 v = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-		_mm_storeu_ps(s + i, _mm_mul_ps(v, _mm_set1_ps(scale)));
+		_mm_storeu_ps(s + i, _mm_mul_ps(attn_reduce4(r0, r1, r2, r3), _mm_set1_ps(scale)));
 	}
 	for (; i < n; i++)
 		s[i] = _mm512_reduce_add_ps(score_f16_row_512(
@@ -1220,6 +1225,178 @@ static void attn_vsum_f16_512(int hd, int n, const float *w, const void *v, size
 	}
 	if (j0 < hd)
 		vsum_f16_chunk_512(1, attn_mask(hd - j0), j0, n, w, vb, stride, o);
+}
+
+/* ---- several query heads against the same F16 rows (kern.h: _mq) ---------
+ * score: four rows at a time are converted once into `kf` (f32, zeros past
+ * hd up to the next 16, which is what the single-head kernel's masked
+ * loads give), then each head runs score_f16_row_512's steps on them: the
+ * same two chains per row (a0 over full 32-element steps and a 16-element
+ * step, a1 over the second halves and the masked tail), the same
+ * attn_reduce4, the tail rows through _mm512_reduce_add_ps, so each head's
+ * scores are the single kernel's bits. Per head and row that leaves the
+ * FMAs and their loads of kf (the query's loads are shared by the four
+ * rows), against the single kernel's loads of the query and the row and
+ * a conversion per 16 elements. Rows longer than ATTN_MQ_HD take the
+ * single kernel per head. */
+enum { ATTN_MQ_HD = 256, ATTN_MQ_VHEADS = 4 };
+
+static inline void attn_cvt_rows(int hd, int rows, __mmask16 tm, const uint8_t *k, size_t stride,
+				 float (*kf)[ATTN_MQ_HD])
+{
+	for (int r = 0; r < rows; r++) {
+		const uint16_t *row = (const uint16_t *)(k + (size_t)r * stride);
+		int j = 0;
+		for (; j + 16 <= hd; j += 16)
+			_mm512_store_ps(kf[r] + j,
+					_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + j))));
+		if (tm)
+			_mm512_store_ps(kf[r] + j, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tm, row + j)));
+	}
+}
+
+/* score_f16_row_512 for rows R (1 or 4) of kf at once, one load of q per
+ * step for all of them; out[r] is row r's vector of partial sums. */
+static inline __attribute__((always_inline)) void
+score_f32_rows_512(const int R, int hd, __mmask16 tm, const float *q, float (*kf)[ATTN_MQ_HD],
+		   __m512 *out)
+{
+	__m512 a0[4], a1[4];
+	_Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+		a0[r] = a1[r] = _mm512_setzero_ps();
+	int j = 0;
+	for (; j + 32 <= hd; j += 32) {
+		__m512 q0 = _mm512_loadu_ps(q + j), q1 = _mm512_loadu_ps(q + j + 16);
+		_Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+			a0[r] = _mm512_fmadd_ps(q0, _mm512_load_ps(kf[r] + j), a0[r]);
+			a1[r] = _mm512_fmadd_ps(q1, _mm512_load_ps(kf[r] + j + 16), a1[r]);
+		}
+	}
+	if (j + 16 <= hd) {
+		__m512 q0 = _mm512_loadu_ps(q + j);
+		_Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+			a0[r] = _mm512_fmadd_ps(q0, _mm512_load_ps(kf[r] + j), a0[r]);
+		j += 16;
+	}
+	if (tm) {
+		__m512 q1 = _mm512_maskz_loadu_ps(tm, q + j);
+		_Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+			a1[r] = _mm512_fmadd_ps(q1, _mm512_load_ps(kf[r] + j), a1[r]);
+	}
+	_Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+		out[r] = _mm512_add_ps(a0[r], a1[r]);
+}
+
+static void attn_score_f16_mq_512(int hd, int n, int nq, const float *q, size_t q_stride,
+				  const void *k, size_t stride, float scale, float *s,
+				  size_t s_stride)
+{
+	const uint8_t *kb = k;
+	if (nq == 1 || hd > ATTN_MQ_HD) {
+		for (int h = 0; h < nq; h++)
+			attn_score_f16_512(hd, n, q + (size_t)h * q_stride, k, stride, scale,
+					   s + (size_t)h * s_stride);
+		return;
+	}
+	const __mmask16 tm = attn_mask(hd % 16);
+	float kf[4][ATTN_MQ_HD] __attribute__((aligned(64)));
+	int i = 0;
+	for (; i + 4 <= n; i += 4) {
+		attn_cvt_rows(hd, 4, tm, kb + (size_t)i * stride, stride, kf);
+		for (int h = 0; h < nq; h++) {
+			__m512 r[4];
+			score_f32_rows_512(4, hd, tm, q + (size_t)h * q_stride, kf, r);
+			_mm_storeu_ps(s + (size_t)h * s_stride + i,
+				      _mm_mul_ps(attn_reduce4(r[0], r[1], r[2], r[3]),
+						 _mm_set1_ps(scale)));
+		}
+	}
+	for (; i < n; i++) {
+		attn_cvt_rows(hd, 1, tm, kb + (size_t)i * stride, stride, kf);
+		for (int h = 0; h < nq; h++) {
+			__m512 r;
+			score_f32_rows_512(1, hd, tm, q + (size_t)h * q_stride, kf, &r);
+			s[(size_t)h * s_stride + i] = _mm512_reduce_add_ps(r) * scale;
+		}
+	}
+}
+
+/* vsum: vsum_f16_chunk_512's products and sums, lane by lane in row order,
+ * for up to ATTN_MQ_VHEADS heads over one conversion of each row's 16 NA
+ * elements from j0. */
+static inline __attribute__((always_inline)) void
+vsum_f16_chunk_mq_512(const int NA, const int NQ, __mmask16 last, int j0, int n, const float *w,
+		      size_t w_stride, const uint8_t *v, size_t stride, float *o, size_t o_stride)
+{
+	__m512 acc[ATTN_MQ_VHEADS][4];
+	_Pragma("GCC unroll 4") for (int h = 0; h < NQ; h++)
+		_Pragma("GCC unroll 4") for (int a = 0; a < NA; a++)
+			acc[h][a] = _mm512_setzero_ps();
+	for (int i = 0; i < n; i++) {
+		const uint16_t *r = (const uint16_t *)(v + (size_t)i * stride) + j0;
+		__m512 x[4];
+		_Pragma("GCC unroll 4") for (int a = 0; a < NA; a++)
+			x[a] = _mm512_cvtph_ps(a == NA - 1 && last != 0xffff
+						       ? _mm256_maskz_loadu_epi16(last, r + 16 * a)
+						       : _mm256_loadu_si256((const __m256i *)(r + 16 * a)));
+		_Pragma("GCC unroll 4") for (int h = 0; h < NQ; h++) {
+			__m512 c = _mm512_set1_ps(w[(size_t)h * w_stride + i]);
+			_Pragma("GCC unroll 4") for (int a = 0; a < NA; a++)
+				acc[h][a] = _mm512_add_ps(acc[h][a], _mm512_mul_ps(c, x[a]));
+		}
+	}
+	_Pragma("GCC unroll 4") for (int h = 0; h < NQ; h++)
+		_Pragma("GCC unroll 4") for (int a = 0; a < NA; a++)
+			_mm512_mask_storeu_ps(o + (size_t)h * o_stride + j0 + 16 * a,
+					      a == NA - 1 ? last : 0xffff, acc[h][a]);
+}
+
+/* One group of NQ heads: the row in chunks of 64 elements, then 32, 16 and
+ * the masked tail. */
+static inline __attribute__((always_inline)) void
+vsum_f16_heads_512(const int NQ, int hd, int n, const float *w, size_t w_stride, const uint8_t *v,
+		   size_t stride, float *o, size_t o_stride)
+{
+	int j0 = 0;
+	for (; j0 + 64 <= hd; j0 += 64)
+		vsum_f16_chunk_mq_512(4, NQ, 0xffff, j0, n, w, w_stride, v, stride, o, o_stride);
+	if (j0 + 32 <= hd) {
+		vsum_f16_chunk_mq_512(2, NQ, 0xffff, j0, n, w, w_stride, v, stride, o, o_stride);
+		j0 += 32;
+	}
+	if (j0 + 16 <= hd) {
+		vsum_f16_chunk_mq_512(1, NQ, 0xffff, j0, n, w, w_stride, v, stride, o, o_stride);
+		j0 += 16;
+	}
+	if (j0 < hd)
+		vsum_f16_chunk_mq_512(1, NQ, attn_mask(hd - j0), j0, n, w, w_stride, v, stride, o,
+				      o_stride);
+}
+
+static void attn_vsum_f16_mq_512(int hd, int n, int nq, const float *w, size_t w_stride,
+				 const void *v, size_t stride, float *o, size_t o_stride)
+{
+	const uint8_t *vb = v;
+	int h = 0;
+	for (; h + 4 <= nq; h += 4)
+		vsum_f16_heads_512(4, hd, n, w + (size_t)h * w_stride, w_stride, vb, stride,
+				   o + (size_t)h * o_stride, o_stride);
+	switch (nq - h) {
+	case 3:
+		vsum_f16_heads_512(3, hd, n, w + (size_t)h * w_stride, w_stride, vb, stride,
+				   o + (size_t)h * o_stride, o_stride);
+		break;
+	case 2:
+		vsum_f16_heads_512(2, hd, n, w + (size_t)h * w_stride, w_stride, vb, stride,
+				   o + (size_t)h * o_stride, o_stride);
+		break;
+	case 1:
+		attn_vsum_f16_512(hd, n, w + (size_t)h * w_stride, v, stride,
+				  o + (size_t)h * o_stride);
+		break;
+	default:
+		break;
+	}
 }
 
 /* 16 codes of a Q8_0 block as floats. */
@@ -1342,6 +1519,8 @@ const struct kern_ops kern_avx512_ops = {
 	.read_stream_chain = read_stream_chain,
 	.attn_score_f16 = attn_score_f16_512,
 	.attn_vsum_f16 = attn_vsum_f16_512,
+	.attn_score_f16_mq = attn_score_f16_mq_512,
+	.attn_vsum_f16_mq = attn_vsum_f16_mq_512,
 	.attn_vsum_q8_0 = attn_vsum_q8_0_512,
 };
 

@@ -150,12 +150,18 @@ static void merge_one(struct kern_ops *m, const struct kern_ops *under, const st
 		m->read_stream = v->read_stream;
 	if (v->read_stream_chain)
 		m->read_stream_chain = v->read_stream_chain;
-	if (v->attn_score_f16)
+	/* the several-head kernels come with their single-head kernel (kern.h:
+	 * bit for bit the same results), never from the layer below it */
+	if (v->attn_score_f16) {
 		m->attn_score_f16 = v->attn_score_f16;
+		m->attn_score_f16_mq = v->attn_score_f16_mq;
+	}
 	if (v->attn_score_q8_0)
 		m->attn_score_q8_0 = v->attn_score_q8_0;
-	if (v->attn_vsum_f16)
+	if (v->attn_vsum_f16) {
 		m->attn_vsum_f16 = v->attn_vsum_f16;
+		m->attn_vsum_f16_mq = v->attn_vsum_f16_mq;
+	}
 	if (v->attn_vsum_q8_0)
 		m->attn_vsum_q8_0 = v->attn_vsum_q8_0;
 	if (!m->read_stream)

@@ -382,6 +382,79 @@ static void test_variant_q8_0(void)
 	CHECK(cases > 200);
 }
 
+/* The several-head kernels (kern.h: _mq), where the variant has them:
+ * each head's scores and weighted sum bit for bit the variant's single-head
+ * kernel's, for 1 to 9 heads (groups of 4 and their remainders), heads
+ * strided apart with guard values between them, every shape above. */
+static void test_variant_mq(void)
+{
+	if (!V->attn_score_f16_mq && !V->attn_vsum_f16_mq) {
+		fprintf(stderr, "%s: no several-head kernels (model.c loops the heads)\n", V_name);
+		return;
+	}
+	CHECK_MSG(V->attn_score_f16_mq && V->attn_vsum_f16_mq, "%s: one mq kernel of two",
+		  V_name);
+	if (!V->attn_score_f16_mq || !V->attn_vsum_f16_mq)
+		return;
+	int bad = 0, cases = 0;
+	for (size_t hi = 0; hi < CM_ARRAY_LEN(head_dims); hi++)
+		for (size_t ri = 0; ri < CM_ARRAY_LEN(row_counts); ri++) {
+			int hd = head_dims[hi], n = row_counts[ri], mode = (int)(hi + ri);
+			int nq = 1 + (int)((hi * 3 + ri) % 9);
+			if (hd == 1024 && n > 17)
+				continue;
+			struct cache c;
+			cache_alloc(&c, n, hd, (size_t)hd * 2, 1 + (int)ri % 8, (int)ri % 8);
+			fill_f16(&c, mode);
+			/* per head: hd values then a guard; n scores then a guard */
+			size_t qs = (size_t)hd + 3, ss = (size_t)n + 5;
+			float *q = kt_xcalloc(sizeof(float) * qs * (size_t)nq);
+			float *w = kt_xcalloc(sizeof(float) * ss * (size_t)nq);
+			float *s0 = kt_xcalloc(sizeof(float) * ss * (size_t)nq);
+			float *s1 = kt_xcalloc(sizeof(float) * ss * (size_t)nq);
+			float *o0 = kt_xcalloc(sizeof(float) * qs * (size_t)nq);
+			float *o1 = kt_xcalloc(sizeof(float) * qs * (size_t)nq);
+			for (size_t i = 0; i < qs * (size_t)nq; i++) {
+				q[i] = rnd_q(mode);
+				o1[i] = 1234.5f;
+			}
+			for (size_t i = 0; i < ss * (size_t)nq; i++) {
+				w[i] = (float)kt_rng_unit();
+				s1[i] = 1234.5f;
+			}
+			float scale = 1.0f / sqrtf((float)hd);
+			V->attn_score_f16_mq(hd, n, nq, q, qs, c.rows, c.stride, scale, s1, ss);
+			V->attn_vsum_f16_mq(hd, n, nq, w, ss, c.rows, c.stride, o1, qs);
+			for (int h = 0; h < nq; h++) {
+				size_t hq = (size_t)h * qs, hs = (size_t)h * ss;
+				V->attn_score_f16(hd, n, q + hq, c.rows, c.stride, scale, s0 + hs);
+				V->attn_vsum_f16(hd, n, w + hs, c.rows, c.stride, o0 + hq);
+				if (memcmp(s0 + hs, s1 + hs, sizeof(float) * (size_t)n) != 0 &&
+				    bad++ < 5)
+					fprintf(stderr, "%s score_f16_mq hd %d n %d head %d of %d\n",
+						V_name, hd, n, h, nq);
+				if (memcmp(o0 + hq, o1 + hq, sizeof(float) * (size_t)hd) != 0 &&
+				    bad++ < 5)
+					fprintf(stderr, "%s vsum_f16_mq hd %d n %d head %d of %d\n",
+						V_name, hd, n, h, nq);
+				for (size_t g = (size_t)n; g < ss; g++)
+					CHECK(s1[hs + g] == 1234.5f);
+				for (size_t g = (size_t)hd; g < qs; g++)
+					CHECK(o1[hq + g] == 1234.5f);
+			}
+			cases++;
+			free(c.buf);
+			free(q);
+			free(w);
+			free(s0);
+			free(s1);
+			free(o0);
+			free(o1);
+		}
+	CHECK_EQ_INT(bad, 0);
+	CHECK(cases > 200);
+}
+
 /* n = 0 rows: scores untouched, the weighted sum is zero. */
 static void test_variant_empty(void)
 {
@@ -447,6 +520,7 @@ int main(void)
 			V->attn_vsum_q8_0 == kern_generic_ops.attn_vsum_q8_0 ? "scalar" : "own");
 		run_variant_test(test_variant_f16, "f16");
 		run_variant_test(test_variant_q8_0, "q8_0");
+		run_variant_test(test_variant_mq, "mq");
 		run_variant_test(test_variant_empty, "empty");
 	}
 	return test_finish();
