@@ -592,6 +592,136 @@ static void attn_vsum_f16(int hd, int n, const float *w, const void *v, size_t s
 	}
 }
 
+/* ---- several query heads against the same F16 rows (kern.h: _mq) ---------
+ * score: four rows at a time widened once into `kf`, then per head
+ * attn_score_f16's steps on each row (two chains over 16-element steps and
+ * an 8-element step, hsum_ps, the scalar tail with the same values, the
+ * scale), the query's loads shared by the four rows: each head's scores
+ * are the single kernel's bits. vsum: two heads at a time over one
+ * widening of each row's 32 or 8 elements, lane by lane the single
+ * kernel's products and sums; the scalar tail is its loop per head. Rows
+ * longer than ATTN_MQ_HD take the single kernels per head. */
+enum { ATTN_MQ_HD = 256 };
+
+static inline void attn_cvt_rows(int hd, int rows, const uint8_t *k, size_t stride,
+				 float (*kf)[ATTN_MQ_HD])
+{
+	for (int r = 0; r < rows; r++) {
+		const uint16_t *row = (const uint16_t *)(k + (size_t)r * stride);
+		int j = 0;
+		for (; j + 8 <= hd; j += 8)
+			_mm256_store_ps(kf[r] + j,
+					_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + j))));
+		for (; j < hd; j++)
+			kf[r][j] = half(row[j]);
+	}
+}
+
+static inline __attribute__((always_inline)) void
+score_f32_rows(const int R, int hd, const float *q, float (*kf)[ATTN_MQ_HD], float scale,
+	       float *s)
+{
+	__m256 a0[4], a1[4];
+	_Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+		a0[r] = a1[r] = _mm256_setzero_ps();
+	int j = 0;
+	for (; j + 16 <= hd; j += 16) {
+		__m256 q0 = _mm256_loadu_ps(q + j), q1 = _mm256_loadu_ps(q + j + 8);
+		_Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+			a0[r] = _mm256_fmadd_ps(q0, _mm256_load_ps(kf[r] + j), a0[r]);
+			a1[r] = _mm256_fmadd_ps(q1, _mm256_load_ps(kf[r] + j + 8), a1[r]);
+		}
+	}
+	if (j + 8 <= hd) {
+		__m256 q0 = _mm256_loadu_ps(q + j);
+		_Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+			a0[r] = _mm256_fmadd_ps(q0, _mm256_load_ps(kf[r] + j), a0[r]);
+		j += 8;
+	}
+	_Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+		float t = hsum_ps(_mm256_add_ps(a0[r], a1[r]));
+		for (int i = j; i < hd; i++)
+			t += q[i] * kf[r][i];
+		s[r] = t * scale;
+	}
+}
+
+static void attn_score_f16_mq(int hd, int n, int nq, const float *q, size_t q_stride,
+			      const void *k, size_t stride, float scale, float *s, size_t s_stride)
+{
+	const uint8_t *kb = k;
+	if (nq == 1 || hd > ATTN_MQ_HD) {
+		for (int h = 0; h < nq; h++)
+			attn_score_f16(hd, n, q + (size_t)h * q_stride, k, stride, scale,
+				       s + (size_t)h * s_stride);
+		return;
+	}
+	float kf[4][ATTN_MQ_HD] __attribute__((aligned(32)));
+	int i = 0;
+	for (; i + 4 <= n; i += 4) {
+		attn_cvt_rows(hd, 4, kb + (size_t)i * stride, stride, kf);
+		for (int h = 0; h < nq; h++)
+			score_f32_rows(4, hd, q + (size_t)h * q_stride, kf, scale,
+				       s + (size_t)h * s_stride + i);
+	}
+	for (; i < n; i++) {
+		attn_cvt_rows(hd, 1, kb + (size_t)i * stride, stride, kf);
+		for (int h = 0; h < nq; h++)
+			score_f32_rows(1, hd, q + (size_t)h * q_stride, kf, scale,
+				       s + (size_t)h * s_stride + i);
+	}
+}
+
+static inline __attribute__((always_inline)) void
+vsum_f16_chunk_mq(const int NA, const int NQ, int j0, int n, const float *w, size_t w_stride,
+		  const uint8_t *v, size_t stride, float *o, size_t o_stride)
+{
+	__m256 acc[2][4];
+	_Pragma("GCC unroll 2") for (int h = 0; h < NQ; h++)
+		_Pragma("GCC unroll 4") for (int a = 0; a < NA; a++)
+			acc[h][a] = _mm256_setzero_ps();
+	for (int i = 0; i < n; i++) {
+		const uint16_t *r = (const uint16_t *)(v + (size_t)i * stride) + j0;
+		__m256 x[4];
+		_Pragma("GCC unroll 4") for (int a = 0; a < NA; a++)
+			x[a] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8 * a)));
+		_Pragma("GCC unroll 2") for (int h = 0; h < NQ; h++) {
+			__m256 c = _mm256_set1_ps(w[(size_t)h * w_stride + i]);
+			_Pragma("GCC unroll 4") for (int a = 0; a < NA; a++)
+				acc[h][a] = _mm256_add_ps(acc[h][a], _mm256_mul_ps(c, x[a]));
+		}
+	}
+	_Pragma("GCC unroll 2") for (int h = 0; h < NQ; h++)
+		_Pragma("GCC unroll 4") for (int a = 0; a < NA; a++)
+			_mm256_storeu_ps(o + (size_t)h * o_stride + j0 + 8 * a, acc[h][a]);
+}
+
+static void attn_vsum_f16_mq(int hd, int n, int nq, const float *w, size_t w_stride,
+			     const void *v, size_t stride, float *o, size_t o_stride)
+{
+	const uint8_t *vb = v;
+	int h = 0;
+	for (; h + 2 <= nq; h += 2) {
+		const float *wh = w + (size_t)h * w_stride;
+		float *oh = o + (size_t)h * o_stride;
+		int j0 = 0;
+		for (; j0 + 32 <= hd; j0 += 32)
+			vsum_f16_chunk_mq(4, 2, j0, n, wh, w_stride, vb, stride, oh, o_stride);
+		for (; j0 + 8 <= hd; j0 += 8)
+			vsum_f16_chunk_mq(1, 2, j0, n, wh, w_stride, vb, stride, oh, o_stride);
+		for (int g = 0; g < 2; g++)
+			for (int j = j0; j < hd; j++) {
+				float acc = 0.0f;
+				for (int i = 0; i < n; i++)
+					acc += wh[(size_t)g * w_stride + i] *
+					       half(((const uint16_t *)(vb + (size_t)i * stride))[j]);
+				oh[(size_t)g * o_stride + j] = acc;
+			}
+	}
+	if (h < nq)
+		attn_vsum_f16(hd, n, w + (size_t)h * w_stride, v, stride, o + (size_t)h * o_stride);
+}
+
 /* 8 codes of a Q8_0 block, from element e, as floats. */
 static inline __m256 q8_f32(const int8_t *qs)
 {
@@ -1055,4 +1185,6 @@ const struct kern_ops kern_avx2_ops = {
 	.attn_score_q8_0 = attn_score_q8_0,
 	.attn_vsum_f16 = attn_vsum_f16,
 	.attn_vsum_q8_0 = attn_vsum_q8_0,
+	.attn_score_f16_mq = attn_score_f16_mq,
+	.attn_vsum_f16_mq = attn_vsum_f16_mq,
 };
