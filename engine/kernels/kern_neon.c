@@ -325,6 +325,135 @@ static void attn_vsum_f16(int hd, int n, const float *w, const void *v, size_t s
 	}
 }
 
+/* ---- several query heads against the same F16 rows (kern.h: _mq) ---------
+ * score: four rows at a time widened once into `kf`, then per head
+ * attn_score_f16's steps on each row (two chains over 8-element steps and
+ * a 4-element step, vaddvq, the scalar tail with the same values, the
+ * scale), the query's loads shared by the four rows: each head's scores
+ * are the single kernel's bits. vsum: two heads at a time over one
+ * widening of each row's 32 or 4 elements, lane by lane the single
+ * kernel's products and sums; the scalar tail is its loop per head. Rows
+ * longer than ATTN_MQ_HD take the single kernels per head. */
+enum { ATTN_MQ_HD = 256 };
+
+static inline void attn_cvt_rows(int hd, int rows, const uint8_t *k, size_t stride,
+				 float (*kf)[ATTN_MQ_HD])
+{
+	for (int r = 0; r < rows; r++) {
+		const uint16_t *row = (const uint16_t *)(k + (size_t)r * stride);
+		int j = 0;
+		for (; j + 4 <= hd; j += 4)
+			vst1q_f32(kf[r] + j, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(row + j))));
+		for (; j < hd; j++)
+			kf[r][j] = half(row[j]);
+	}
+}
+
+static inline __attribute__((always_inline)) void
+score_f32_rows(const int R, int hd, const float *q, float (*kf)[ATTN_MQ_HD], float scale,
+	       float *s)
+{
+	float32x4_t a0[4], a1[4];
+	for (int r = 0; r < R; r++)
+		a0[r] = a1[r] = vdupq_n_f32(0);
+	int j = 0;
+	for (; j + 8 <= hd; j += 8) {
+		float32x4_t q0 = vld1q_f32(q + j), q1 = vld1q_f32(q + j + 4);
+		for (int r = 0; r < R; r++) {
+			a0[r] = vfmaq_f32(a0[r], q0, vld1q_f32(kf[r] + j));
+			a1[r] = vfmaq_f32(a1[r], q1, vld1q_f32(kf[r] + j + 4));
+		}
+	}
+	if (j + 4 <= hd) {
+		float32x4_t q0 = vld1q_f32(q + j);
+		for (int r = 0; r < R; r++)
+			a0[r] = vfmaq_f32(a0[r], q0, vld1q_f32(kf[r] + j));
+		j += 4;
+	}
+	for (int r = 0; r < R; r++) {
+		float t = vaddvq_f32(vaddq_f32(a0[r], a1[r]));
+		for (int i = j; i < hd; i++)
+			t += q[i] * kf[r][i];
+		s[r] = t * scale;
+	}
+}
+
+static void attn_score_f16_mq(int hd, int n, int nq, const float *q, size_t q_stride,
+			      const void *k, size_t stride, float scale, float *s, size_t s_stride)
+{
+	const uint8_t *kb = k;
+	if (nq == 1 || hd > ATTN_MQ_HD) {
+		for (int h = 0; h < nq; h++)
+			attn_score_f16(hd, n, q + (size_t)h * q_stride, k, stride, scale,
+				       s + (size_t)h * s_stride);
+		return;
+	}
+	float kf[4][ATTN_MQ_HD] __attribute__((aligned(16)));
+	int i = 0;
+	for (; i + 4 <= n; i += 4) {
+		attn_cvt_rows(hd, 4, kb + (size_t)i * stride, stride, kf);
+		for (int h = 0; h < nq; h++)
+			score_f32_rows(4, hd, q + (size_t)h * q_stride, kf, scale,
+				       s + (size_t)h * s_stride + i);
+	}
+	for (; i < n; i++) {
+		attn_cvt_rows(hd, 1, kb + (size_t)i * stride, stride, kf);
+		for (int h = 0; h < nq; h++)
+			score_f32_rows(1, hd, q + (size_t)h * q_stride, kf, scale,
+				       s + (size_t)h * s_stride + i);
+	}
+}
+
+static inline __attribute__((always_inline)) void
+vsum_f16_chunk_mq(const int NA, int j0, int n, const float *w, size_t w_stride, const uint8_t *v,
+		  size_t stride, float *o, size_t o_stride)
+{
+	float32x4_t acc[2][8];
+	for (int h = 0; h < 2; h++)
+		for (int a = 0; a < NA; a++)
+			acc[h][a] = vdupq_n_f32(0);
+	for (int i = 0; i < n; i++) {
+		const uint16_t *r = (const uint16_t *)(v + (size_t)i * stride) + j0;
+		float32x4_t x[8];
+		for (int a = 0; a < NA; a++)
+			x[a] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(r + 4 * a)));
+		for (int h = 0; h < 2; h++) {
+			float c = w[(size_t)h * w_stride + i];
+			for (int a = 0; a < NA; a++)
+				acc[h][a] = vaddq_f32(acc[h][a], vmulq_n_f32(x[a], c));
+		}
+	}
+	for (int h = 0; h < 2; h++)
+		for (int a = 0; a < NA; a++)
+			vst1q_f32(o + (size_t)h * o_stride + j0 + 4 * a, acc[h][a]);
+}
+
+static void attn_vsum_f16_mq(int hd, int n, int nq, const float *w, size_t w_stride,
+			     const void *v, size_t stride, float *o, size_t o_stride)
+{
+	const uint8_t *vb = v;
+	int h = 0;
+	for (; h + 2 <= nq; h += 2) {
+		const float *wh = w + (size_t)h * w_stride;
+		float *oh = o + (size_t)h * o_stride;
+		int j0 = 0;
+		for (; j0 + 32 <= hd; j0 += 32)
+			vsum_f16_chunk_mq(8, j0, n, wh, w_stride, vb, stride, oh, o_stride);
+		for (; j0 + 4 <= hd; j0 += 4)
+			vsum_f16_chunk_mq(1, j0, n, wh, w_stride, vb, stride, oh, o_stride);
+		for (int g = 0; g < 2; g++)
+			for (int j = j0; j < hd; j++) {
+				float acc = 0.0f;
+				for (int i = 0; i < n; i++)
+					acc += wh[(size_t)g * w_stride + i] *
+					       half(((const uint16_t *)(vb + (size_t)i * stride))[j]);
+				oh[(size_t)g * o_stride + j] = acc;
+			}
+	}
+	if (h < nq)
+		attn_vsum_f16(hd, n, w + (size_t)h * w_stride, v, stride, o + (size_t)h * o_stride);
+}
+
 /* score_q8_0 for both tables, one body: DOT is the 16-byte int8 dot into
  * int32 lanes (dot16 in kern_neon_ops, sdot in kern_neon_dotprod_ops) and
  * ATTR the function's target. A macro, not an always_inline function with
@@ -722,6 +851,8 @@ const struct kern_ops kern_neon_ops = {
 	.attn_score_q8_0 = attn_score_q8_0,
 	.attn_vsum_f16 = attn_vsum_f16,
 	.attn_vsum_q8_0 = attn_vsum_q8_0,
+	.attn_score_f16_mq = attn_score_f16_mq,
+	.attn_vsum_f16_mq = attn_vsum_f16_mq,
 };
 
 const struct kern_ops kern_neon_dotprod_ops = {
