@@ -917,10 +917,9 @@ int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ct
 	 * the variant has kernels for that (attn_heads) */
 	const struct kern_ops *kn = m->kern;
 	uint32_t group = hp->n_head / hp->n_head_kv;
-	c->attn_mq = c->kv_type == ENGINE_KV_F16 && kn->attn_score_f16_mq && kn->attn_vsum_f16_mq &&
-				     group > 1
-			     ? (int)group
-			     : 1;
+	c->attn_mq = 1;
+	if (c->kv_type == ENGINE_KV_F16 && kn->attn_score_f16_mq && kn->attn_vsum_f16_mq && group > 1)
+		c->attn_mq = (int)group;
 	int r = 0;
 	if (ctx_alloc_bytes(&c->k_cache, kv_bytes) || ctx_alloc_bytes(&c->v_cache, kv_bytes) ||
 	    ctx_alloc(&c->kv_pad, nbh * QK8_0) || ctx_alloc(&c->attn_qpad, (size_t)nt * nbh * QK8_0) ||
@@ -1431,6 +1430,8 @@ static void attn_worker(void *arg, int ith, int nth)
 		int t = i / (nkv * at->split), r = i % (nkv * at->split);
 		int kvh = r / at->split, part = r % at->split;
 		int h0 = kvh * group + part * per, h1 = CM_MIN(h0 + per, (kvh + 1) * group);
+		if (h0 >= h1)
+			continue; /* a run past the group's end (group 5 in runs of 2) */
 		if (c->attn_mq > 1) {
 			attn_heads(at, ith, t, h0, h1);
 			continue;
