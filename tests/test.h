@@ -163,6 +163,33 @@ static inline const char *test_tmpdir(void)
 	return t && *t ? t : "/tmp";
 }
 
+/* $BUILD/bin/NAME, the build's own tool (BUILD is the build directory the
+ * Makefile runs the tests with; "build" when unset). Four rotating
+ * buffers, so one command can name up to four tools. */
+static inline const char *test_bin(const char *name)
+{
+	static char buf[4][4096];
+	static int k;
+	const char *build = getenv("BUILD");
+	char *b = buf[k++ % 4];
+	snprintf(b, sizeof(buf[0]), "%s/bin/%s", build && *build ? build : "build", name);
+	return b;
+}
+
+/* A synthetic model from the build's `edgelm-gguf mkmodel ARGS -o OUT`
+ * (ARGS already quoted for the shell), its output silenced; 0, or -1 with
+ * the command on stderr. */
+static inline int test_mkmodel(const char *out, const char *args)
+{
+	char cmd[16384];
+	snprintf(cmd, sizeof(cmd), "'%s' mkmodel %s -o '%s' >/dev/null 2>&1",
+		 test_bin("edgelm-gguf"), args, out);
+	if (system(cmd) == 0)
+		return 0;
+	fprintf(stderr, "failed: %s\n", cmd);
+	return -1;
+}
+
 /* Run a shell command through popen(), capture its stdout in a malloc'ed,
  * NUL-terminated buffer (*ret_out, the caller frees it) and return its exit
  * status, or -1 when it did not exit normally. When popen() itself fails it

@@ -12,28 +12,15 @@
 
 #include <unistd.h>
 
-static const char *tool(void)
-{
-	static char b[4096];
-	const char *build = getenv("BUILD");
-	snprintf(b, sizeof(b), "%s/bin/edgelm-gguf", build && *build ? build : "build");
-	return b;
-}
-
 /* mkmodel into $TEST_TMPDIR; returns the path (static) or NULL. */
 static const char *mkmodel(const char *shape, const char *vocab, const char *extra)
 {
 	static char out[4096];
-	char cmd[16384];
+	char args[8192];
 	snprintf(out, sizeof(out), "%s/edgelm-archs-%d-%s.gguf", test_tmpdir(), (int)getpid(),
 	         shape);
-	snprintf(cmd, sizeof(cmd), "'%s' mkmodel --shape %s --vocab '%s' %s -o '%s' >/dev/null",
-	         tool(), shape, vocab, extra, out);
-	if (system(cmd) != 0) {
-		fprintf(stderr, "failed: %s\n", cmd);
-		return NULL;
-	}
-	return out;
+	snprintf(args, sizeof(args), "--shape %s --vocab '%s' %s", shape, vocab, extra);
+	return test_mkmodel(out, args) == 0 ? out : NULL;
 }
 
 static engine_model *load(const char *path, const char *isa)

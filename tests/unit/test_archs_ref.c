@@ -107,25 +107,12 @@ static double rng_normal(void)
 
 /* ---- building the model file --------------------------------------------- */
 
-static const char *tool(void)
-{
-	static char b[4096];
-	const char *build = getenv("BUILD");
-	snprintf(b, sizeof(b), "%s/bin/edgelm-gguf", build && *build ? build : "build");
-	return b;
-}
-
 static int mkmodel(const char *shape, int n_layer, const char *out)
 {
-	char cmd[12288];
-	snprintf(cmd, sizeof(cmd),
-	         "'%s' mkmodel --shape %s --vocab synthetic --type F32 --layers %d --ctx 64 "
-	         "-o '%s' 2>/dev/null",
-	         tool(), shape, n_layer, out);
-	int r = system(cmd);
-	if (r != 0)
-		fprintf(stderr, "failed: %s\n", cmd);
-	return r;
+	char args[256];
+	snprintf(args, sizeof(args), "--shape %s --vocab synthetic --type F32 --layers %d --ctx 64",
+	         shape, n_layer);
+	return test_mkmodel(out, args);
 }
 
 static struct ref_tensor *ref_add(struct ref_model *M, const char *name, int64_t ne0,

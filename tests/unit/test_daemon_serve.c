@@ -24,16 +24,6 @@ static pid_t daemon_pid = -1;
 static char url[4200];
 static json_t *ref;
 
-static const char *bin(const char *name)
-{
-	static char b[2][4096];
-	static int k;
-	const char *build = getenv("BUILD");
-	k ^= 1;
-	snprintf(b[k], sizeof(b[k]), "%s/bin/%s", build && *build ? build : "build", name);
-	return b[k];
-}
-
 static edgelm_client *client(void)
 {
 	edgelm_client *c = NULL;
@@ -55,7 +45,7 @@ static int start_daemon(void)
 	if (daemon_pid == 0) {
 		FILE *f = freopen(log, "w", stderr);
 		(void)f;
-		execl(bin("edgelmd"), "edgelmd", "--config", "/dev/null", "--model", model_copy,
+		execl(test_bin("edgelmd"), "edgelmd", "--config", "/dev/null", "--model", model_copy,
 		      "--listen", url, "--metrics-listen", "off", "--set", "parallel=8", "--set",
 		      "tuning=false", "--set", "stream_idle_ms=1500", "--set", "queue_size=16",
 		      "--set", "socket_group=", "--set", "watchdog_stall_ms=40", "--threads", "2",
@@ -400,7 +390,7 @@ static void test_edgelmctl_chat(void)
 	snprintf(cmd, sizeof(cmd),
 		 "printf 'Once upon a time\\nTell me more\\nAnd then?\\nWho was there?\\nThe end\\n' | "
 		 "%s --socket '%s' chat -n 8 --temp 0 >/dev/null 2>&1",
-		 bin("edgelmctl"), url);
+		 test_bin("edgelmctl"), url);
 	int st = system(cmd);
 	CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "edgelmctl chat: status %d", st);
 	CHECK(metric("edgelm_prefix_cache_hits_total") - hits0 >= 4);

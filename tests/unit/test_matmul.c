@@ -23,16 +23,12 @@ static const char *mkmodel(const char *type)
 {
 	static char out[2][4096];
 	static int k;
-	char cmd[9000];
-	const char *build = getenv("BUILD");
+	char args[256];
 	char *o = out[k++ % 2];
 	snprintf(o, sizeof(out[0]), "%s/edgelm-matmul-%d-%s.gguf", test_tmpdir(), (int)getpid(),
 		 type);
-	snprintf(cmd, sizeof(cmd),
-		 "'%s/bin/edgelm-gguf' mkmodel --shape small --vocab synthetic --type %s -o '%s' "
-		 ">/dev/null 2>&1",
-		 build && *build ? build : "build", type, o);
-	return system(cmd) == 0 ? o : NULL;
+	snprintf(args, sizeof(args), "--shape small --vocab synthetic --type %s", type);
+	return test_mkmodel(o, args) == 0 ? o : NULL;
 }
 
 static engine_model *load(const char *path, int repack)

@@ -138,11 +138,10 @@ static void expect_load_error(const char *name, const struct fixture *fx, const 
 	engine_model_free(m);
 
 	/* The tool: exit code 2, one line naming the problem. */
-	const char *build_dir = getenv("BUILD");
 	char cmd[16384], out[4096];
 	snprintf(out, sizeof(out), "%s/damaged-%s.err", test_tmpdir(), name);
-	snprintf(cmd, sizeof(cmd), "%s/bin/edgelm-run -m '%s' -p hi -n 1 -q 2>'%s' >/dev/null",
-		 build_dir && *build_dir ? build_dir : "build", path, out);
+	snprintf(cmd, sizeof(cmd), "'%s' -m '%s' -p hi -n 1 -q 2>'%s' >/dev/null",
+		 test_bin("edgelm-run"), path, out);
 	int st = system(cmd);
 	CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 2, "%s: edgelm-run status %d", name, st);
 	FILE *f = fopen(out, "r");

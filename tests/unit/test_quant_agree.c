@@ -192,10 +192,9 @@ static double agreement(const char *ref_path, engine_model *ref, engine_model *q
 
 static int quantize(const char *in, const char *out, const char *type)
 {
-	const char *build = getenv("BUILD");
 	char cmd[16384];
-	snprintf(cmd, sizeof(cmd), "%s/bin/edgelm-quantize '%s' '%s' %s >/dev/null 2>&1",
-		 build && *build ? build : "build", in, out, type);
+	snprintf(cmd, sizeof(cmd), "'%s' '%s' '%s' %s >/dev/null 2>&1", test_bin("edgelm-quantize"),
+		 in, out, type);
 	int st = system(cmd);
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

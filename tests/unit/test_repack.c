@@ -25,23 +25,14 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char *tool(void)
-{
-	static char b[4096];
-	const char *build = getenv("BUILD");
-	snprintf(b, sizeof(b), "%s/bin/edgelm-gguf", build && *build ? build : "build");
-	return b;
-}
-
 static const char *mkmodel(const char *type)
 {
 	static char out[4096];
-	char cmd[9000];
+	char args[256];
 	snprintf(out, sizeof(out), "%s/edgelm-repack-%d-%s.gguf", test_tmpdir(), (int)getpid(),
 		 type);
-	snprintf(cmd, sizeof(cmd), "'%s' mkmodel --shape small --vocab synthetic --type %s -o '%s' >/dev/null",
-		 tool(), type, out);
-	return system(cmd) == 0 ? out : NULL;
+	snprintf(args, sizeof(args), "--shape small --vocab synthetic --type %s", type);
+	return test_mkmodel(out, args) == 0 ? out : NULL;
 }
 
 static uint64_t file_hash(const char *path)

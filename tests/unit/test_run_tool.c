@@ -14,10 +14,7 @@
 
 static const char *bin(void)
 {
-	static char b[4096];
-	const char *build = getenv("BUILD");
-	snprintf(b, sizeof(b), "%s/bin/edgelm-run", build && *build ? build : "build");
-	return b;
+	return test_bin("edgelm-run");
 }
 
 /* Single-quote a string for the shell. */
