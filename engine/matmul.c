@@ -36,11 +36,20 @@
 #define MM_MAX 8          /* matmuls per group */
 #define DECODE_ROWS 64    /* rows per chunk, one token (measured: 64-128 best) */
 #define TILE_ROWS 64      /* rows per chunk, tile kernel (a multiple of 16) */
-#define X16_ROWS ENGINE_X16_GROUP /* rows per chunk, repacked weights (a group) */
+#define X16_ROWS ENGINE_X16_GROUP /* rows per chunk, repacked weights, one token (a group) */
+/* rows per chunk, repacked weights, a batch: a part of a group. Whole
+ * groups left the workers a chunk apart on the narrow matrices (Qwen2.5
+ * 0.5B's 896 rows are 7 groups: 4 on one worker, 3 on the other) */
+#ifndef X16_BATCH_ROWS
+#define X16_BATCH_ROWS 32
+#endif
 #define TILE_TOKENS 128   /* tokens per gemm call */
 /* engine_matmul_swiglu tiles a pair's chunk with each matrix's own chunks */
 _Static_assert(X16_ROWS % TILE_ROWS == 0 && X16_ROWS % DECODE_ROWS == 0 &&
-		       (TILE_ROWS % DECODE_ROWS == 0 || DECODE_ROWS % TILE_ROWS == 0),
+		       (TILE_ROWS % DECODE_ROWS == 0 || DECODE_ROWS % TILE_ROWS == 0) &&
+		       (TILE_ROWS % X16_BATCH_ROWS == 0 || X16_BATCH_ROWS % TILE_ROWS == 0) &&
+		       (DECODE_ROWS % X16_BATCH_ROWS == 0 || X16_BATCH_ROWS % DECODE_ROWS == 0) &&
+		       X16_ROWS % X16_BATCH_ROWS == 0 && X16_BATCH_ROWS % 16 == 0,
 	       "each chunk size must divide the larger ones");
 #ifndef STORE_AHEAD
 #define STORE_AHEAD 4
@@ -114,10 +123,11 @@ static void run_vec_dot(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 }
 
 /* Rows [r0, r1) of a repacked weight: panels through gemm_x16, the native
- * tail (rows >= n_x16) through vec_dot. r0 starts a group of the layout
- * (a chunk is one): its K-segments run one after the other into one
- * output, each after the first continuing the sums of the ones before
- * (repack.c; kern.h's from_s). */
+ * tail (rows >= n_x16) through vec_dot. The rows lie in one group of the
+ * layout (a chunk is a group or a part of one, starting at a panel): its
+ * K-segments run one after the other into one output, each after the
+ * first continuing the sums of the ones before (repack.c; kern.h's
+ * from_s). */
 static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 {
 	const struct engine_mm *m = &j->mm[i];
@@ -131,6 +141,9 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 		bool direct = !m->bias && !m->accumulate;
 		const struct dtype_info *tw = dtype_get(w->type), *ta = dtype_get(a->type);
 		int64_t nb = w->n_in / tw->blck, sb = w->x16_seg;
+		/* the group's first row and its rows (fewer in the last one) */
+		int64_t g0 = r0 / ENGINE_X16_GROUP * ENGINE_X16_GROUP;
+		int ng = (int)CM_MIN((int64_t)ENGINE_X16_GROUP, w->n_x16 - g0);
 		for (int t0 = 0; t0 < j->n_tok; t0 += TILE_TOKENS) {
 			int nt = CM_MIN(TILE_TOKENS, j->n_tok - t0);
 			float *o = m->out + (size_t)t0 * m->out_stride + (size_t)r0;
@@ -147,9 +160,10 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 				if (a->aux)
 					xr = a->aux + (size_t)t0 * a->aux_stride +
 					     kern_act_aux_len(a->type, ab * ta->blck);
-				ko->gemm_x16(n, nr, nt, engine_x16_segment(w, r0, nr, b0),
-					     dtype_row_size(w->type, n), ar, a->stride, xr,
-					     a->aux_stride, d, ds, b0 > 0);
+				size_t srs = dtype_row_size(w->type, n);
+				ko->gemm_x16(n, nr, nt,
+					     engine_x16_segment(w, g0, ng, b0) + (size_t)(r0 - g0) * srs,
+					     srs, ar, a->stride, xr, a->aux_stride, d, ds, b0 > 0);
 			}
 			if (!direct)
 				for (int t = 0; t < nt; t++) {
@@ -374,7 +388,9 @@ static void matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_t
 			n_acts++;
 		}
 		j.act[i] = &acts[a];
-		j.chunk_rows[i] = j.x16[i] ? X16_ROWS : j.tile[i] ? TILE_ROWS : DECODE_ROWS;
+		j.chunk_rows[i] = j.x16[i]    ? (n_tok > 1 ? X16_BATCH_ROWS : X16_ROWS)
+				  : j.tile[i] ? TILE_ROWS
+					      : DECODE_ROWS;
 		j.first_chunk[i + 1] =
 			j.first_chunk[i] + (w->n_out + j.chunk_rows[i] - 1) / j.chunk_rows[i];
 	}
