@@ -37,9 +37,12 @@
 #define DECODE_ROWS 64    /* rows per chunk, one token (measured: 64-128 best) */
 #define TILE_ROWS 64      /* rows per chunk, tile kernel (a multiple of 16) */
 #define X16_ROWS ENGINE_X16_GROUP /* rows per chunk, repacked weights, one token (a group) */
-/* rows per chunk, repacked weights, a batch: a part of a group. Whole
- * groups left the workers a chunk apart on the narrow matrices (Qwen2.5
- * 0.5B's 896 rows are 7 groups: 4 on one worker, 3 on the other) */
+/* rows per chunk, repacked weights, a large batch: a part of a group.
+ * Whole groups left the workers a chunk apart on the narrow matrices
+ * (Qwen2.5 0.5B's 896 rows are 7 groups: 4 on one worker, 3 on the
+ * other). A part reads the batch's activations again and, with
+ * K-segments, its rows are not one stream: smaller batches keep whole
+ * groups (x16_chunk_rows). */
 #ifndef X16_BATCH_ROWS
 #define X16_BATCH_ROWS 32
 #endif
@@ -340,6 +343,25 @@ static void make_act(engine_ctx *c, uint32_t type, bool want_aux, const float *x
 	}
 }
 
+static int64_t div_up(int64_t a, int64_t b)
+{
+	return (a + b - 1) / b;
+}
+
+/* Whether a batch's repacked matmuls go in X16_BATCH_ROWS parts of groups
+ * (n_chunks: the job's chunks in whole groups and the other types' own
+ * sizes). Paired prefill runs: from 128 tokens the parts win on every
+ * shape (Qwen2.5 0.5B +4.5 %, TinyLlama +2-3 %); at 64 only where whole
+ * groups split unevenly between the workers (Qwen2.5 +3 %, TinyLlama,
+ * whose jobs split evenly, -2.6 %); below that they lose (4 tokens -27 %,
+ * 16 -8 %, 32 -5 %: batched decode is still reading weights). */
+static bool x16_parts(int n_tok, int64_t n_chunks, int nth)
+{
+	if (n_tok >= 128)
+		return true;
+	return n_tok >= 64 && n_chunks % nth != 0;
+}
+
 /* engine_matmul_multi(); with swiglu (a gate and up pair of one n_out),
  * their product too */
 static void matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_tok,
@@ -388,12 +410,19 @@ static void matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_t
 			n_acts++;
 		}
 		j.act[i] = &acts[a];
-		j.chunk_rows[i] = j.x16[i]    ? (n_tok > 1 ? X16_BATCH_ROWS : X16_ROWS)
-				  : j.tile[i] ? TILE_ROWS
-					      : DECODE_ROWS;
-		j.first_chunk[i + 1] =
-			j.first_chunk[i] + (w->n_out + j.chunk_rows[i] - 1) / j.chunk_rows[i];
+		j.chunk_rows[i] = j.x16[i] ? X16_ROWS : j.tile[i] ? TILE_ROWS : DECODE_ROWS;
+		j.first_chunk[i + 1] = j.first_chunk[i] + div_up(w->n_out, j.chunk_rows[i]);
 	}
+	/* the chunks the pool deals: a swiglu pair's are its larger size's */
+	int64_t whole = swiglu ? div_up(mm[0].w->n_out, CM_MAX(j.chunk_rows[0], j.chunk_rows[1]))
+			       : j.first_chunk[n];
+	if (x16_parts(n_tok, whole, pool_size(c->m->pool)))
+		for (int i = 0; i < n; i++) {
+			int64_t n_out = mm[i].w->n_out;
+			if (j.x16[i])
+				j.chunk_rows[i] = X16_BATCH_ROWS;
+			j.first_chunk[i + 1] = j.first_chunk[i] + div_up(n_out, j.chunk_rows[i]);
+		}
 	int64_t n_chunks = j.first_chunk[n];
 	if (swiglu) {
 		/* the larger chunk size is a multiple of the smaller (the
@@ -401,7 +430,7 @@ static void matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_t
 		 * pair's */
 		j.swiglu = k->silu_mul_f32;
 		j.swiglu_rows = CM_MAX(j.chunk_rows[0], j.chunk_rows[1]);
-		n_chunks = (mm[0].w->n_out + j.swiglu_rows - 1) / j.swiglu_rows;
+		n_chunks = div_up(mm[0].w->n_out, j.swiglu_rows);
 	}
 	pool_ranges_init(&j.ranges, n_chunks, pool_size(c->m->pool));
 	pool_run(c->m->pool, mm_worker, &j);

@@ -48,9 +48,12 @@ static uint64_t file_hash(const char *path)
 	return h;
 }
 
-enum { N = 9, GEN = 12 };
+/* N: a batch large enough that repacked matmuls go in parts of groups
+ * (matmul.c, x16_parts), which the K-segment cases below compare with
+ * whole rows bit for bit */
+enum { N = 130, GEN = 12 };
 
-/* Logits of a 9-token batch, then GEN greedy tokens; returns the model's
+/* Logits of an N-token batch, then GEN greedy tokens; returns the model's
  * info through *ret_info. */
 static void run_threads(const char *path, int threads, int repack, int segment, float *logits,
 			int32_t *gen, struct engine_model_info *ret_info)
@@ -66,7 +69,7 @@ static void run_threads(const char *path, int threads, int repack, int segment, 
 		return;
 	engine_model_get_info(m, ret_info);
 	int nv = (int)ret_info->n_vocab;
-	struct engine_ctx_params cp = {.n_ctx = 64, .n_seq = 1, .n_batch = N};
+	struct engine_ctx_params cp = {.n_ctx = 160, .n_seq = 1, .n_batch = N};
 	CHECK_OK(engine_ctx_new(m, &cp, &c, &err));
 	if (!c)
 		goto out;
