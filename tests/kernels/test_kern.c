@@ -1604,7 +1604,11 @@ static void test_variant_x16(void)
 {
 	static const uint32_t types[] = { ENGINE_DTYPE_Q4_0, ENGINE_DTYPE_Q8_0, ENGINE_DTYPE_Q4_K,
 					  ENGINE_DTYPE_Q6_K };
-	enum { NR = 32, NT = 17 };
+	/* three panels: avx512vnni's Q8_0 pairs two of them from
+	 * X16_PAIR_MIN_NT (64) tokens on, the third runs alone */
+	enum { NR = 48, NT = 130 };
+	static const int nts[] = { 1,  2,  3,  4,  5,  6,  7,  8,   9,   10,  11, 12,
+				   13, 14, 15, 16, 17, 31, 63, 64, 65, 127, 128, 130 };
 	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
 		uint32_t type = types[ti], at = V->t[type].act_type;
 		CHECK(kern_x16_supported(type));
@@ -1668,11 +1672,12 @@ static void test_variant_x16(void)
 						  dtype_name(type), (long long)n, i, ref[i], d[i]);
 				free(d);
 			} else {
-				/* every token count 1..NT, so that every remainder of
-				 * every tile size runs; the output is poisoned first,
-				 * so a token left unwritten cannot pass on the last
-				 * run's value */
-				for (int nt = 1; nt <= NT; nt++) {
+				/* every token count 1..17, so that every remainder of
+				 * every tile size runs, and the counts around 64 and
+				 * 128; the output is poisoned first, so a token left
+				 * unwritten cannot pass on the last run's value */
+				for (size_t k = 0; k < sizeof(nts) / sizeof(nts[0]); k++) {
+					int nt = nts[k];
 					for (int i = 0; i < NR * NT; i++)
 						got[i] = -12345.678f;
 					V->t[type].gemm_x16(n, NR, nt, panel, wrs, a, ars, al ? aux : NULL,
