@@ -42,7 +42,7 @@
  * (Qwen2.5 0.5B's 896 rows are 7 groups: 4 on one worker, 3 on the
  * other). A part reads the batch's activations again and, with
  * K-segments, its rows are not one stream: smaller batches keep whole
- * groups (x16_chunk_rows). */
+ * groups (x16_parts). */
 #ifndef X16_BATCH_ROWS
 #define X16_BATCH_ROWS 32
 #endif

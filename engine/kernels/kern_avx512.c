@@ -843,8 +843,9 @@ x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, s
  * x16_panel, so the results are its bits (kern_gemm_x16_ref's). Paired
  * prefill runs, TinyLlama Q8_0: 128 tokens +4-6 %, 512 +12 %; from fewer
  * tokens per call it loses (32: 0.91, 64: 1.01; batched decode of 16:
- * 0.86, the weights then come from memory in two streams), and Q4_0,
- * which unpacks its nibbles once per pass, lost 0-4 %: X16_PAIR_MIN_NT. */
+ * 0.86, its weights coming from memory), and Q4_0, whose nibbles would be
+ * unpacked for every 4 tokens instead of 8, lost 0-4 %: Q8_0 only, from
+ * X16_PAIR_MIN_NT tokens per call. */
 #define X16_PAIR_TOKENS 4
 #ifndef X16_PAIR_MIN_NT
 #define X16_PAIR_MIN_NT 64
