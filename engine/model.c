@@ -1333,39 +1333,26 @@ static float softcap(float s, float cap)
 	return cap * tanhf(s / cap);
 }
 
-static void attn_head(struct attn_task *at, int ith, int t, int h)
+/* The softmax of one head's n scores in place (soft-capped first where
+ * the architecture says). */
+static void softmax_row(const engine_ctx *c, float *s, int n)
 {
-	engine_ctx *c = at->c;
-	const struct hparams *hp = &c->m->hp;
-	int hd = (int)hp->head_dim, nh = (int)hp->n_head;
-	int group = (int)(hp->n_head / hp->n_head_kv), kvh = h / group;
-	float scale = hp->attn_scale, cap = hp->attn_softcap;
-	float *sc = c->scores + (size_t)ith * c->n_ctx;
-	int pos = c->pos[t], seq = c->seq[t];
-	const float *q = c->q + (size_t)t * nh * hd + (size_t)h * hd;
-	size_t base = (size_t)seq * c->kv_seq_stride + (size_t)at->layer * c->kv_layer_stride +
-		      (size_t)kvh * c->kv_head_bytes;
-	/* sliding window: only the last n_swa keys (the cache keeps all) */
-	int p0 = at->n_swa > 0 && pos >= at->n_swa ? pos - at->n_swa + 1 : 0;
-	const uint8_t *kc = c->k_cache + base + (size_t)p0 * c->kv_row_bytes;
-	const uint8_t *vc = c->v_cache + base + (size_t)p0 * c->kv_row_bytes;
-	attn_scores(c, ith, q, kc, pos - p0 + 1, scale, sc + p0);
+	float cap = c->m->hp.attn_softcap;
 	if (cap > 0)
-		for (int p = p0; p <= pos; p++)
-			sc[p] = softcap(sc[p], cap);
-	float mx = max_f32(sc + p0, pos - p0 + 1);
-	float sum = c->m->kern->exp_sum_f32(pos - p0 + 1, sc + p0, mx);
-	scale_f32(sc + p0, pos - p0 + 1, 1.0f / sum);
-	float *o = c->att + (size_t)t * nh * hd + (size_t)h * hd;
-	attn_values(c, sc + p0, vc, pos - p0 + 1, o);
+		for (int p = 0; p < n; p++)
+			s[p] = softcap(s[p], cap);
+	float mx = max_f32(s, n);
+	float sum = c->m->kern->exp_sum_f32(n, s, mx);
+	scale_f32(s, n, 1.0f / sum);
 }
 
-/* attn_head for the query heads [h0, h1) of one KV head together
- * (c->attn_mq > 1): their scores side by side in the thread's rows, each
- * head's softmax on its own, then the weighted sums; every head's values
- * are the ones attn_head gives (kern.h: bit for bit the single-head
- * kernels). The K and V rows are converted from F16 once for all of them
- * instead of once per head. */
+/* The query heads [h0, h1) of one KV head for token t: scores against the
+ * cached rows, softmax, weighted sum of V. With c->attn_mq > 1 (an F16
+ * cache and a variant with several-head kernels) they go through those
+ * kernels together, their scores side by side in the thread's rows and
+ * the K and V rows converted from F16 once for all of them; otherwise
+ * head by head. Either way each head's values are the same (kern.h: the
+ * several-head kernels give the single-head kernels' bits). */
 static void attn_heads(struct attn_task *at, int ith, int t, int h0, int h1)
 {
 	engine_ctx *c = at->c;
@@ -1373,29 +1360,30 @@ static void attn_heads(struct attn_task *at, int ith, int t, int h0, int h1)
 	const struct kern_ops *k = c->m->kern;
 	int hd = (int)hp->head_dim, nh = (int)hp->n_head, nq = h1 - h0;
 	int kvh = h0 / (int)(hp->n_head / hp->n_head_kv);
-	float cap = hp->attn_softcap;
 	size_t ns = (size_t)c->n_ctx;
 	float *sc = c->scores + (size_t)ith * (size_t)c->attn_mq * ns;
 	int pos = c->pos[t], seq = c->seq[t];
 	size_t base = (size_t)seq * c->kv_seq_stride + (size_t)at->layer * c->kv_layer_stride +
 		      (size_t)kvh * c->kv_head_bytes;
+	/* sliding window: only the last n_swa keys (the cache keeps all) */
 	int p0 = at->n_swa > 0 && pos >= at->n_swa ? pos - at->n_swa + 1 : 0, n = pos - p0 + 1;
 	const uint8_t *kc = c->k_cache + base + (size_t)p0 * c->kv_row_bytes;
 	const uint8_t *vc = c->v_cache + base + (size_t)p0 * c->kv_row_bytes;
 	const float *q = c->q + (size_t)t * nh * hd + (size_t)h0 * hd;
-	k->attn_score_f16_mq(hd, n, nq, q, (size_t)hd, kc, c->kv_row_bytes, hp->attn_scale, sc + p0,
-			     ns);
-	for (int i = 0; i < nq; i++) {
-		float *s = sc + (size_t)i * ns + p0;
-		if (cap > 0)
-			for (int p = 0; p < n; p++)
-				s[p] = softcap(s[p], cap);
-		float mx = max_f32(s, n);
-		float sum = k->exp_sum_f32(n, s, mx);
-		scale_f32(s, n, 1.0f / sum);
-	}
 	float *o = c->att + (size_t)t * nh * hd + (size_t)h0 * hd;
-	k->attn_vsum_f16_mq(hd, n, nq, sc + p0, ns, vc, c->kv_row_bytes, o, (size_t)hd);
+	if (c->attn_mq > 1) {
+		k->attn_score_f16_mq(hd, n, nq, q, (size_t)hd, kc, c->kv_row_bytes, hp->attn_scale,
+				     sc + p0, ns);
+		for (int i = 0; i < nq; i++)
+			softmax_row(c, sc + (size_t)i * ns + p0, n);
+		k->attn_vsum_f16_mq(hd, n, nq, sc + p0, ns, vc, c->kv_row_bytes, o, (size_t)hd);
+		return;
+	}
+	for (int i = 0; i < nq; i++) {
+		attn_scores(c, ith, q + (size_t)i * hd, kc, n, hp->attn_scale, sc + p0);
+		softmax_row(c, sc + p0, n);
+		attn_values(c, sc + p0, vc, n, o + (size_t)i * hd);
+	}
 }
 
 /* Runs per KV head: 1 when tokens x KV heads give every thread two
@@ -1430,14 +1418,8 @@ static void attn_worker(void *arg, int ith, int nth)
 		int t = i / (nkv * at->split), r = i % (nkv * at->split);
 		int kvh = r / at->split, part = r % at->split;
 		int h0 = kvh * group + part * per, h1 = CM_MIN(h0 + per, (kvh + 1) * group);
-		if (h0 >= h1)
-			continue; /* a run past the group's end (group 5 in runs of 2) */
-		if (c->attn_mq > 1) {
+		if (h0 < h1) /* a run may start past the group's end (5 heads in runs of 2) */
 			attn_heads(at, ith, t, h0, h1);
-			continue;
-		}
-		for (int h = h0; h < h1; h++)
-			attn_head(at, ith, t, h);
 	}
 }
 
