@@ -348,9 +348,23 @@ static int64_t div_up(int64_t a, int64_t b)
 	return (a + b - 1) / b;
 }
 
+/* The chunks of j's matmuls from their chunk_rows (first_chunk), and the
+ * number the pool deals: with swiglu, a pair's chunk is the larger of the
+ * two sizes, a multiple of the smaller (the assertion at the top), so
+ * each matrix's own chunks tile the pair's. */
+static int64_t deal_chunks(struct mm_job *j)
+{
+	for (int i = 0; i < j->n; i++)
+		j->first_chunk[i + 1] = j->first_chunk[i] + div_up(j->mm[i].w->n_out, j->chunk_rows[i]);
+	if (!j->swiglu)
+		return j->first_chunk[j->n];
+	j->swiglu_rows = CM_MAX(j->chunk_rows[0], j->chunk_rows[1]);
+	return div_up(j->mm[0].w->n_out, j->swiglu_rows);
+}
+
 /* Whether a batch's repacked matmuls go in X16_BATCH_ROWS parts of groups
- * (n_chunks: the job's chunks in whole groups and the other types' own
- * sizes). Paired prefill runs: from 128 tokens the parts win on every
+ * (n_chunks: the chunks the pool deals, repacked weights in whole
+ * groups). Paired prefill runs: from 128 tokens the parts win on every
  * shape (Qwen2.5 0.5B +4.5 %, TinyLlama +2-3 %); at 64 only where whole
  * groups split unevenly between the workers (Qwen2.5 +3 %, TinyLlama,
  * whose jobs split evenly, -2.6 %); below that they lose (4 tokens -27 %,
@@ -411,26 +425,15 @@ static void matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_t
 		}
 		j.act[i] = &acts[a];
 		j.chunk_rows[i] = j.x16[i] ? X16_ROWS : j.tile[i] ? TILE_ROWS : DECODE_ROWS;
-		j.first_chunk[i + 1] = j.first_chunk[i] + div_up(w->n_out, j.chunk_rows[i]);
 	}
-	/* the chunks the pool deals: a swiglu pair's are its larger size's */
-	int64_t whole = swiglu ? div_up(mm[0].w->n_out, CM_MAX(j.chunk_rows[0], j.chunk_rows[1]))
-			       : j.first_chunk[n];
-	if (x16_parts(n_tok, whole, pool_size(c->m->pool)))
-		for (int i = 0; i < n; i++) {
-			int64_t n_out = mm[i].w->n_out;
+	if (swiglu)
+		j.swiglu = k->silu_mul_f32;
+	int64_t n_chunks = deal_chunks(&j);
+	if (x16_parts(n_tok, n_chunks, pool_size(c->m->pool))) {
+		for (int i = 0; i < n; i++)
 			if (j.x16[i])
 				j.chunk_rows[i] = X16_BATCH_ROWS;
-			j.first_chunk[i + 1] = j.first_chunk[i] + div_up(n_out, j.chunk_rows[i]);
-		}
-	int64_t n_chunks = j.first_chunk[n];
-	if (swiglu) {
-		/* the larger chunk size is a multiple of the smaller (the
-		 * assertion at the top), so each matrix's own chunks tile the
-		 * pair's */
-		j.swiglu = k->silu_mul_f32;
-		j.swiglu_rows = CM_MAX(j.chunk_rows[0], j.chunk_rows[1]);
-		n_chunks = div_up(mm[0].w->n_out, j.swiglu_rows);
+		n_chunks = deal_chunks(&j);
 	}
 	pool_ranges_init(&j.ranges, n_chunks, pool_size(c->m->pool));
 	pool_run(c->m->pool, mm_worker, &j);
