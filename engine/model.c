@@ -601,6 +601,10 @@ int engine_model_load(const char *path, const struct engine_params *p, engine_mo
 
 	struct kern_caps caps;
 	kern_detect_caps(&caps);
+	/* forcing the AMX variant asks for its permission (kern.h); the best
+	 * variant uses AMX only when the process already holds it */
+	if (p->isa && strcasecmp(p->isa, "amx") == 0 && caps.amx_int8)
+		(void)kern_amx_request();
 	m->kern = kern_select(&caps, p->isa);
 	if (!m->kern) {
 		r = cm_err_set(err, -ENOTSUP,

@@ -7,11 +7,11 @@
 # x86_64, kern_neon.c on aarch64; other architectures build the generic
 # kernels only.
 ARCH ?= $(shell $(CC) -dumpmachine 2>/dev/null | cut -d- -f1)
-ENGINE_ISA_SRCS_x86_64  := $(wildcard engine/kernels/kern_avx*.c)
+ENGINE_ISA_SRCS_x86_64  := $(wildcard engine/kernels/kern_avx*.c) engine/kernels/kern_amx.c
 ENGINE_ISA_SRCS_aarch64 := $(wildcard engine/kernels/kern_neon*.c)
 ENGINE_ISA_SRCS := $(ENGINE_ISA_SRCS_$(ARCH))
 ENGINE_SRCS := $(wildcard engine/*.c) \
-	       $(filter-out engine/kernels/kern_avx% engine/kernels/kern_neon%,$(wildcard engine/kernels/*.c)) \
+	       $(filter-out engine/kernels/kern_avx% engine/kernels/kern_amx% engine/kernels/kern_neon%,$(wildcard engine/kernels/*.c)) \
 	       $(ENGINE_ISA_SRCS)
 ENGINE_LIB  := $(BUILD)/engine/libengine.a
 $(ENGINE_LIB): $(ENGINE_SRCS:%.c=$(BUILD)/%.o)
@@ -23,6 +23,9 @@ $(BUILD)/engine/kernels/kern_avxvnni.o: ISA_FLAGS = -mavx2 -mfma -mf16c -mavxvnn
 # VNNI functions in kern_avx512.c enable -mavx512vnni per function.
 $(BUILD)/engine/kernels/kern_avx512.o: ISA_FLAGS = -mavx512f -mavx512bw -mavx512vl -mavx512dq \
 	-mfma -mf16c $(KERN_NOLTO)
+# AMX-INT8 tiles for prefill, over the AVX-512 finish (kern_amx.c).
+KERN_AMX_BASE_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c $(KERN_NOLTO)
+$(BUILD)/engine/kernels/kern_amx.o: ISA_FLAGS = $(KERN_AMX_BASE_FLAGS) -mamx-tile -mamx-int8
 # Two tables from one file: plain NEON, and dotprod (per-function target).
 $(BUILD)/engine/kernels/kern_neon.o: ISA_FLAGS = -march=armv8-a $(KERN_NOLTO)
 # Without variants (fuzz builds, other architectures) kern_select.c lists

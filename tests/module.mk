@@ -30,6 +30,21 @@ $(BUILD)/tests/kernels/%: $(BUILD)/tests/kernels/%.o $(MODULE_LIBS)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(TEST_LDLIBS)
 
+# x86_64: test_kern also runs the AMX kernels (engine/kernels/kern_amx.c)
+# through a software model of the tile instructions (-DKERN_AMX_EMULATE,
+# every token count through the tiles: AMX_MIN_NT=1), since this project's
+# box has no AMX.
+ifeq ($(ARCH),x86_64)
+KERN_AMX_EMU := $(BUILD)/tests/kernels/kern_amx_emu.o
+$(KERN_AMX_EMU): engine/kernels/kern_amx.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $@ (AMX emulated)")
+	$(Q)$(CC) $(EDGELM_CFLAGS) $(KERN_AMX_BASE_FLAGS) -DKERN_AMX_EMULATE -DAMX_MIN_NT=1 \
+		$(CFLAGS) -c -o $@ $<
+$(BUILD)/tests/kernels/test_kern: $(KERN_AMX_EMU)
+$(BUILD)/tests/kernels/test_kern.o: EXTRA_CFLAGS += -DKERN_TEST_AMX_EMU
+endif
+
 # Fuzz targets replayed over their checked-in corpus by a plain driver, so no
 # clang is needed for `make check`. `make fuzz` builds the libFuzzer versions.
 $(BUILD)/tests/fuzz/replay_%: $(BUILD)/tests/fuzz/fuzz_%.o $(BUILD)/tests/fuzz/replay.o $(MODULE_LIBS)

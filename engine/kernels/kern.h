@@ -278,5 +278,11 @@ const struct kern_ops *kern_select(const struct kern_caps *caps, const char *for
 const char *const *kern_variant_names(void);
 /* Minimal CPUID/XGETBV detection for standalone use (edgelm-run, tests). */
 void kern_detect_caps(struct kern_caps *caps);
+/* Ask Linux for the AMX tile state for this process
+ * (arch_prctl(ARCH_REQ_XCOMP_PERM); process-wide, no way back). The "amx"
+ * variant is offered only while the permission is held: edgelmd's tuning
+ * knob `amx` asks for it, and a caller that forces "amx" (engine_params.isa)
+ * asks here. False where there is no AMX or the kernel refuses. */
+bool kern_amx_request(void);
 
 #endif

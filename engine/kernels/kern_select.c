@@ -15,8 +15,39 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #elif defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
+#endif
+
+/* ---- AMX permission ---------------------------------------------------------- */
+
+/* arch_prctl codes (asm/prctl.h) and the AMX tile data's XSAVE component */
+#define ARCH_GET_XCOMP_PERM_ 0x1022
+#define ARCH_REQ_XCOMP_PERM_ 0x1023
+#define XFEATURE_XTILEDATA_ 18
+
+#if defined(__x86_64__) && defined(__linux__)
+static bool amx_permitted(void)
+{
+	unsigned long mask = 0;
+	if (syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM_, &mask) != 0)
+		return false;
+	return (mask >> XFEATURE_XTILEDATA_) & 1;
+}
+
+bool kern_amx_request(void)
+{
+	return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM_, (unsigned long)XFEATURE_XTILEDATA_) ==
+		       0 &&
+	       amx_permitted();
+}
+#else
+bool kern_amx_request(void)
+{
+	return false;
+}
 #endif
 
 /* ---- variants ---------------------------------------------------------------- */
@@ -25,8 +56,8 @@
  * variant leaves NULL, dequantizers, helpers) comes from the variant it
  * builds on (in the end the generic table) when the tables are merged,
  * once, on first use. */
-extern const struct kern_ops kern_avx512vnni_ops, kern_avx512_ops, kern_avxvnni_ops,
-	kern_avx2_ops, kern_neon_dotprod_ops, kern_neon_ops;
+extern const struct kern_ops kern_amx_ops, kern_avx512vnni_ops, kern_avx512_ops,
+	kern_avxvnni_ops, kern_avx2_ops, kern_neon_dotprod_ops, kern_neon_ops;
 
 static bool caps_none(const struct kern_caps *c)
 {
@@ -55,7 +86,19 @@ static bool caps_avx512vnni(const struct kern_caps *c)
 	return caps_avx512(c) && c->avx512vnni;
 }
 
+/* Linux hands a process the AMX tile state only once it has asked
+ * (arch_prctl(ARCH_REQ_XCOMP_PERM), the tuning knob `amx`); before that the
+ * first tile instruction raises SIGILL. The engine does not ask on its own,
+ * so that `amx off` keeps AMX off: it uses the tiles when the permission is
+ * already held. */
+
+static bool caps_amx(const struct kern_caps *c)
+{
+	return caps_avx512vnni(c) && c->amx_tile && c->amx_int8 && amx_permitted();
+}
+
 #define KERN_ISA_VARIANTS(X)                                                \
+	X("amx", &kern_amx_ops, caps_amx, "avx512vnni")                     \
 	X("avx512vnni", &kern_avx512vnni_ops, caps_avx512vnni, "avx512")    \
 	X("avx512", &kern_avx512_ops, caps_avx512, "avx2")                  \
 	X("avxvnni", &kern_avxvnni_ops, caps_avxvnni, "avx2")               \

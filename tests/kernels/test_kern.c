@@ -1958,6 +1958,41 @@ static void run_variant_test(void (*fn)(void), const char *test)
 	test_run_one(fn, name);
 }
 
+#ifdef KERN_TEST_AMX_EMU
+/* The AMX tile kernels (kern_amx.c), built a second time with the tile
+ * instructions in software (tests/module.mk: this box has no AMX, and with
+ * AMX_MIN_NT 1 every token count goes through the tiles): in the table
+ * they extend, avx512vnni's, they must pass the x16 cases bit for bit like
+ * every variant's kernels. The model aborts where the hardware would fault
+ * (a tile used unconfigured, shapes that do not fit). */
+extern const struct kern_ops kern_amx_emu_ops;
+
+static void test_amx_emulated(const struct kern_caps *caps)
+{
+	static const uint32_t types[] = { ENGINE_DTYPE_Q4_0, ENGINE_DTYPE_Q8_0 };
+	const struct kern_ops *under = kern_select(caps, "avx512vnni");
+	if (!under) {
+		/* its float finish is AVX-512 code */
+		fprintf(stderr, "variant amx (emulated): needs avx512vnni, not tested\n");
+		return;
+	}
+	static struct kern_ops emu;
+	emu = *under;
+	emu.name = kern_amx_emu_ops.name;
+	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+		uint32_t t = types[i];
+		CHECK_MSG(kern_amx_emu_ops.t[t].act_type == under->t[t].act_type &&
+				  kern_amx_emu_ops.t[t].gemm_x16 != NULL &&
+				  !kern_amx_emu_ops.t[t].vec_dot,
+			  "amx table: %s", dtype_name(t));
+		emu.t[t].gemm_x16 = kern_amx_emu_ops.t[t].gemm_x16;
+	}
+	V = &emu;
+	V_name = kern_amx_emu_ops.name;
+	run_variant_test(test_variant_x16, "x16");
+}
+#endif
+
 int main(void)
 {
 	kt_rng_seed(0x2545f4914f6cdd1dull);
@@ -1996,5 +2031,8 @@ int main(void)
 		run_variant_test(test_variant_quant_act, "quant_act");
 		run_variant_test(test_variant_f32_helpers, "f32_helpers");
 	}
+#ifdef KERN_TEST_AMX_EMU
+	test_amx_emulated(&caps);
+#endif
 	return test_finish();
 }
