@@ -1908,6 +1908,21 @@ static void test_select(void)
 	for (size_t i = 0; i + 1 < n; i++)
 		CHECK_MSG(kern_select(&none, names[i]) == NULL, "%s accepted without caps",
 			  names[i]);
+#if defined(__x86_64__)
+	/* amx needs the process's AMX permission as well as the CPU bits: with
+	 * the bits claimed, it is offered exactly when the request succeeds
+	 * (here, without AMX, never; on an AMX box the request grants it, and
+	 * the variant loop in main then tests the real tile kernels) */
+	struct kern_caps ac = caps;
+	ac.amx_tile = ac.amx_int8 = true;
+	bool perm = kern_amx_request();
+	const struct kern_ops *ao = kern_select(&ac, "amx");
+	const struct kern_ops *vn = kern_select(&caps, "avx512vnni");
+	if (perm && vn)
+		CHECK(ao && strcmp(ao->name, "amx") == 0);
+	else
+		CHECK_MSG(ao == NULL, "amx offered without the permission (request: %d)", perm);
+#endif
 }
 
 static void test_detect_caps(void)
