@@ -312,11 +312,17 @@ amx_panel(bool q4, int m, int64_t nb, const uint8_t *panel, const uint8_t *a, si
 		_mm512_storeu_ps(s + (size_t)t * s_stride, acc[t]);
 }
 
+/* Below AMX_MIN_NT tokens, avx512vnni's kernel (the file comment). */
 static inline __attribute__((always_inline)) void
 amx_gemm(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, const void *va,
 	 size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride,
 	 bool from_s)
 {
+	if (nt < AMX_MIN_NT) {
+		kern_avx512vnni_ops.t[q4 ? ENGINE_DTYPE_Q4_0 : ENGINE_DTYPE_Q8_0].gemm_x16(
+			n, nr, nt, vw, w_stride, va, a_stride, aux, aux_stride, s, s_stride, from_s);
+		return;
+	}
 	const uint8_t *w = vw, *a = va;
 	int64_t nb = n / 32;
 	int configured = 0;
@@ -348,11 +354,6 @@ static void gemm_x16_q4_0(int64_t n, int nr, int nt, const void *w, size_t w_str
 			  const void *a, size_t a_stride, const float *aux, size_t aux_stride,
 			  float *s, size_t s_stride, bool from_s)
 {
-	if (nt < AMX_MIN_NT) {
-		kern_avx512vnni_ops.t[ENGINE_DTYPE_Q4_0].gemm_x16(
-			n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride, from_s);
-		return;
-	}
 	amx_gemm(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride, from_s);
 }
 
@@ -360,11 +361,6 @@ static void gemm_x16_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_str
 			  const void *a, size_t a_stride, const float *aux, size_t aux_stride,
 			  float *s, size_t s_stride, bool from_s)
 {
-	if (nt < AMX_MIN_NT) {
-		kern_avx512vnni_ops.t[ENGINE_DTYPE_Q8_0].gemm_x16(
-			n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride, from_s);
-		return;
-	}
 	amx_gemm(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride,
 		 from_s);
 }
