@@ -265,22 +265,6 @@ static double run_decode(engine_ctx *c, int depth, int n_gen, int n_vocab, struc
 	return cm_now() - t0;
 }
 
-static int parse_list(const char *s, int *out, int max)
-{
-	int n = 0;
-	while (*s && n < max) {
-		char *end;
-		long v = strtol(s, &end, 10);
-		if (end == s || v < 0 || v > (1 << 20))
-			return -1;
-		out[n++] = (int)v;
-		s = *end == ',' ? end + 1 : end;
-		if (*end && *end != ',')
-			return -1;
-	}
-	return n;
-}
-
 static int parse_on_off(const char *s, bool *ret)
 {
 	if (strcmp(s, "on") == 0)
@@ -338,8 +322,14 @@ int main(int argc, char **argv)
 		case OPT_SEGMENT:
 			bad |= tools_opt_int(P, "--repack-segment", optarg, -1, 1 << 30, &segment) != 0;
 			break;
-		case 'P': n_prompts = parse_list(optarg, prompts, 8); break;
-		case 'C': n_ctxs = parse_list(optarg, ctxs, 8); break;
+		case 'P':
+			n_prompts = tools_opt_list("edgelm-bench", "--prompts", optarg, 1, 1 << 20,
+						   prompts, 0, 8);
+			break;
+		case 'C':
+			n_ctxs = tools_opt_list("edgelm-bench", "--contexts", optarg, 0, 1 << 20,
+						ctxs, 0, 8);
+			break;
 		case 'n': bad |= tools_opt_int(P, "--n-gen", optarg, 1, 1 << 20, &n_gen) != 0; break;
 		case 'r': bad |= tools_opt_int(P, "--reps", optarg, 1, 1000, &reps) != 0; break;
 		case 'W': bad |= tools_opt_int(P, "--bw-mib", optarg, 16, 1 << 20, &bw_mib) != 0; break;

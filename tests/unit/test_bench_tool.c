@@ -434,12 +434,38 @@ static void test_table(void)
 			  "%s: %s", bad_nums[i][0], out);
 		free(out);
 	}
+	/* the lists, one parser for all three: an empty entry, a ninth value
+	 * (--prompts stopped at eight without a word, --streams skipped empty
+	 * entries) and a prompt of 0 tokens (it printed "prefill 0  0.0
+	 * tok/s") are refused by name */
+	static const char *const bad_lists[][2] = {
+		{"--prompts 8,,16", "--prompts: '8,,16' is not a list"},
+		{"--prompts 8,", "--prompts: '8,' is not a list"},
+		{"--prompts 1,2,3,4,5,6,7,8,9", "at most 8 values"},
+		{"--prompts 0", "--prompts: '0' is not a whole number"},
+		{"--contexts 0,x", "--contexts: 'x' is not a whole number"},
+	};
+	for (size_t i = 0; i < CM_ARRAY_LEN(bad_lists); i++) {
+		snprintf(cmd, sizeof(cmd), "%s -m '%s' %s 2>&1", bin("edgelm-bench"), model,
+			 bad_lists[i][0]);
+		CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
+		CHECK_MSG(strstr(out, bad_lists[i][1]) != NULL, "%s: %s", bad_lists[i][0], out);
+		free(out);
+	}
 	/* the daemon mode's options too (parsed before it connects) */
-	snprintf(cmd, sizeof(cmd), "%s --daemon ipc:///nonexistent --streams 1,x 2>&1",
-		 bin("edgelm-bench"));
-	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
-	CHECK_MSG(strstr(out, "--streams: 'x'") != NULL, "%s", out);
-	free(out);
+	static const char *const bad_streams[][2] = {
+		{"--streams 1,x", "--streams: 'x'"},
+		{"--streams 1,,4", "--streams: '1,,4' is not a list"},
+		{"--streams 1,2,3,4,5,6,7,8,9", "at most 8 values"},
+		{"--streams ''", "--streams: '' is not a list"},
+	};
+	for (size_t i = 0; i < CM_ARRAY_LEN(bad_streams); i++) {
+		snprintf(cmd, sizeof(cmd), "%s --daemon ipc:///nonexistent %s 2>&1",
+			 bin("edgelm-bench"), bad_streams[i][0]);
+		CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
+		CHECK_MSG(strstr(out, bad_streams[i][1]) != NULL, "%s: %s", bad_streams[i][0], out);
+		free(out);
+	}
 	/* and edgelm-gguf mkmodel's */
 	snprintf(cmd, sizeof(cmd), "%s mkmodel --shape tiny --layers 2x -o /dev/null 2>&1",
 		 bin("edgelm-gguf"));

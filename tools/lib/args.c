@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 int tools_parse_long(const char *s, long lo, long hi, long *ret)
 {
@@ -36,4 +37,39 @@ int tools_opt_int(const char *prog, const char *opt, const char *s, long lo, lon
 		return -1;
 	*ret = (int)v;
 	return 0;
+}
+
+int tools_opt_list(const char *prog, const char *opt, const char *s, long lo, long hi, int *out,
+		   int min_n, int max_n)
+{
+	int n = 0;
+	if (!*s && min_n == 0)
+		return 0;
+	for (const char *p = s;; p++) {
+		const char *e = strchr(p, ',');
+		size_t len = e ? (size_t)(e - p) : strlen(p);
+		char item[32];
+		if (len == 0 || len >= sizeof(item)) {
+			fprintf(stderr, "%s: %s: '%s' is not a list of whole numbers (N,N,...)\n",
+				prog, opt, s);
+			return -1;
+		}
+		if (n == max_n) {
+			fprintf(stderr, "%s: %s: '%s': at most %d values\n", prog, opt, s, max_n);
+			return -1;
+		}
+		memcpy(item, p, len);
+		item[len] = '\0';
+		if (tools_opt_int(prog, opt, item, lo, hi, &out[n]) != 0)
+			return -1;
+		n++;
+		if (!e)
+			break;
+		p = e;
+	}
+	if (n < min_n) {
+		fprintf(stderr, "%s: %s: at least %d values\n", prog, opt, min_n);
+		return -1;
+	}
+	return n;
 }

@@ -191,24 +191,11 @@ int tools_bench_daemon_main(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, "d:s:n:l:jh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'd': url = optarg; break;
-		case 's': {
-			/* N[,N...]: up to 8 stream counts */
-			char buf[256];
-			snprintf(buf, sizeof(buf), "%s", optarg);
-			n_streams = 0;
-			for (char *sp = NULL, *p = strtok_r(buf, ",", &sp); p && !bad;
-			     p = strtok_r(NULL, ",", &sp)) {
-				if (n_streams == 8) {
-					fprintf(stderr, "edgelm-bench: --streams: at most 8 counts\n");
-					bad = true;
-					break;
-				}
-				bad = tools_opt_int("edgelm-bench", "--streams", p, 1, 1024,
-						    &streams[n_streams++]) != 0;
-			}
-			bad |= n_streams == 0;
+		case 's':
+			n_streams = tools_opt_list("edgelm-bench", "--streams", optarg, 1, 1024,
+						   streams, 1, 8);
+			bad |= n_streams < 0;
 			break;
-		}
 		case 'n':
 			bad |= tools_opt_int("edgelm-bench", "--n-gen", optarg, 1, 1 << 20, &n_gen) != 0;
 			break;

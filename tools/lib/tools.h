@@ -118,5 +118,11 @@ int tools_parse_long(const char *s, long lo, long hi, long *ret);
  * int form wants [lo, hi] within int's range. */
 int tools_opt_long(const char *prog, const char *opt, const char *s, long lo, long hi, long *ret);
 int tools_opt_int(const char *prog, const char *opt, const char *s, long lo, long hi, int *ret);
+/* A comma-separated list of such numbers ("128,512") into out[]: the
+ * count, min_n to max_n (an empty string is the empty list, allowed only
+ * when min_n is 0), else -1 with a message naming what is wrong (an
+ * empty entry as in "8,,16", too many values, a bad number). */
+int tools_opt_list(const char *prog, const char *opt, const char *s, long lo, long hi, int *out,
+		   int min_n, int max_n);
 
 #endif
