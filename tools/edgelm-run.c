@@ -143,17 +143,6 @@ static const char *opt_name(int c)
 	return "?";
 }
 
-static int parse_float(const char *s, float lo, float hi, float *ret)
-{
-	char *end;
-	errno = 0;
-	float v = strtof(s, &end);
-	if (errno || end == s || *end || !(v >= lo && v <= hi))
-		return -1;
-	*ret = v;
-	return 0;
-}
-
 static char *read_file(const char *path, size_t *ret_len)
 {
 	FILE *f = fopen(path, "rb");
@@ -362,16 +351,16 @@ int main(int argc, char **argv)
 				return EXIT_USAGE;
 			}
 			break;
-		case OPT_TEMP: bad = parse_float(optarg, 0, 100, &sp.temp); break;
+		case OPT_TEMP: bad = tools_parse_float(optarg, 0, 100, &sp.temp); break;
 		case OPT_TOPK:
 			bad = tools_parse_long(optarg, 0, 1 << 30, &lv);
 			sp.top_k = (int32_t)lv;
 			break;
-		case OPT_TOPP: bad = parse_float(optarg, 0, 1, &sp.top_p); break;
-		case OPT_MINP: bad = parse_float(optarg, 0, 1, &sp.min_p); break;
-		case OPT_REP: bad = parse_float(optarg, 0, 100, &sp.repeat_penalty); break;
-		case OPT_FREQ: bad = parse_float(optarg, -100, 100, &sp.freq_penalty); break;
-		case OPT_PRES: bad = parse_float(optarg, -100, 100, &sp.presence_penalty); break;
+		case OPT_TOPP: bad = tools_parse_float(optarg, 0, 1, &sp.top_p); break;
+		case OPT_MINP: bad = tools_parse_float(optarg, 0, 1, &sp.min_p); break;
+		case OPT_REP: bad = tools_parse_float(optarg, 0, 100, &sp.repeat_penalty); break;
+		case OPT_FREQ: bad = tools_parse_float(optarg, -100, 100, &sp.freq_penalty); break;
+		case OPT_PRES: bad = tools_parse_float(optarg, -100, 100, &sp.presence_penalty); break;
 		case OPT_LASTN:
 			bad = tools_parse_long(optarg, -1, 1 << 24, &lastn);
 			break;

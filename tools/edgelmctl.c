@@ -246,28 +246,6 @@ static void print_result_json(const struct edgelm_result *r)
 
 /* ---- argument helpers ----------------------------------------------------- */
 
-static bool parse_long(const char *s, long long min, long long max, long long *ret)
-{
-	char *end;
-	errno = 0;
-	long long v = strtoll(s, &end, 10);
-	if (errno || end == s || *end || v < min || v > max)
-		return false;
-	*ret = v;
-	return true;
-}
-
-static bool parse_double(const char *s, double *ret)
-{
-	char *end;
-	errno = 0;
-	double v = strtod(s, &end);
-	if (errno || end == s || *end || !isfinite(v))
-		return false;
-	*ret = v;
-	return true;
-}
-
 /* Read all of stdin ("-" arguments). */
 static char *read_stdin(void)
 {
@@ -392,14 +370,14 @@ static int gen_opts_parse(const char *cmd, int argc, char **argv, struct gen_opt
 	memset(o, 0, sizeof(*o));
 	edgelm_params_init(&o->p);
 	o->stream = -1;
-	long long v;
+	long v;
 	double d;
 	int ch;
 	optind = 1;
 	while ((ch = getopt_long(argc, argv, "+n:h", gen_longopts, NULL)) != -1) {
 		switch (ch) {
 		case 'n':
-			if (!parse_long(optarg, 1, INT32_MAX, &v))
+			if (tools_parse_long(optarg, 1, INT32_MAX, &v) != 0)
 				return usage_error(cmd, "-n: '%s' is not a positive count", optarg);
 			o->p.max_tokens = (int32_t)v;
 			break;
@@ -407,7 +385,7 @@ static int gen_opts_parse(const char *cmd, int argc, char **argv, struct gen_opt
 		case OPT_TOPP:
 		case OPT_MINP:
 		case OPT_REPEAT:
-			if (!parse_double(optarg, &d))
+			if (tools_parse_double(optarg, -HUGE_VAL, HUGE_VAL, &d) != 0)
 				return usage_error(cmd, "'%s' is not a number", optarg);
 			if (ch == OPT_TEMP)
 				o->p.temperature = (float)d;
@@ -419,12 +397,12 @@ static int gen_opts_parse(const char *cmd, int argc, char **argv, struct gen_opt
 				o->p.repeat_penalty = (float)d;
 			break;
 		case OPT_TOPK:
-			if (!parse_long(optarg, 0, INT32_MAX, &v))
+			if (tools_parse_long(optarg, 0, INT32_MAX, &v) != 0)
 				return usage_error(cmd, "--top-k: '%s' is not a count", optarg);
 			o->p.top_k = (int32_t)v;
 			break;
 		case OPT_SEED:
-			if (!parse_long(optarg, 0, LLONG_MAX, &v))
+			if (tools_parse_long(optarg, 0, LONG_MAX, &v) != 0)
 				return usage_error(cmd, "--seed: '%s' is not a seed", optarg);
 			o->p.has_seed = true;
 			o->p.seed = (uint64_t)v;
@@ -445,13 +423,13 @@ static int gen_opts_parse(const char *cmd, int argc, char **argv, struct gen_opt
 			o->p.id = optarg;
 			break;
 		case OPT_DEADLINE:
-			if (!parse_long(optarg, 1, 86400000, &v))
+			if (tools_parse_long(optarg, 1, 86400000, &v) != 0)
 				return usage_error(cmd, "--deadline: '%s' is not a time in ms",
 				                   optarg);
 			o->p.deadline_ms = v;
 			break;
 		case OPT_PRIORITY:
-			if (!parse_long(optarg, -10, 10, &v))
+			if (tools_parse_long(optarg, -10, 10, &v) != 0)
 				return usage_error(cmd, "--priority: '%s' is not in -10..10",
 				                   optarg);
 			o->p.priority = (int32_t)v;
@@ -936,8 +914,8 @@ static int cmd_detokenize(int argc, char **argv)
 	if (!ids)
 		return EXIT_USAGE;
 	for (size_t i = 0; i < n; i++) {
-		long long v;
-		if (!parse_long(argv[optind + (int)i], 0, INT32_MAX, &v)) {
+		long v;
+		if (tools_parse_long(argv[optind + (int)i], 0, INT32_MAX, &v) != 0) {
 			free(ids);
 			return usage_error("detokenize", "'%s' is not a token id",
 			                   argv[optind + (int)i]);
@@ -1061,7 +1039,7 @@ int main(int argc, char **argv)
 	    {"version", no_argument, NULL, OPT_VERSION}, {NULL, 0, NULL, 0},
 	};
 	int ch;
-	long long v;
+	long v;
 	/* "+": options end at the command; its own options follow it */
 	while ((ch = getopt_long(argc, argv, "+s:jt:h", lo, NULL)) != -1) {
 		switch (ch) {
@@ -1072,7 +1050,7 @@ int main(int argc, char **argv)
 			G.json = true;
 			break;
 		case 't':
-			if (!parse_long(optarg, 0, INT32_MAX, &v))
+			if (tools_parse_long(optarg, 0, INT32_MAX, &v) != 0)
 				return usage_error(NULL, "--timeout: '%s' is not a time in ms",
 				                   optarg);
 			G.timeout_ms = (int)v;

@@ -177,6 +177,14 @@ static void test_usage_errors(void)
 	snprintf(cmd, sizeof(cmd), "%s -m x.gguf --temp abc 2>/dev/null", bin());
 	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
 	free(out);
+	/* the float options' ranges and finiteness (tools_parse_float) */
+	static const char *const bad_floats[] = { "--top-p 1.5", "--min-p -0.1", "--temp 1e999",
+						  "--temp nan", "--repeat-penalty 0x" };
+	for (size_t i = 0; i < CM_ARRAY_LEN(bad_floats); i++) {
+		snprintf(cmd, sizeof(cmd), "%s -m x.gguf %s 2>/dev/null", bin(), bad_floats[i]);
+		CHECK_MSG(test_run_capture(cmd, &out) == 1, "%s accepted", bad_floats[i]);
+		free(out);
+	}
 	/* the message names the option, not its value (it said "for abc") */
 	snprintf(cmd, sizeof(cmd), "%s -m x.gguf -n abc 2>&1", bin());
 	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);

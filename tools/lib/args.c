@@ -6,6 +6,7 @@
 #include "tools/lib/tools.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +18,26 @@ int tools_parse_long(const char *s, long lo, long hi, long *ret)
 	if (errno || end == s || *end || v < lo || v > hi)
 		return -1;
 	*ret = v;
+	return 0;
+}
+
+int tools_parse_double(const char *s, double lo, double hi, double *ret)
+{
+	char *end;
+	errno = 0;
+	double v = strtod(s, &end);
+	if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
+		return -1;
+	*ret = v;
+	return 0;
+}
+
+int tools_parse_float(const char *s, float lo, float hi, float *ret)
+{
+	double v;
+	if (tools_parse_double(s, lo, hi, &v) != 0)
+		return -1;
+	*ret = (float)v;
 	return 0;
 }
 

@@ -113,6 +113,10 @@ void tools_tuning_json(const struct tools_tuning *t, FILE *o);
 
 /* All of s as a base-10 number within [lo, hi]: 0, else -1 (*ret unset). */
 int tools_parse_long(const char *s, long lo, long hi, long *ret);
+/* All of s as a finite number within [lo, hi] (strtod's syntax): 0, else
+ * -1 (*ret unset). The float form checks the range before rounding. */
+int tools_parse_double(const char *s, double lo, double hi, double *ret);
+int tools_parse_float(const char *s, float lo, float hi, float *ret);
 /* The same for option `opt` of program `prog`; on failure says "PROG: OPT:
  * 'S' is not a whole number from LO to HI" on stderr and returns -1. The
  * int form wants [lo, hi] within int's range. */
