@@ -709,15 +709,20 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
  * ahead (2, 3, 6, 8 KiB: within 2 %); the K-quants 8 KiB ahead (32 KiB
  * before: +11-15 % Q4_K_M decode; 4, 6, 12, 64 KiB in between); Q8_0 4
  * KiB from two tokens on (without it, batches of 2 and 4 lost 13-22 %)
- * and 16 KiB for one token: with the rows cut into K-segments, +7 %
- * TinyLlama Q8_0 and +5-6 % Qwen2.5 (its Q8_0 output) decode against none
- * (12, 24, 32 KiB: +2-4 %); before the segments, 4 KiB for one token had
- * lost 5-12 % against none. Q4_0 at 8 or 16 KiB lost 3-7 %. */
+ * and 6 KiB for one token. With the rows cut into K-segments, 16 KiB had
+ * given +7 % TinyLlama Q8_0 and +5-6 % Qwen2.5 (its Q8_0 output) decode
+ * against none (12, 24, 32 KiB: +2-4 %; before the segments, 4 KiB had
+ * lost 5-12 % against none); re-measured in the tenth session against 16
+ * KiB (medians of 16-20): 4 KiB +5.5-6.6 %, 6 KiB +6.9 %, 8 KiB +1.7-5.2
+ * %, 12 KiB -1.8 % on TinyLlama Q8_0, 6 KiB +3.6 % on Qwen2.5; the other
+ * way round (16 KiB against 6) 0.956 and 0.986. The box's memory moves
+ * under these settings: re-measure before trusting either. Q4_0 at 8 or
+ * 16 KiB lost 3-7 %. */
 #ifndef X16_PREFETCH
 #define X16_PREFETCH 4096 /* bytes ahead; 0: none */
 #endif
 #ifndef X16_Q8_1T_PREFETCH
-#define X16_Q8_1T_PREFETCH 16384 /* Q8_0, fewer than X16_Q8_PF_NT tokens */
+#define X16_Q8_1T_PREFETCH 6144 /* Q8_0, fewer than X16_Q8_PF_NT tokens */
 #endif
 #ifndef X16K_PREFETCH
 #define X16K_PREFETCH 8192
