@@ -35,7 +35,7 @@
  * Linux gives a process the AMX state only after
  * arch_prctl(ARCH_REQ_XCOMP_PERM); the variant is offered only when the
  * permission is already held (kern_select.c), which the tuning knob `amx`
- * requests (docs/tuning.md). */
+ * requests (docs/tuning.md), and forcing the variant asks for it. */
 #include "engine/kernels/kern.h"
 
 #include "engine/quant.h"

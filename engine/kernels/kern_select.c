@@ -44,6 +44,13 @@ bool kern_amx_request(void)
 	       amx_permitted();
 }
 #else
+#if defined(__x86_64__)
+static bool amx_permitted(void)
+{
+	return false;
+}
+#endif
+
 bool kern_amx_request(void)
 {
 	return false;
@@ -91,7 +98,6 @@ static bool caps_avx512vnni(const struct kern_caps *c)
  * first tile instruction raises SIGILL. The engine does not ask on its own,
  * so that `amx off` keeps AMX off: it uses the tiles when the permission is
  * already held. */
-
 static bool caps_amx(const struct kern_caps *c)
 {
 	return caps_avx512vnni(c) && c->amx_tile && c->amx_int8 && amx_permitted();
