@@ -323,11 +323,11 @@ int main(int argc, char **argv)
 			bad |= tools_opt_int(P, "--repack-segment", optarg, -1, 1 << 30, &segment) != 0;
 			break;
 		case 'P':
-			n_prompts = tools_opt_list("edgelm-bench", "--prompts", optarg, 1, 1 << 20,
+			n_prompts = tools_opt_list(P, "--prompts", optarg, 1, 1 << 20,
 						   prompts, 0, 8);
 			break;
 		case 'C':
-			n_ctxs = tools_opt_list("edgelm-bench", "--contexts", optarg, 0, 1 << 20,
+			n_ctxs = tools_opt_list(P, "--contexts", optarg, 0, 1 << 20,
 						ctxs, 0, 8);
 			break;
 		case 'n': bad |= tools_opt_int(P, "--n-gen", optarg, 1, 1 << 20, &n_gen) != 0; break;
