@@ -319,8 +319,9 @@ amx_gemm(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, co
 	 bool from_s)
 {
 	if (nt < AMX_MIN_NT) {
-		kern_avx512vnni_ops.t[q4 ? ENGINE_DTYPE_Q4_0 : ENGINE_DTYPE_Q8_0].gemm_x16(
-			n, nr, nt, vw, w_stride, va, a_stride, aux, aux_stride, s, s_stride, from_s);
+		uint32_t type = q4 ? ENGINE_DTYPE_Q4_0 : ENGINE_DTYPE_Q8_0;
+		kern_avx512vnni_ops.t[type].gemm_x16(n, nr, nt, vw, w_stride, va, a_stride, aux,
+						     aux_stride, s, s_stride, from_s);
 		return;
 	}
 	const uint8_t *w = vw, *a = va;
