@@ -31,15 +31,18 @@ $(BUILD)/tests/kernels/%: $(BUILD)/tests/kernels/%.o $(MODULE_LIBS)
 	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(TEST_LDLIBS)
 
 # x86_64: test_kern also runs the AMX kernels (engine/kernels/kern_amx.c)
-# through a software model of the tile instructions (-DKERN_AMX_EMULATE,
-# every token count through the tiles: AMX_MIN_NT=1), since this project's
-# box has no AMX.
+# through a software model of the tile instructions (-DKERN_AMX_EMULATE),
+# since this project's box has no AMX: once with every token count through
+# the tiles (AMX_MIN_NT=1), once as built (below 16 tokens a call goes to
+# avx512vnni's kernel).
 ifeq ($(ARCH),x86_64)
-KERN_AMX_EMU := $(BUILD)/tests/kernels/kern_amx_emu.o
+KERN_AMX_EMU := $(BUILD)/tests/kernels/kern_amx_emu.o $(BUILD)/tests/kernels/kern_amx_emu16.o
+$(BUILD)/tests/kernels/kern_amx_emu.o: AMX_EMU_FLAGS = -DAMX_MIN_NT=1
+$(BUILD)/tests/kernels/kern_amx_emu16.o: AMX_EMU_FLAGS = -DKERN_AMX_OPS=kern_amx_emu16_ops
 $(KERN_AMX_EMU): engine/kernels/kern_amx.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $@ (AMX emulated)")
-	$(Q)$(CC) $(EDGELM_CFLAGS) $(KERN_AMX_BASE_FLAGS) -DKERN_AMX_EMULATE -DAMX_MIN_NT=1 \
+	$(Q)$(CC) $(EDGELM_CFLAGS) $(KERN_AMX_BASE_FLAGS) -DKERN_AMX_EMULATE $(AMX_EMU_FLAGS) \
 		$(CFLAGS) -c -o $@ $<
 $(BUILD)/tests/kernels/test_kern: $(KERN_AMX_EMU)
 $(BUILD)/tests/kernels/test_kern.o: EXTRA_CFLAGS += -DKERN_TEST_AMX_EMU

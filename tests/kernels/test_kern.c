@@ -1974,15 +1974,17 @@ static void run_variant_test(void (*fn)(void), const char *test)
 }
 
 #ifdef KERN_TEST_AMX_EMU
-/* The AMX tile kernels (kern_amx.c), built a second time with the tile
- * instructions in software (tests/module.mk: this box has no AMX, and with
- * AMX_MIN_NT 1 every token count goes through the tiles): in the table
- * they extend, avx512vnni's, they must pass the x16 cases bit for bit like
- * every variant's kernels. The model aborts where the hardware would fault
- * (a tile used unconfigured, shapes that do not fit). */
-extern const struct kern_ops kern_amx_emu_ops;
+/* The AMX tile kernels (kern_amx.c), built again with the tile
+ * instructions in software (tests/module.mk: this box has no AMX), once
+ * with every token count through the tiles (AMX_MIN_NT 1) and once as
+ * built (avx512vnni's kernel below 16 tokens): in the table they extend,
+ * avx512vnni's, they must pass the x16 cases bit for bit like every
+ * variant's kernels. The model aborts where the hardware would fault (a
+ * tile used unconfigured, shapes that do not fit). */
+extern const struct kern_ops kern_amx_emu_ops, kern_amx_emu16_ops;
 
-static void test_amx_emulated(const struct kern_caps *caps)
+static void test_amx_emulated_one(const struct kern_caps *caps, const struct kern_ops *amx,
+				  const char *name)
 {
 	static const uint32_t types[] = { ENGINE_DTYPE_Q4_0, ENGINE_DTYPE_Q8_0 };
 	const struct kern_ops *under = kern_select(caps, "avx512vnni");
@@ -1993,18 +1995,23 @@ static void test_amx_emulated(const struct kern_caps *caps)
 	}
 	static struct kern_ops emu;
 	emu = *under;
-	emu.name = kern_amx_emu_ops.name;
+	emu.name = name;
 	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
 		uint32_t t = types[i];
-		CHECK_MSG(kern_amx_emu_ops.t[t].act_type == under->t[t].act_type &&
-				  kern_amx_emu_ops.t[t].gemm_x16 != NULL &&
-				  !kern_amx_emu_ops.t[t].vec_dot,
-			  "amx table: %s", dtype_name(t));
-		emu.t[t].gemm_x16 = kern_amx_emu_ops.t[t].gemm_x16;
+		CHECK_MSG(amx->t[t].act_type == under->t[t].act_type &&
+				  amx->t[t].gemm_x16 != NULL && !amx->t[t].vec_dot,
+			  "%s table: %s", name, dtype_name(t));
+		emu.t[t].gemm_x16 = amx->t[t].gemm_x16;
 	}
 	V = &emu;
-	V_name = kern_amx_emu_ops.name;
+	V_name = name;
 	run_variant_test(test_variant_x16, "x16");
+}
+
+static void test_amx_emulated(const struct kern_caps *caps)
+{
+	test_amx_emulated_one(caps, &kern_amx_emu_ops, "amx (emulated, tiles from 1 token)");
+	test_amx_emulated_one(caps, &kern_amx_emu16_ops, "amx (emulated, as built)");
 }
 #endif
 
