@@ -262,8 +262,10 @@ finish_block(int m, const int32_t *c, __m512 dw, __m512 offv, const float *aux,
 }
 
 /* One panel of 16 rows against m <= 16 tokens whose tiles are configured
- * for m. Blocks in pairs: block b's product in C0 while block b-1's result
- * is finished from the buffer, and the same for C1. */
+ * for m. Blocks in pairs: both products are issued (C0, C1), then block b
+ * is finished from its buffer while block b + 1's product may still run.
+ * No software prefetch: prefill is compute-bound, and a chunk's panels
+ * come from L2 for every tile of tokens after the first. */
 static inline __attribute__((always_inline)) void
 amx_panel(bool q4, int m, int64_t nb, const uint8_t *panel, const uint8_t *a, size_t a_stride,
 	  const float *aux, size_t aux_stride, float *s, size_t s_stride, bool from_s)
