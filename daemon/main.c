@@ -436,6 +436,12 @@ int main(int argc, char **argv)
 		fprintf(stderr, "edgelmd: %s\n", err.msg);
 		return EXIT_USAGE;
 	}
+	/* EDGELM_ISA, as for the tools: over the file, under the command line */
+	const char *env_isa = getenv("EDGELM_ISA");
+	if (env_isa && *env_isa && daemon_config_set(&d->cfg, "isa", env_isa, &err) != 0) {
+		fprintf(stderr, "edgelmd: EDGELM_ISA: %s\n", err.msg);
+		return EXIT_USAGE;
+	}
 	for (int i = 0; i < n_ov; i++) {
 		const char *key = ov_key[i];
 		if (strcmp(key, "listen+") == 0)
