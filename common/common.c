@@ -1,5 +1,5 @@
 /* common/common.c: error helpers, allocation wrappers with failure
- * injection, clock. */
+ * injection, clock, the AMX permission. */
 #include "common/common.h"
 
 #include <stdatomic.h>
@@ -7,6 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
 
 int cm_err_set(struct cm_err *err, int code, const char *fmt, ...)
 {
@@ -142,4 +146,32 @@ struct timespec cm_deadline(clockid_t clock, int64_t ms)
 double cm_now(void)
 {
 	return (double)cm_now_ns() * 1e-9;
+}
+
+/* arch_prctl codes (asm/prctl.h) and the AMX tile data's XSAVE component */
+#define ARCH_GET_XCOMP_PERM_ 0x1022
+#define ARCH_REQ_XCOMP_PERM_ 0x1023
+#define XFEATURE_XTILEDATA_ 18
+
+bool cm_amx_permitted(void)
+{
+#if defined(__x86_64__) && defined(__linux__)
+	unsigned long mask = 0;
+	if (syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM_, &mask) != 0)
+		return false;
+	return (mask >> XFEATURE_XTILEDATA_) & 1;
+#else
+	return false;
+#endif
+}
+
+int cm_amx_request(void)
+{
+#if defined(__x86_64__) && defined(__linux__)
+	if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM_, (unsigned long)XFEATURE_XTILEDATA_) != 0)
+		return -errno;
+	return 0;
+#else
+	return -EOPNOTSUPP;
+#endif
 }

@@ -80,4 +80,10 @@ uint64_t cm_now_ns(void);
  * variable it is for), for pthread_cond_timedwait. */
 struct timespec cm_deadline(clockid_t clock, int64_t ms);
 
+/* Linux's per-process permission for the AMX tile state (x86-64,
+ * arch_prctl(ARCH_GET/REQ_XCOMP_PERM)): whether it is held, and asking for
+ * it (process-wide, no way back): 0 or -errno (-EOPNOTSUPP elsewhere). */
+bool cm_amx_permitted(void);
+int cm_amx_request(void);
+
 #endif

@@ -17,10 +17,6 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #include <libcpuid/libcpuid.h>
-#include <sys/syscall.h>
-#define ARCH_GET_XCOMP_PERM_ 0x1022
-#define ARCH_REQ_XCOMP_PERM_ 0x1023
-#define XFEATURE_XTILEDATA_ 18
 #elif defined(__aarch64__)
 #include <sys/auxv.h>
 #endif
@@ -219,14 +215,6 @@ static uint64_t xgetbv0(void)
 	return ((uint64_t)hi << 32) | lo;
 }
 
-static bool amx_permitted_now(void)
-{
-	unsigned long mask = 0;
-	if (syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM_, &mask) != 0)
-		return false;
-	return (mask >> XFEATURE_XTILEDATA_) & 1;
-}
-
 static void trim_right(char *s)
 {
 	size_t n = strlen(s);
@@ -299,7 +287,7 @@ static void detect_x86(struct tuning_cpu *cpu)
 	u->amx_tile = cpu->os_amx && h->amx_tile;
 	u->amx_int8 = u->amx_tile && h->amx_int8;
 	u->amx_bf16 = u->amx_tile && h->amx_bf16;
-	cpu->amx_permitted = u->amx_tile && amx_permitted_now();
+	cpu->amx_permitted = u->amx_tile && cm_amx_permitted();
 
 	/* Identity and caches from libcpuid; ISA bits above stay authoritative. */
 	struct cpu_raw_data_t raw;
@@ -353,11 +341,9 @@ int tuning_cpu_amx_request(struct tuning_cpu *cpu, struct cm_err *err)
 {
 	if (!cpu->isa.amx_tile)
 		return cm_err_set(err, -EOPNOTSUPP, "amx: not supported by this CPU or OS");
-	if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM_, (unsigned long)XFEATURE_XTILEDATA_) !=
-	    0) {
-		int e = errno;
-		return cm_err_set(err, -e, "amx: arch_prctl(ARCH_REQ_XCOMP_PERM): %s", strerror(e));
-	}
+	int r = cm_amx_request();
+	if (r != 0)
+		return cm_err_set(err, r, "amx: arch_prctl(ARCH_REQ_XCOMP_PERM): %s", strerror(-r));
 	cpu->amx_permitted = true;
 	return 0;
 }
@@ -367,7 +353,7 @@ void tuning_cpu_engine_isa(const struct tuning_cpu *cpu, struct tuning_isa *ret)
 	*ret = cpu->isa;
 	/* Only the live CPU can have the permission; a report read from a fake
 	 * tree never grants AMX to the engine. */
-	bool ok = strcmp(cpu->source, "cpuid+xgetbv") == 0 && ret->amx_tile && amx_permitted_now();
+	bool ok = strcmp(cpu->source, "cpuid+xgetbv") == 0 && ret->amx_tile && cm_amx_permitted();
 	if (!ok)
 		ret->amx_tile = ret->amx_int8 = ret->amx_bf16 = false;
 }

@@ -15,47 +15,16 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #elif defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #endif
 
 /* ---- AMX permission ---------------------------------------------------------- */
 
-/* arch_prctl codes (asm/prctl.h) and the AMX tile data's XSAVE component */
-#define ARCH_GET_XCOMP_PERM_ 0x1022
-#define ARCH_REQ_XCOMP_PERM_ 0x1023
-#define XFEATURE_XTILEDATA_ 18
-
-#if defined(__x86_64__) && defined(__linux__)
-static bool amx_permitted(void)
-{
-	unsigned long mask = 0;
-	if (syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM_, &mask) != 0)
-		return false;
-	return (mask >> XFEATURE_XTILEDATA_) & 1;
-}
-
 bool kern_amx_request(void)
 {
-	return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM_, (unsigned long)XFEATURE_XTILEDATA_) ==
-		       0 &&
-	       amx_permitted();
+	return cm_amx_request() == 0 && cm_amx_permitted();
 }
-#else
-#if defined(__x86_64__)
-static bool amx_permitted(void)
-{
-	return false;
-}
-#endif
-
-bool kern_amx_request(void)
-{
-	return false;
-}
-#endif
 
 /* ---- variants ---------------------------------------------------------------- */
 
@@ -100,7 +69,7 @@ static bool caps_avx512vnni(const struct kern_caps *c)
  * already held. */
 static bool caps_amx(const struct kern_caps *c)
 {
-	return caps_avx512vnni(c) && c->amx_tile && c->amx_int8 && amx_permitted();
+	return caps_avx512vnni(c) && c->amx_tile && c->amx_int8 && cm_amx_permitted();
 }
 
 #define KERN_ISA_VARIANTS(X)                                                \
