@@ -324,11 +324,11 @@ int main(int argc, char **argv)
 			break;
 		case 'P':
 			n_prompts = tools_opt_list(P, "--prompts", optarg, 1, 1 << 20,
-						   prompts, 0, 8);
+						   prompts, true, 8);
 			break;
 		case 'C':
 			n_ctxs = tools_opt_list(P, "--contexts", optarg, 0, 1 << 20,
-						ctxs, 0, 8);
+						ctxs, true, 8);
 			break;
 		case 'n': bad |= tools_opt_int(P, "--n-gen", optarg, 1, 1 << 20, &n_gen) != 0; break;
 		case 'r': bad |= tools_opt_int(P, "--reps", optarg, 1, 1000, &reps) != 0; break;

@@ -344,6 +344,8 @@ amx_gemm(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, co
 			const uint8_t *at = a + (size_t)t0 * a_stride;
 			const float *xt = aux + (size_t)t0 * aux_stride;
 			float *st = s + (size_t)t0 * s_stride + r0;
+			/* full tiles with a constant count: their finish unrolls
+			 * and keeps the accumulators in registers */
 			if (m == AMX_TOKENS)
 				amx_panel(q4, AMX_TOKENS, nb, w + (size_t)r0 * w_stride, at,
 					  a_stride, xt, aux_stride, st, s_stride, from_s);

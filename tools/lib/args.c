@@ -61,10 +61,10 @@ int tools_opt_int(const char *prog, const char *opt, const char *s, long lo, lon
 }
 
 int tools_opt_list(const char *prog, const char *opt, const char *s, long lo, long hi, int *out,
-		   int min_n, int max_n)
+		   bool allow_empty, int max_n)
 {
 	int n = 0;
-	if (!*s && min_n == 0)
+	if (!*s && allow_empty)
 		return 0;
 	for (const char *p = s;; p++) {
 		const char *e = strchr(p, ',');
@@ -87,10 +87,6 @@ int tools_opt_list(const char *prog, const char *opt, const char *s, long lo, lo
 		if (!e)
 			break;
 		p = e;
-	}
-	if (n < min_n) {
-		fprintf(stderr, "%s: %s: at least %d values\n", prog, opt, min_n);
-		return -1;
 	}
 	return n;
 }

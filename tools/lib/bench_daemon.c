@@ -193,7 +193,7 @@ int tools_bench_daemon_main(int argc, char **argv)
 		case 'd': url = optarg; break;
 		case 's':
 			n_streams = tools_opt_list("edgelm-bench", "--streams", optarg, 1, 1024,
-						   streams, 1, 8);
+						   streams, false, 8);
 			bad |= n_streams < 0;
 			break;
 		case 'n':

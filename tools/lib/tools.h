@@ -123,10 +123,10 @@ int tools_parse_float(const char *s, float lo, float hi, float *ret);
 int tools_opt_long(const char *prog, const char *opt, const char *s, long lo, long hi, long *ret);
 int tools_opt_int(const char *prog, const char *opt, const char *s, long lo, long hi, int *ret);
 /* A comma-separated list of such numbers ("128,512") into out[]: the
- * count, min_n to max_n (an empty string is the empty list, allowed only
- * when min_n is 0), else -1 with a message naming what is wrong (an
- * empty entry as in "8,,16", too many values, a bad number). */
+ * count, at most max_n (an empty string is the empty list where
+ * allow_empty, else an error), or -1 with a message naming what is wrong
+ * (an empty entry as in "8,,16", too many values, a bad number). */
 int tools_opt_list(const char *prog, const char *opt, const char *s, long lo, long hi, int *out,
-		   int min_n, int max_n);
+		   bool allow_empty, int max_n);
 
 #endif
