@@ -285,7 +285,7 @@ struct monitor {
 	bool th_running, th_stop;
 
 	/* http.c */
-	void *http; /* struct MHD_Daemon */
+	void *http; /* struct http_server (http.c) */
 	int http_port;
 };
 
