@@ -54,6 +54,7 @@ _Static_assert(EDGELM_E_INTERNAL == SRV(IPC_ERR_INTERNAL), "code table");
 _Static_assert(IPC_ERR_COUNT == 14, "new protocol error: add its EDGELM_E_ code");
 _Static_assert((int)EDGELM_FINISH_DEADLINE == (int)IPC_FINISH_DEADLINE, "finish table");
 _Static_assert((int)EDGELM_HEALTH_DRAINING == (int)IPC_HEALTH_DRAINING, "health table");
+_Static_assert(EDGELM_DEFAULT_MAX_MSG == IPC_DEFAULT_MAX_MSG_BYTES, "client and daemon limits");
 
 struct edgelm_client {
 	nng_socket sock;
@@ -168,7 +169,7 @@ EDGELM_API int edgelm_connect(const char *url, edgelm_client **ret_client, struc
 	if (!c)
 		return set_err(err, EDGELM_E_NOMEM, "out of memory");
 	atomic_init(&c->timeout_ms, DEFAULT_TIMEOUT_MS);
-	atomic_init(&c->max_msg, (size_t)1 << 20);
+	atomic_init(&c->max_msg, (size_t)IPC_DEFAULT_MAX_MSG_BYTES);
 	int rv = nng_req0_open(&c->sock);
 	if (rv != 0) {
 		cm_free(c);
@@ -622,7 +623,7 @@ static int run_blocking(struct edgelm_client *c, struct ipc_request *req, struct
 	 * never resent, and a vanished daemon drops the connection. */
 	int timeout = 0;
 	if (req->deadline_ms > 0 && t > 0)
-		timeout = (int)CM_MIN((int64_t)INT32_MAX, req->deadline_ms + t);
+		timeout = (int)CM_MIN((int64_t)INT32_MAX - t, req->deadline_ms) + t;
 	struct ipc_reply *rep;
 	int rc = call_op(c, req, timeout, &rep, NULL, err);
 	if (rc) {
@@ -679,7 +680,8 @@ static int run_stream(struct edgelm_client *c, struct ipc_request *req, int32_t 
 		poll.id = res->id;
 		poll.ack = ack;
 		poll.wait_ms = (uint32_t)wait_ms;
-		rc = call_op(c, &poll, t > 0 ? wait_ms + t : 0, &rep, NULL, err);
+		int poll_to = t > 0 ? (int)CM_MIN((int64_t)INT32_MAX, (int64_t)wait_ms + t) : 0;
+		rc = call_op(c, &poll, poll_to, &rep, NULL, err);
 		if (rc == EDGELM_E_TIMEOUT || rc == EDGELM_E_CONNECTION) {
 			/* The reply was lost or is late: ask again from the same
 			 * offset; the daemon still holds everything after it. */

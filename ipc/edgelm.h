@@ -111,10 +111,13 @@ EDGELM_API void edgelm_close(edgelm_client *c);
  * long (30000 when this is forever), then fails with EDGELM_E_CONNECTION. */
 EDGELM_API void edgelm_set_timeout(edgelm_client *c, int timeout_ms);
 /* Requests larger than this are refused locally with EDGELM_E_TOO_LARGE
- * (default 1 MiB, the daemon's default limit; 0: no check). The daemon drops
- * the connection on messages above its own limit, which a caller would only
- * see as EDGELM_E_CONNECTION. */
+ * (default EDGELM_DEFAULT_MAX_MSG; 0: no check). The daemon drops the
+ * connection on messages above its own limit, which a caller would only see
+ * as EDGELM_E_CONNECTION. */
 EDGELM_API void edgelm_set_max_msg(edgelm_client *c, size_t bytes);
+/* The daemon's default message limit: room for any request within the
+ * protocol's other limits, e.g. a prompt of 1 MiB (docs/protocol.md). */
+#define EDGELM_DEFAULT_MAX_MSG 1179648 /* 1152 KiB */
 
 /* ---- generation ----------------------------------------------------------- */
 

@@ -56,12 +56,44 @@ enum ipc_errcode ipc_errcode_from_errno(int neg_errno);
 #define IPC_DEFAULT_URL "ipc:///run/edgelm/edgelm.sock"
 #define IPC_ID_MAX 64 /* bytes of a request/stream id */
 
-/* Bounds checked before and while parsing. A zero field means its default. */
+/* Defaults of struct ipc_limits. */
+#define IPC_DEFAULT_MAX_PROMPT_BYTES ((size_t)1 << 20)
+#define IPC_DEFAULT_MAX_MESSAGES 1024
+#define IPC_DEFAULT_MAX_STOP 16
+#define IPC_DEFAULT_MAX_STOP_BYTES 256
+#define IPC_DEFAULT_MAX_IDS 65536
+
+/* The smallest message limit, rounded up to 64 KiB, that holds any request
+ * within the other limits as libedgelm writes it: the longest text, stop
+ * strings of control characters (6 bytes a byte), 48 bytes of frame a chat
+ * message and 4 KiB for the other fields; or max_ids ids of 12 bytes. The
+ * client's and the server's defaults both come from it. */
+#define IPC_JSON_ESCAPE_MAX 6 /* \u001f */
+#define IPC_MSG_ROOM(messages, stop, stop_bytes)                                                   \
+	((size_t)4096 + IPC_ID_MAX + (size_t)48 * (messages) +                                      \
+	 (size_t)(stop) * (IPC_JSON_ESCAPE_MAX * (size_t)(stop_bytes) + 3))
+#define IPC_MSG_BYTES(prompt, messages, stop, stop_bytes, ids)                                     \
+	((CM_MAX((size_t)(prompt) + IPC_MSG_ROOM(messages, stop, stop_bytes),                      \
+	         (size_t)12 * (ids) + 4096) +                                                      \
+	  0xffff) &                                                                                \
+	 ~(size_t)0xffff)
+#define IPC_DEFAULT_MAX_MSG_BYTES                                                                  \
+	IPC_MSG_BYTES(IPC_DEFAULT_MAX_PROMPT_BYTES, IPC_DEFAULT_MAX_MESSAGES, IPC_DEFAULT_MAX_STOP, \
+	              IPC_DEFAULT_MAX_STOP_BYTES, IPC_DEFAULT_MAX_IDS) /* 1152 KiB */
+
+/* Bounds checked before and while parsing. A zero field means its default.
+ *
+ * Texts (a prompt, chat contents summed, tokenize text) count the bytes they
+ * take inside a JSON string written with the fewest escapes (`"` `\` \b \f \n
+ * \r \t: 2, other control characters: 6, any other byte: 1), so a limit means
+ * the same however a client escapes, and the message limit follows from it. */
 struct ipc_limits {
-	size_t max_msg_bytes;    /* whole message; default 1 MiB (also NNG_OPT_RECVMAXSZ) */
+	size_t max_msg_bytes;    /* whole message (also NNG_OPT_RECVMAXSZ); default
+	                          * IPC_MSG_BYTES of the other limits: 1152 KiB */
 	unsigned max_depth;      /* JSON nesting; default 32, checked before parsing */
 	size_t max_values;       /* JSON values in one message; default 262144 */
-	size_t max_prompt_bytes; /* prompt, chat contents summed, tokenize text; 1 MiB */
+	size_t max_prompt_bytes; /* prompt, chat contents summed, tokenize text, as
+	                          * JSON (above); 1 MiB */
 	size_t max_messages;     /* chat messages; default 1024 */
 	size_t max_stop;         /* stop strings; default 16 */
 	size_t max_stop_bytes;   /* bytes of one stop string; default 256 */
@@ -70,7 +102,8 @@ struct ipc_limits {
 	uint32_t max_wait_ms;    /* upper bound of poll wait_ms; default 60000 */
 };
 
-/* Fill every zero field of `lim` with its default. */
+/* Fill every zero field of `lim` with its default; max_msg_bytes last, from
+ * the others as filled (IPC_MSG_BYTES; SIZE_MAX if that overflows). */
 void ipc_limits_fill(struct ipc_limits *lim);
 
 /* ---- requests ------------------------------------------------------------ */

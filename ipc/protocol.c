@@ -11,6 +11,7 @@
  * freed at once by ipc_request_free / ipc_reply_free. */
 #include "ipc/ipc.h"
 
+#include <float.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -156,26 +157,50 @@ static int name_index(const char *const *names, int count, const char *s, size_t
 
 void ipc_limits_fill(struct ipc_limits *lim)
 {
-	if (!lim->max_msg_bytes)
-		lim->max_msg_bytes = 1u << 20;
 	if (!lim->max_depth)
 		lim->max_depth = 32;
 	if (!lim->max_values)
 		lim->max_values = 1u << 18;
 	if (!lim->max_prompt_bytes)
-		lim->max_prompt_bytes = 1u << 20;
+		lim->max_prompt_bytes = IPC_DEFAULT_MAX_PROMPT_BYTES;
 	if (!lim->max_messages)
-		lim->max_messages = 1024;
+		lim->max_messages = IPC_DEFAULT_MAX_MESSAGES;
 	if (!lim->max_stop)
-		lim->max_stop = 16;
+		lim->max_stop = IPC_DEFAULT_MAX_STOP;
 	if (!lim->max_stop_bytes)
-		lim->max_stop_bytes = 256;
+		lim->max_stop_bytes = IPC_DEFAULT_MAX_STOP_BYTES;
 	if (!lim->max_ids)
-		lim->max_ids = 65536;
+		lim->max_ids = IPC_DEFAULT_MAX_IDS;
 	if (lim->max_tokens <= 0)
 		lim->max_tokens = 1 << 20;
 	if (!lim->max_wait_ms)
 		lim->max_wait_ms = 60000;
+	if (!lim->max_msg_bytes) {
+		const size_t big = (size_t)1 << 24; /* keeps IPC_MSG_BYTES from overflowing */
+		if (lim->max_prompt_bytes > SIZE_MAX / 2 || lim->max_messages > big ||
+		    lim->max_stop > big || lim->max_stop_bytes > big || lim->max_ids > big)
+			lim->max_msg_bytes = SIZE_MAX;
+		else
+			lim->max_msg_bytes =
+			    IPC_MSG_BYTES(lim->max_prompt_bytes, lim->max_messages, lim->max_stop,
+			                  lim->max_stop_bytes, lim->max_ids);
+	}
+}
+
+/* Bytes of a text inside a JSON string written with the fewest escapes
+ * (jansson's, so libedgelm's): what the text limits count (ipc.h). */
+static size_t json_text_bytes(const char *s, size_t n)
+{
+	size_t extra = 0;
+	for (size_t i = 0; i < n; i++) {
+		unsigned char ch = (unsigned char)s[i];
+		if (ch == '"' || ch == '\\' || ch == '\b' || ch == '\f' || ch == '\n' ||
+		    ch == '\r' || ch == '\t')
+			extra += 1;
+		else if (ch < 0x20)
+			extra += IPC_JSON_ESCAPE_MAX - 1;
+	}
+	return n + extra;
 }
 
 /* ---- arena ---------------------------------------------------------------- */
@@ -390,10 +415,11 @@ static int oom(struct pctx *c)
 	return perr(c->err, IPC_ERR_INTERNAL, "out of memory while parsing the request");
 }
 
-/* A string field copied into the arena. Absent: *ret stays as it is and, if
- * `required`, the field is reported missing. Strings may not contain NUL. */
-static int get_string(struct pctx *c, json_t *obj, const char *name, bool required, size_t max_len,
-                      enum ipc_errcode too_long, const char **ret, size_t *ret_len)
+/* A text field copied into the arena. Absent: *ret stays as it is and, if
+ * `required`, the field is reported missing. max_len counts the text as JSON
+ * (json_text_bytes). Texts may not contain NUL. */
+static int get_text(struct pctx *c, json_t *obj, const char *name, bool required, size_t max_len,
+                    enum ipc_errcode too_long, const char **ret, size_t *ret_len)
 {
 	json_t *v = json_object_get(obj, name);
 	if (!v) {
@@ -405,9 +431,15 @@ static int get_string(struct pctx *c, json_t *obj, const char *name, bool requir
 		return perr(c->err, IPC_ERR_INVALID_FIELD, "field '%s' must be a string", name);
 	const char *s = json_string_value(v);
 	size_t n = json_string_length(v);
-	if (n > max_len)
-		return perr(c->err, too_long, "field '%s' is %zu bytes, more than %zu", name, n,
-		            max_len);
+	size_t nj = json_text_bytes(s, n);
+	if (nj > max_len) {
+		if (nj == n)
+			return perr(c->err, too_long, "field '%s' is %zu bytes, more than %zu",
+			            name, n, max_len);
+		return perr(c->err, too_long,
+		            "field '%s' is %zu bytes as JSON (escapes count), more than %zu", name,
+		            nj, max_len);
+	}
 	if (memchr(s, '\0', n))
 		return perr(c->err, IPC_ERR_INVALID_FIELD, "field '%s' contains a NUL character",
 		            name);
@@ -438,9 +470,12 @@ static int get_int(struct pctx *c, json_t *obj, const char *name, long long min,
 	return 0;
 }
 
-/* A number (integer or real) in [min, max], or (min, max] with min_open. */
-static int get_num(struct pctx *c, json_t *obj, const char *name, double min, bool min_open,
-                   double max, float *ret, bool *ret_present)
+/* A number (integer or real) stored as a float, in [min, max], or (min, max]
+ * with min_open. The bounds apply to the float as stored, and a nonzero value
+ * that a float holds only as 0 or a denormal is refused: 1e-300 would pass
+ * (0, 10] as a double and reach the sampler as 0. */
+static int get_num(struct pctx *c, json_t *obj, const char *name, float min, bool min_open,
+                   float max, float *ret, bool *ret_present)
 {
 	json_t *v = json_object_get(obj, name);
 	if (ret_present)
@@ -450,10 +485,19 @@ static int get_num(struct pctx *c, json_t *obj, const char *name, double min, bo
 	if (!json_is_number(v))
 		return perr(c->err, IPC_ERR_INVALID_FIELD, "field '%s' must be a number", name);
 	double x = json_number_value(v);
-	if (!isfinite(x) || x > max || (min_open ? x <= min : x < min))
+	/* min and max are floats, so a double between them rounds to a float
+	 * between them: only underflow and an open bound need the float */
+	float f = isfinite(x) && x >= min && x <= max ? (float)x : NAN;
+	if (!isnan(f) && x != 0 && fabsf(f) < FLT_MIN)
+		return perr(c->err, IPC_ERR_INVALID_FIELD,
+		            "field '%s' is %g, too close to 0 for a float: nonzero values must "
+		            "be at least %g in magnitude (range %c%g, %g])",
+		            name, x, (double)FLT_MIN, min_open ? '(' : '[', (double)min,
+		            (double)max);
+	if (isnan(f) || (min_open && f <= min))
 		return perr(c->err, IPC_ERR_INVALID_FIELD, "field '%s' is %g, not in %c%g, %g]",
-		            name, x, min_open ? '(' : '[', min, max);
-	*ret = (float)x;
+		            name, x, min_open ? '(' : '[', (double)min, (double)max);
+	*ret = f;
 	return 0;
 }
 
@@ -553,11 +597,12 @@ static int parse_messages(struct pctx *c, json_t *obj, struct ipc_request *r)
 			return perr(c->err, IPC_ERR_INVALID_FIELD,
 			            "messages[%zu].content must be a string", i);
 		size_t len = json_string_length(content);
-		total += len;
+		const char *s = json_string_value(content);
+		total += json_text_bytes(s, len);
 		if (total > c->lim->max_prompt_bytes)
 			return perr(c->err, IPC_ERR_PROMPT_TOO_LONG,
-			            "messages hold more than %zu bytes", c->lim->max_prompt_bytes);
-		const char *s = json_string_value(content);
+			            "messages hold more than %zu bytes as JSON (escapes count)",
+			            c->lim->max_prompt_bytes);
 		if (memchr(s, '\0', len))
 			return perr(c->err, IPC_ERR_INVALID_FIELD,
 			            "messages[%zu].content contains a NUL character", i);
@@ -762,8 +807,8 @@ static int parse_body(struct pctx *c, json_t *root, struct ipc_request **ret_req
 	case IPC_OP_GENERATE:
 		if ((rc = get_id(c, root, false, r)))
 			return rc;
-		if ((rc = get_string(c, root, "prompt", true, c->lim->max_prompt_bytes,
-		                     IPC_ERR_PROMPT_TOO_LONG, &r->prompt, &r->prompt_len)))
+		if ((rc = get_text(c, root, "prompt", true, c->lim->max_prompt_bytes,
+		                   IPC_ERR_PROMPT_TOO_LONG, &r->prompt, &r->prompt_len)))
 			return rc;
 		if ((rc = parse_sampling(c, root, r)))
 			return rc;
@@ -796,8 +841,8 @@ static int parse_body(struct pctx *c, json_t *root, struct ipc_request **ret_req
 			return rc;
 		break;
 	case IPC_OP_TOKENIZE:
-		if ((rc = get_string(c, root, "text", true, c->lim->max_prompt_bytes,
-		                     IPC_ERR_TOO_LARGE, &r->text, &r->text_len)))
+		if ((rc = get_text(c, root, "text", true, c->lim->max_prompt_bytes,
+		                   IPC_ERR_TOO_LARGE, &r->text, &r->text_len)))
 			return rc;
 		if ((rc = get_bool(c, root, "add_special", &r->add_special)))
 			return rc;
@@ -1003,6 +1048,15 @@ int ipc_request_encode(const struct ipc_request *r, char **ret_json, size_t *ret
 	const char *opname = ipc_op_name(r->op);
 	if (!opname)
 		return cm_err_set(err, -EINVAL, "ipc: cannot encode a request with op %d", r->op);
+	/* JSON integers are signed 64-bit here and in the parser: refuse what
+	 * would change sign rather than send another value */
+	if ((r->op == IPC_OP_GENERATE || r->op == IPC_OP_CHAT) &&
+	    (r->sampling.set & IPC_SET_SEED) && r->sampling.seed > (uint64_t)LLONG_MAX)
+		return cm_err_set(err, -EINVAL, "ipc: seed %llu is more than 2^63-1",
+		                  (unsigned long long)r->sampling.seed);
+	if (r->op == IPC_OP_POLL && r->ack > (uint64_t)LLONG_MAX)
+		return cm_err_set(err, -EINVAL, "ipc: ack %llu is more than 2^63-1",
+		                  (unsigned long long)r->ack);
 	json_t *o = json_object();
 	if (!o)
 		return cm_err_set(err, -ENOMEM, "ipc: out of memory encoding JSON");
@@ -1054,8 +1108,7 @@ int ipc_request_encode(const struct ipc_request *r, char **ret_json, size_t *ret
 #undef SETI
 #undef SETF
 		if (s->set & IPC_SET_SEED)
-			jset(o, "seed", json_integer((json_int_t)(s->seed & (uint64_t)LLONG_MAX)),
-			     &ok);
+			jset(o, "seed", json_integer((json_int_t)s->seed), &ok);
 		if (r->n_stop) {
 			json_t *a = json_array();
 			for (size_t i = 0; a && i < r->n_stop; i++)
@@ -1527,8 +1580,11 @@ static int dec_ok_body(struct dctx *c, json_t *o, struct ipc_reply *r)
 		p->offset = (uint64_t)x;
 		/* `next` counts the daemon's bytes, which differ from text_len where
 		 * the encoder replaced invalid UTF-8. */
-		if (!json_object_get(o, "next"))
-			next = x + (int64_t)CM_MIN(p->text_len, (size_t)INT32_MAX);
+		if (!json_object_get(o, "next")) {
+			if (p->text_len > (uint64_t)(INT64_MAX - x))
+				return bad_reply(c, "offset");
+			next = x + (int64_t)p->text_len;
+		}
 		if (next < x)
 			return bad_reply(c, "next");
 		p->next = (uint64_t)next;
@@ -1569,6 +1625,8 @@ static int dec_ok_body(struct dctx *c, json_t *o, struct ipc_reply *r)
 		    dec_str(c, o, "isa", &in->isa, NULL) ||
 		    dec_str(c, o, "kernels", &in->kernels, NULL) || dec_int(c, o, "threads", &x))
 			return -EPROTO;
+		if (x < INT32_MIN || x > INT32_MAX)
+			return bad_reply(c, "threads");
 		in->threads = (int32_t)x;
 		json_t *t = json_object_get(o, "tuning");
 		if (t && json_is_object(t))

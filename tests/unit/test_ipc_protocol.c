@@ -5,6 +5,7 @@
 #include "ipc/ipc.h"
 #include "tests/test.h"
 
+#include <float.h>
 #include <limits.h>
 #include <stdint.h>
 
@@ -279,7 +280,7 @@ static void test_bad_built(void)
 	CHECK_EQ_INT(parse_code(b.p, b.len, NULL, NULL, 0), IPC_ERR_TOO_LARGE);
 	b.len = 0, n++;
 
-	/* a 2 MiB prompt: over the 1 MiB message limit */
+	/* a 2 MiB prompt: over the default message limit (1152 KiB) */
 	sb_str(&b, "{\"op\":\"generate\",\"prompt\":\"");
 	sb_rep(&b, "x", 2u << 20);
 	sb_str(&b, "\"}");
@@ -297,9 +298,9 @@ static void test_bad_built(void)
 	CHECK(strlen(msg) < 200);
 	b.len = 0, n++;
 
-	/* a prompt with 10^6 stop strings: too large for the default message
-	 * limit, too many values for the default scan, and too many stop strings
-	 * when both limits are raised */
+	/* a prompt with 10^6 stop strings (4 MB): too large for the default
+	 * message limit, too many values for the default scan, and too many stop
+	 * strings when both limits are raised */
 	sb_str(&b, "{\"op\":\"generate\",\"prompt\":\"p\",\"stop\":[\"s\"");
 	sb_rep(&b, ",\"s\"", 999999);
 	sb_str(&b, "]}");
@@ -965,6 +966,389 @@ static void test_reply_decode_hostile(void)
 	}
 }
 
+/* ---- limits that agree ----------------------------------------------------- */
+
+/* Encode `r`, check the message fits the default limit, parse it with the
+ * default limits; the error code (IPC_ERR_NONE on success). */
+static enum ipc_errcode encode_parse(const struct ipc_request *r, size_t *ret_len, char *msg,
+                                     size_t cap)
+{
+	char *json = NULL;
+	size_t len = 0;
+	struct cm_err e = {0};
+	if (ipc_request_encode(r, &json, &len, &e) != 0) {
+		snprintf(msg, cap, "encode: %.200s", e.msg);
+		return IPC_ERR_COUNT;
+	}
+	*ret_len = len;
+	enum ipc_errcode code = parse_code(json, len, NULL, msg, cap);
+	cm_free(json);
+	return code;
+}
+
+static void test_limits_default(void)
+{
+	struct ipc_limits lim = {0};
+	ipc_limits_fill(&lim);
+	CHECK_EQ_INT(lim.max_prompt_bytes, 1u << 20);
+	CHECK_EQ_INT(lim.max_msg_bytes, IPC_DEFAULT_MAX_MSG_BYTES);
+	CHECK_EQ_INT(IPC_DEFAULT_MAX_MSG_BYTES, 1152u << 10);
+	CHECK(lim.max_msg_bytes > lim.max_prompt_bytes);
+	/* derived from the other limits as set, unless set itself */
+	lim = (struct ipc_limits){.max_prompt_bytes = 4u << 20};
+	ipc_limits_fill(&lim);
+	CHECK_EQ_INT(lim.max_msg_bytes, (4u << 20) + (128u << 10));
+	lim = (struct ipc_limits){.max_msg_bytes = 12345, .max_prompt_bytes = 4u << 20};
+	ipc_limits_fill(&lim);
+	CHECK_EQ_INT(lim.max_msg_bytes, 12345);
+	lim = (struct ipc_limits){.max_prompt_bytes = SIZE_MAX};
+	ipc_limits_fill(&lim);
+	CHECK(lim.max_msg_bytes == SIZE_MAX);
+}
+
+/* A prompt of exactly the documented 1 MiB could not be sent: the message
+ * limit was 1 MiB too, so the envelope pushed it over. Every request at
+ * the limits, written as libedgelm writes it, must fit the default message
+ * limit and parse with the default limits; one byte more of text is
+ * refused with the text's own error, not the message's. */
+static void test_prompt_at_limit(void)
+{
+	const size_t P = IPC_DEFAULT_MAX_PROMPT_BYTES;
+	char msg[256];
+	size_t len = 0;
+	char *text = malloc(P + 2);
+	CHECK(text != NULL);
+	if (!text)
+		return;
+
+	/* generate: ASCII prompt, every other field at its limit */
+	static char stops[IPC_DEFAULT_MAX_STOP][IPC_DEFAULT_MAX_STOP_BYTES + 1];
+	const char *stop[IPC_DEFAULT_MAX_STOP];
+	for (size_t i = 0; i < IPC_DEFAULT_MAX_STOP; i++) {
+		memset(stops[i], 0x01, IPC_DEFAULT_MAX_STOP_BYTES); /* \u0001: 6 bytes each */
+		stops[i][IPC_DEFAULT_MAX_STOP_BYTES] = '\0';
+		stop[i] = stops[i];
+	}
+	char id[IPC_ID_MAX + 1];
+	memset(id, 'i', IPC_ID_MAX);
+	id[IPC_ID_MAX] = '\0';
+	struct ipc_request r;
+	ipc_request_init(&r, IPC_OP_GENERATE);
+	r.id = id;
+	r.sampling.set = 0x3ff;
+	r.sampling.max_tokens = 1 << 20;
+	r.sampling.temperature = 1.17549435e-38f;
+	r.sampling.top_p = 0.123456789f;
+	r.sampling.min_p = 0.987654321f;
+	r.sampling.repeat_penalty = 9.87654321f;
+	r.sampling.frequency_penalty = -1.23456789f;
+	r.sampling.presence_penalty = -1.98765432f;
+	r.sampling.penalty_last_n = -1;
+	r.sampling.top_k = 1 << 20;
+	r.sampling.seed = (uint64_t)INT64_MAX;
+	r.stop = stop;
+	r.n_stop = IPC_DEFAULT_MAX_STOP;
+	r.stream = true;
+	r.deadline_ms = 86400000;
+	r.priority = -10;
+	r.prompt = text;
+
+	memset(text, 'a', P + 1);
+	r.prompt_len = P;
+	enum ipc_errcode code = encode_parse(&r, &len, msg, sizeof(msg));
+	CHECK_MSG(code == IPC_ERR_NONE, "1 MiB prompt: %s (%zu bytes)", msg, len);
+	CHECK_MSG(len <= IPC_DEFAULT_MAX_MSG_BYTES, "%zu bytes", len);
+	r.prompt_len = P + 1;
+	CHECK_EQ_INT(encode_parse(&r, &len, msg, sizeof(msg)), IPC_ERR_PROMPT_TOO_LONG);
+	CHECK(strstr(msg, "prompt") != NULL);
+
+	/* characters that need escaping count as JSON writes them: '"' two
+	 * bytes, so P/2 of them are the limit */
+	memset(text, '"', P / 2 + 1);
+	r.prompt_len = P / 2;
+	code = encode_parse(&r, &len, msg, sizeof(msg));
+	CHECK_MSG(code == IPC_ERR_NONE, "P/2 quotes: %s", msg);
+	CHECK(len <= IPC_DEFAULT_MAX_MSG_BYTES);
+	r.prompt_len = P / 2 + 1;
+	CHECK_EQ_INT(encode_parse(&r, &len, msg, sizeof(msg)), IPC_ERR_PROMPT_TOO_LONG);
+	CHECK_MSG(strstr(msg, "as JSON") != NULL, "%s", msg);
+	/* control characters six: P/6 of them and 4 ASCII bytes fill it */
+	memset(text, 0x1f, P / 6);
+	memset(text + P / 6, 'z', 5);
+	r.prompt_len = P / 6 + 4;
+	code = encode_parse(&r, &len, msg, sizeof(msg));
+	CHECK_MSG(code == IPC_ERR_NONE, "P/6 control characters: %s", msg);
+	CHECK(len <= IPC_DEFAULT_MAX_MSG_BYTES);
+	r.prompt_len = P / 6 + 5;
+	CHECK_EQ_INT(encode_parse(&r, &len, msg, sizeof(msg)), IPC_ERR_PROMPT_TOO_LONG);
+	/* and a full 1 MiB of them does not fit one message at all */
+	memset(text, '"', P);
+	r.prompt_len = P;
+	CHECK_EQ_INT(encode_parse(&r, &len, msg, sizeof(msg)), IPC_ERR_TOO_LARGE);
+
+	/* chat: 1024 messages, contents 1 MiB as JSON together, with escapes */
+	static struct ipc_message ms[IPC_DEFAULT_MAX_MESSAGES];
+	size_t per = P / IPC_DEFAULT_MAX_MESSAGES; /* 1024 bytes as JSON each */
+	memset(text, 'c', P + 1);
+	for (size_t i = 0; i < IPC_DEFAULT_MAX_MESSAGES; i++) {
+		text[i * per] = '\n'; /* 2 bytes as JSON */
+		ms[i] = (struct ipc_message){.role = IPC_ROLE_ASSISTANT,
+		                             .content = text + i * per,
+		                             .content_len = per - 1};
+	}
+	struct ipc_request ch = r;
+	ch.op = IPC_OP_CHAT;
+	ch.prompt = NULL;
+	ch.prompt_len = 0;
+	ch.messages = ms;
+	ch.n_messages = IPC_DEFAULT_MAX_MESSAGES;
+	code = encode_parse(&ch, &len, msg, sizeof(msg));
+	CHECK_MSG(code == IPC_ERR_NONE, "chat at the limit: %s (%zu bytes)", msg, len);
+	CHECK(len <= IPC_DEFAULT_MAX_MSG_BYTES);
+	ms[IPC_DEFAULT_MAX_MESSAGES - 1].content_len++;
+	CHECK_EQ_INT(encode_parse(&ch, &len, msg, sizeof(msg)), IPC_ERR_PROMPT_TOO_LONG);
+
+	/* tokenize */
+	struct ipc_request tk;
+	ipc_request_init(&tk, IPC_OP_TOKENIZE);
+	memset(text, 't', P + 1);
+	tk.text = text;
+	tk.text_len = P;
+	tk.add_special = false;
+	tk.parse_special = true;
+	code = encode_parse(&tk, &len, msg, sizeof(msg));
+	CHECK_MSG(code == IPC_ERR_NONE, "tokenize 1 MiB: %s", msg);
+	CHECK(len <= IPC_DEFAULT_MAX_MSG_BYTES);
+	tk.text_len = P + 1;
+	CHECK_EQ_INT(encode_parse(&tk, &len, msg, sizeof(msg)), IPC_ERR_TOO_LARGE);
+	CHECK(strstr(msg, "text") != NULL);
+
+	/* detokenize: every id at its largest */
+	int32_t *ids = malloc(IPC_DEFAULT_MAX_IDS * sizeof(*ids));
+	CHECK(ids != NULL);
+	if (ids) {
+		for (size_t i = 0; i < IPC_DEFAULT_MAX_IDS; i++)
+			ids[i] = INT32_MAX;
+		struct ipc_request dt;
+		ipc_request_init(&dt, IPC_OP_DETOKENIZE);
+		dt.ids = ids;
+		dt.n_ids = IPC_DEFAULT_MAX_IDS;
+		code = encode_parse(&dt, &len, msg, sizeof(msg));
+		CHECK_MSG(code == IPC_ERR_NONE, "detokenize at the limit: %s", msg);
+		CHECK(len <= IPC_DEFAULT_MAX_MSG_BYTES);
+		free(ids);
+	}
+	free(text);
+}
+
+/* The text limits count each byte as the encoder writes it: for every byte
+ * and some multibyte characters, a text of exactly 1000 bytes as JSON (per
+ * jansson's encoding, measured) parses with max_prompt_bytes 1000 and one
+ * more byte does not. */
+static void test_text_bytes_as_encoded(void)
+{
+	static const char *const extra[] = {"\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80",
+	                                    "\x7f", "/", "\xe2\x80\xa8"};
+	struct ipc_limits lim = {.max_prompt_bytes = 1000};
+	char unit[8];
+	for (int b = 1; b < 128 + (int)CM_ARRAY_LEN(extra); b++) {
+		if (b < 128) {
+			unit[0] = (char)b;
+			unit[1] = '\0';
+		} else {
+			snprintf(unit, sizeof(unit), "%s", extra[b - 128]);
+		}
+		/* how many bytes jansson writes for one unit */
+		struct ipc_request r;
+		ipc_request_init(&r, IPC_OP_TOKENIZE);
+		r.text = "";
+		char *j0, *j1;
+		size_t l0, l1;
+		CHECK_OK(ipc_request_encode(&r, &j0, &l0, NULL));
+		r.text = unit;
+		r.text_len = strlen(unit);
+		CHECK_OK(ipc_request_encode(&r, &j1, &l1, NULL));
+		size_t w = l1 - l0;
+		/* units of it, then ASCII up to exactly 1000 bytes as JSON */
+		char text[1100];
+		size_t n = 0, json = 0;
+		while (json + w <= 1000) {
+			memcpy(text + n, unit, strlen(unit));
+			n += strlen(unit);
+			json += w;
+		}
+		while (json < 1000) {
+			text[n++] = 'a';
+			json++;
+		}
+		r.text = text;
+		r.text_len = n;
+		char *j;
+		size_t l;
+		CHECK_OK(ipc_request_encode(&r, &j, &l, NULL));
+		CHECK_EQ_INT(l - l0, 1000);
+		char m[256];
+		enum ipc_errcode code = parse_code(j, l, &lim, m, sizeof(m));
+		CHECK_MSG(code == IPC_ERR_NONE, "byte %d (%zu bytes as JSON): %s", b, w, m);
+		cm_free(j);
+		text[n++] = 'a';
+		r.text_len = n;
+		CHECK_OK(ipc_request_encode(&r, &j, &l, NULL));
+		CHECK_MSG(parse_code(j, l, &lim, NULL, 0) == IPC_ERR_TOO_LARGE, "byte %d: +1 passed",
+		          b);
+		cm_free(j);
+		cm_free(j0);
+		cm_free(j1);
+	}
+}
+
+/* repeat_penalty 1e-300 passed (0, 10] as a double and was stored as 0.0f.
+ * Every float field is checked as stored: values that a float holds only
+ * as 0 or a denormal are refused, naming the field and its range; the
+ * bounds themselves, and the smallest normal float, still pass. */
+static void test_float_fields_as_stored(void)
+{
+	static const struct {
+		const char *name;
+		float min, max;
+		bool min_open;
+		size_t off;
+	} f[] = {
+	    {"temperature", 0, 100, false, offsetof(struct ipc_sampling, temperature)},
+	    {"top_p", 0, 1, false, offsetof(struct ipc_sampling, top_p)},
+	    {"min_p", 0, 1, false, offsetof(struct ipc_sampling, min_p)},
+	    {"repeat_penalty", 0, 10, true, offsetof(struct ipc_sampling, repeat_penalty)},
+	    {"frequency_penalty", -2, 2, false, offsetof(struct ipc_sampling, frequency_penalty)},
+	    {"presence_penalty", -2, 2, false, offsetof(struct ipc_sampling, presence_penalty)},
+	};
+	static const char *const tiny[] = {"1e-300", "1e-45",       "1.4e-45",
+	                                   "1e-39",  "1.1754e-38",  "-1e-300",
+	                                   "-1e-45", "4.9e-324",    "-1e-39"};
+	for (size_t i = 0; i < CM_ARRAY_LEN(f); i++) {
+		char json[256], m[256];
+		for (size_t k = 0; k < CM_ARRAY_LEN(tiny); k++) {
+			snprintf(json, sizeof(json), GEN(",\"%s\":%s"), f[i].name, tiny[k]);
+			enum ipc_errcode code = parse_code(json, strlen(json), NULL, m, sizeof(m));
+			CHECK_MSG(code == IPC_ERR_INVALID_FIELD, "%s: %s", json,
+			          code == IPC_ERR_NONE ? "accepted" : m);
+			CHECK_MSG(strstr(m, f[i].name) != NULL, "%s: %s", json, m);
+			char range[64];
+			snprintf(range, sizeof(range), "%c%g, %g]", f[i].min_open ? '(' : '[',
+			         (double)f[i].min, (double)f[i].max);
+			CHECK_MSG(strstr(m, range) != NULL, "%s: no range %s in: %s", json, range, m);
+		}
+		/* what passes, and what is stored */
+		struct {
+			const char *text;
+			float want;
+		} ok[] = {
+		    {"1.1754943508222875e-38", FLT_MIN}, /* the smallest normal float */
+		    {"1.17549436e-38", FLT_MIN},         /* rounds up to it */
+		    {"0.5", 0.5f},
+		    {"1", 1.0f},
+		    {"1e-30", 1e-30f},
+		};
+		for (size_t k = 0; k < CM_ARRAY_LEN(ok); k++) {
+			snprintf(json, sizeof(json), GEN(",\"%s\":%s"), f[i].name, ok[k].text);
+			struct ipc_request *r = NULL;
+			struct cm_err e = {0};
+			CHECK_MSG(ipc_request_parse(json, strlen(json), NULL, &r, &e) == 0, "%s: %s",
+			          json, e.msg);
+			if (r) {
+				float got;
+				memcpy(&got, (const char *)&r->sampling + f[i].off, sizeof(got));
+				CHECK_MSG(got == ok[k].want, "%s: stored %g", json, (double)got);
+				ipc_request_free(r);
+			}
+		}
+		/* the bounds */
+		float bounds[] = {f[i].min, f[i].max};
+		for (int b = f[i].min_open ? 1 : 0; b < 2; b++) {
+			snprintf(json, sizeof(json), GEN(",\"%s\":%.9g"), f[i].name,
+			         (double)bounds[b]);
+			CHECK_MSG(parse_code(json, strlen(json), NULL, m, sizeof(m)) ==
+			              IPC_ERR_NONE,
+			          "%s: %s", json, m);
+		}
+		/* just outside them */
+		snprintf(json, sizeof(json), GEN(",\"%s\":%.17g"), f[i].name,
+		         nextafter((double)f[i].max, INFINITY));
+		CHECK_MSG(parse_code(json, strlen(json), NULL, NULL, 0) == IPC_ERR_INVALID_FIELD,
+		          "%s accepted", json);
+		snprintf(json, sizeof(json), GEN(",\"%s\":%.17g"), f[i].name,
+		         f[i].min_open ? (double)f[i].min
+		                       : nextafter((double)f[i].min, -INFINITY));
+		CHECK_MSG(parse_code(json, strlen(json), NULL, NULL, 0) == IPC_ERR_INVALID_FIELD,
+		          "%s accepted", json);
+		/* 0 itself where the range holds it, -0 as well */
+		snprintf(json, sizeof(json), GEN(",\"%s\":-0.0"), f[i].name);
+		CHECK_EQ_INT(parse_code(json, strlen(json), NULL, NULL, 0),
+		             f[i].min_open ? IPC_ERR_INVALID_FIELD : IPC_ERR_NONE);
+	}
+}
+
+/* Numbers that changed on the way between the codec's integer types: a
+ * seed or ack above 2^63-1 was encoded as another value (the seed masked,
+ * the ack negative), a decoded `threads` was truncated to 32 bits, and a
+ * poll reply without `next` near 2^63 overflowed computing it. */
+static void test_numbers_not_narrowed(void)
+{
+	struct ipc_request r;
+	char *json = NULL;
+	struct cm_err e = {0};
+	ipc_request_init(&r, IPC_OP_GENERATE);
+	r.prompt = "p";
+	r.prompt_len = 1;
+	r.sampling.set = IPC_SET_SEED;
+	r.sampling.seed = (uint64_t)INT64_MAX + 6;
+	CHECK_EQ_INT(ipc_request_encode(&r, &json, NULL, &e), -EINVAL);
+	CHECK(strstr(e.msg, "seed") != NULL);
+	cm_free(json);
+	json = NULL;
+	r.sampling.seed = (uint64_t)INT64_MAX;
+	CHECK_OK(ipc_request_encode(&r, &json, NULL, NULL));
+	CHECK(json && strstr(json, "\"seed\":9223372036854775807") != NULL);
+	cm_free(json);
+	json = NULL;
+	ipc_request_init(&r, IPC_OP_POLL);
+	r.id = "s";
+	r.ack = (uint64_t)INT64_MAX + 1;
+	CHECK_EQ_INT(ipc_request_encode(&r, &json, NULL, &e), -EINVAL);
+	CHECK(strstr(e.msg, "ack") != NULL);
+	cm_free(json);
+
+	static const struct {
+		const char *json;
+		enum ipc_op op;
+	} bad[] = {
+	    {"{\"ok\":true,\"op\":\"info\",\"threads\":4294967297}", IPC_OP_INFO},
+	    {"{\"ok\":true,\"op\":\"info\",\"threads\":-2147483649}", IPC_OP_INFO},
+	    {"{\"ok\":true,\"op\":\"poll\",\"offset\":9223372036854775807,\"text\":\"abc\"}",
+	     IPC_OP_POLL},
+	    {"{\"ok\":true,\"op\":\"poll\",\"offset\":9223372036854775806,\"text\":\"abc\"}",
+	     IPC_OP_POLL},
+	};
+	for (size_t i = 0; i < CM_ARRAY_LEN(bad); i++) {
+		struct ipc_reply *d = NULL;
+		int rc = ipc_reply_decode(bad[i].json, strlen(bad[i].json), bad[i].op, &d, NULL);
+		CHECK_MSG(rc == -EPROTO && d == NULL, "decoded: %s (threads %d)", bad[i].json,
+		          d ? (int)d->u.info.threads : 0);
+		ipc_reply_free(d);
+	}
+	static const char *const good[] = {
+	    "{\"ok\":true,\"op\":\"info\",\"threads\":2147483647}",
+	    "{\"ok\":true,\"op\":\"poll\",\"offset\":9223372036854775804,\"text\":\"abc\"}",
+	};
+	struct ipc_reply *d = NULL;
+	CHECK_OK(ipc_reply_decode(good[0], strlen(good[0]), IPC_OP_INFO, &d, NULL));
+	CHECK(d && d->u.info.threads == INT32_MAX);
+	ipc_reply_free(d);
+	d = NULL;
+	CHECK_OK(ipc_reply_decode(good[1], strlen(good[1]), IPC_OP_POLL, &d, NULL));
+	CHECK(d && d->u.poll.next == (uint64_t)INT64_MAX);
+	ipc_reply_free(d);
+}
+
 int main(void)
 {
 	TEST_RUN(test_bad_table);
@@ -978,5 +1362,10 @@ int main(void)
 	TEST_RUN(test_request_roundtrip);
 	TEST_RUN(test_reply_roundtrip);
 	TEST_RUN(test_reply_decode_hostile);
+	TEST_RUN(test_limits_default);
+	TEST_RUN(test_prompt_at_limit);
+	TEST_RUN(test_text_bytes_as_encoded);
+	TEST_RUN(test_float_fields_as_stored);
+	TEST_RUN(test_numbers_not_narrowed);
 	return test_finish();
 }
