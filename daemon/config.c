@@ -20,6 +20,7 @@
  * lines add URLs (the first `listen` line of a file replaces the built-in
  * default). */
 #include "daemon/config.h"
+#include "daemon/policy.h"
 
 #include "tuning/tuning.h"
 
@@ -65,6 +66,8 @@ static int check_metrics_listen(const char *v, struct cm_err *err);
 static int check_url(const char *v, struct cm_err *err);
 static int check_abs_path(const char *v, struct cm_err *err);
 static int check_abs_path_or_empty(const char *v, struct cm_err *err);
+static int check_tenant_weights(const char *v, struct cm_err *err);
+static int check_uid_list(const char *v, struct cm_err *err);
 
 #define FIELD(f) offsetof(struct daemon_config, f), sizeof(((struct daemon_config *)0)->f)
 #define LISTF(f) offsetof(struct daemon_config, f), sizeof(((struct daemon_config *)0)->f[0])
@@ -108,7 +111,14 @@ static const struct opt options[] = {
 	{ "deadline_ms_default", OPT_UINT, FIELD(deadline_ms_default), "0", 0, 86400000, R, NULL,
 	  NULL, 0, NULL, "deadline of a request that gives none; 0: none" },
 	{ "drain_timeout_ms", OPT_UINT, FIELD(drain_timeout_ms), "10000", 0, 3600000, R, NULL, NULL,
-	  0, NULL, "on SIGTERM, running requests may finish for this long (keep it below the unit's TimeoutStopSec)" },
+	  0, NULL, "on SIGTERM, running requests may finish for this long; their streams then have stream_idle_ms to be collected (keep both below the unit's TimeoutStopSec)" },
+	{ "tenant_weights", OPT_STRING, FIELD(tenant_weights), "", 0, 0, R, NULL,
+	  check_tenant_weights, 0, NULL,
+	  "shares of the callers' identities when they compete, NAME=WEIGHT,... (NAME: a user, a uid, uid:N, anonymous; WEIGHT in (0, 1000]); others weigh 1" },
+	{ "admin_uids", OPT_STRING, FIELD(admin_uids), "", 0, 0, R, NULL, check_uid_list, 0, NULL,
+	  "uids that may poll and cancel any caller's generation, comma-separated; \"\": none (root is not special)" },
+	{ "text_threads", OPT_UINT, FIELD(text_threads), "2", 1, 64, 0, NULL, NULL, 0, NULL,
+	  "threads that tokenize prompts and serve tokenize/detokenize, beside the engine's workers" },
 
 	{ "listen", OPT_LIST, LISTF(listen), "ipc:///run/edgelm/edgelm.sock", 0, 0, 0, NULL,
 	  check_url, 0, "ipc",
@@ -117,8 +127,8 @@ static const struct opt options[] = {
 	  "group of the ipc:// socket files; \"\": leave as created" },
 	{ "socket_mode", OPT_OCTAL, FIELD(socket_mode), "0660", 0, 0777, 0, NULL, NULL, 0, NULL,
 	  "mode of the ipc:// socket files (clients need write permission)" },
-	{ "max_msg_kib", OPT_UINT, FIELD(max_msg_kib), "1024", 1, 1048576, 0, NULL, NULL, 0, NULL,
-	  "largest request message in KiB" },
+	{ "max_msg_kib", OPT_UINT, FIELD(max_msg_kib), "1152", 1, 1048576, 0, NULL, NULL, 0, NULL,
+	  "largest request message in KiB; the default fits the protocol's largest prompt (1 MiB) with its envelope" },
 
 	{ "metrics_listen", OPT_STRING, FIELD(metrics_listen), "127.0.0.1:9477", 0, 0, 0, NULL,
 	  check_metrics_listen, 0, "monitor",
@@ -246,6 +256,19 @@ static int check_abs_path(const char *v, struct cm_err *err)
 static int check_abs_path_or_empty(const char *v, struct cm_err *err)
 {
 	return v[0] ? check_abs_path(v, err) : 0;
+}
+
+static int check_tenant_weights(const char *v, struct cm_err *err)
+{
+	return policy_weights_parse(v, NULL, NULL, err);
+}
+
+static int check_uid_list(const char *v, struct cm_err *err)
+{
+	for (const char *p = v; *p; p++)
+		if (!isdigit((unsigned char)*p) && *p != ',' && *p != ' ')
+			return cm_err_set(err, -EINVAL, "'%s' is not a list of numeric uids", v);
+	return 0;
 }
 
 static bool in_choices(const char *choices, const char *v)

@@ -40,6 +40,9 @@ struct daemon_config {
 	uint32_t stream_idle_ms;     /* a stream not polled this long is cancelled */
 	uint32_t deadline_ms_default; /* 0: none */
 	uint32_t drain_timeout_ms;   /* SIGTERM: let running requests finish this long */
+	char tenant_weights[1024];   /* "NAME=W,..." shares of identities (policy.h) */
+	char admin_uids[256];        /* uids that may poll and cancel any generation */
+	uint32_t text_threads;       /* threads that tokenize off the scheduler */
 
 	/* ipc */
 	char listen[DAEMON_MAX_LISTEN][512]; /* nng URLs; ipc:// and/or tcp:// */

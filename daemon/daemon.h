@@ -2,10 +2,11 @@
  *
  * Threads: the main thread reads signals (signalfd) and runs start/stop;
  * the scheduler thread (sched.c) owns the engine and every sequence; nng's
- * threads run the IPC handler (sched.c: daemon_handle_call), which only
- * parses, looks up and enqueues; the monitor runs its own sampling thread.
- * `mu` guards everything the handler and the scheduler share: the request
- * table, the queue, the published text of each request and held polls. */
+ * threads run the IPC handler (ops.c: daemon_handle_call), which parses,
+ * looks up and hands work on; text workers (textpool.c) tokenize; a sender
+ * thread (outbox.c) encodes and sends the scheduler's replies; the monitor
+ * runs its own sampling thread. `mu` guards everything the handler and the
+ * scheduler share (daemon/serve.h says what). */
 #ifndef EDGELM_DAEMON_H
 #define EDGELM_DAEMON_H
 
@@ -26,7 +27,8 @@ struct sched;
 enum daemon_phase { PHASE_LOADING, PHASE_READY, PHASE_DRAINING, PHASE_STOPPED };
 
 struct daemon {
-	struct daemon_config cfg;
+	struct daemon_config cfg;       /* in force (ctx_size as the model allowed, ...) */
+	struct daemon_config cfg_given; /* as configured: what a reload compares with */
 	const char *config_path;
 
 	/* tuning */
@@ -43,6 +45,7 @@ struct daemon {
 	struct engine_model_info minfo;
 	struct tuning_hugepage_buf hpbuf; /* the weights' copy when hugepages is on */
 	char model_name[256];
+	char kv_type_name[16];
 	char quant_list[512];
 
 	/* serving */
@@ -59,11 +62,15 @@ struct daemon {
 /* sched.c */
 int sched_new(struct daemon *d, struct sched **ret, struct cm_err *err);
 int sched_start(struct sched *s, struct cm_err *err);
-/* Stop admitting; queued requests get shutting_down; running ones finish
- * within timeout_ms, then are cancelled. Returns when the scheduler thread
- * has exited. */
+/* Drain: queued requests get shutting_down; running ones finish within
+ * timeout_ms, then are cancelled; streams stay pollable until delivered or
+ * idle for stream_idle_ms. Returns when every stream has gone and the
+ * scheduler, text and sender threads have exited. */
 void sched_stop(struct sched *s, unsigned timeout_ms);
 void sched_free(struct sched *s);
+/* Take tenant_weights and admin_uids from d->cfg (start, reload; under
+ * d->mu after the start). */
+int sched_apply_config(struct sched *s, struct cm_err *err);
 /* Ask the scheduler thread to swap in a new model between steps once the
  * running sequences have finished (SIGHUP). Ownership of m and c passes to
  * the scheduler. */

@@ -4,9 +4,11 @@
  * plan (--check stops here) -> memory fit check -> signals blocked (before
  * any thread) -> tuning applied -> monitor -> model loaded and locked ->
  * context -> warm-up -> scheduler -> IPC socket bound -> READY=1.
- * Stop (SIGTERM/SIGINT), in exact reverse: STOPPING=1 -> new requests get
- * shutting_down -> running ones finish within drain_timeout_ms, then are
- * cancelled -> socket closed -> monitor -> tuning restored -> exit 0.
+ * Stop (SIGTERM/SIGINT), in exact reverse: STOPPING=1 -> new work gets
+ * shutting_down (polls and cancels are still served) -> queued requests
+ * refused, running ones finish within drain_timeout_ms, then are cancelled
+ * -> streams delivered (or idle for stream_idle_ms) -> socket closed ->
+ * monitor -> tuning restored -> exit 0.
  * SIGHUP: RELOADING=1, reload the config file; reloadable keys change in
  * place; a new model is loaded beside the old one and swapped in between
  * steps; then READY=1.
@@ -280,14 +282,50 @@ static int tune_cpufreq_only(struct daemon *d)
 	return 0;
 }
 
+/* The command line's keys (--model, --set, ...), kept for reloads. */
+struct overrides {
+	const char *key[64], *val[64];
+	char *buf[64];
+	int n;
+};
+
+/* The configuration as given: file, then EDGELM_ISA, then the command line
+ * (which replaces the file's listen list). */
+static int config_build(struct daemon_config *c, const char *path, bool must_exist,
+			const struct overrides *ov, struct cm_err *err)
+{
+	daemon_config_default(c);
+	int r = daemon_config_load(c, path, err);
+	if (r == -ENOENT && !must_exist)
+		r = 0; /* no default file: flags alone may be enough */
+	if (r)
+		return r;
+	/* EDGELM_ISA, as for the tools: over the file, under the command line */
+	const char *env_isa = getenv("EDGELM_ISA");
+	if (env_isa && *env_isa && daemon_config_set(c, "isa", env_isa, err) != 0)
+		return cm_err_set(err, -EINVAL, "EDGELM_ISA: %s", err->msg);
+	for (int i = 0; i < ov->n; i++) {
+		const char *key = ov->key[i];
+		if (strcmp(key, "listen+") == 0)
+			key = "listen"; /* daemon_config_set appends after the first */
+		else if (strcmp(key, "listen") == 0)
+			c->n_listen = 0; /* the command line replaces the file's list */
+		if ((r = daemon_config_set(c, key, ov->val[i], err)) != 0)
+			return r;
+	}
+	return 0;
+}
+
+static struct overrides g_ov;
+static bool g_config_given;
+
 static void reload(struct daemon *d)
 {
 	daemon_notify_reloading();
 	log_notice("reloading %s", d->config_path);
 	struct daemon_config nc;
-	daemon_config_default(&nc);
 	struct cm_err err = {0};
-	int r = daemon_config_load(&nc, d->config_path, &err);
+	int r = config_build(&nc, d->config_path, g_config_given, &g_ov, &err);
 	if (r == 0)
 		r = daemon_config_validate(&nc, &err);
 	if (r) {
@@ -299,7 +337,12 @@ static void reload(struct daemon *d)
 	char old_model[sizeof(d->cfg.model)];
 	snprintf(old_model, sizeof(old_model), "%s", d->cfg.model);
 	pthread_mutex_lock(&d->mu);
-	int what = daemon_config_apply_reload(&d->cfg, &nc, &key);
+	/* compared with the configuration as given: d->cfg holds what the
+	 * start made of it (the context the model allowed, ...) */
+	int what = daemon_config_apply_reload(&d->cfg_given, &nc, &key);
+	(void)daemon_config_apply_reload(&d->cfg, &nc, NULL);
+	if (sched_apply_config(d->sched, &err) != 0)
+		log_err("reload: %s", err.msg); /* checked when parsed: not expected */
 	pthread_mutex_unlock(&d->mu);
 	daemon_log_set_level(d->cfg.log_level);
 	if (what & 2)
@@ -319,7 +362,10 @@ static void reload(struct daemon *d)
 		}
 		log_notice("reload: %s loaded; swapping it in once running requests finish",
 			   nc.model);
+		snprintf(d->cfg_given.model, sizeof(d->cfg_given.model), "%s", nc.model);
+		pthread_mutex_lock(&d->mu);
 		set_model_name(d);
+		pthread_mutex_unlock(&d->mu);
 		sched_swap_model(d->sched, m, c); /* READY=1 after the swap */
 		return;
 	}
@@ -374,9 +420,8 @@ int main(int argc, char **argv)
 	bool config_given = false, check = false, print = false, print_doc = false,
 	     restore = false, tune_cpufreq = false, no_cpufreq = false;
 	/* Overrides are applied after the file: collect them first. */
-	const char *ov_key[64], *ov_val[64];
-	char *ov_buf[64];
-	int n_ov = 0, n_listen_ov = 0;
+	struct overrides *ov = &g_ov;
+	int n_listen_ov = 0;
 	int c;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		const char *key = NULL;
@@ -391,13 +436,13 @@ int main(int argc, char **argv)
 		case OPT_ISA: key = "isa"; break;
 		case OPT_SET: {
 			char *eq = strchr(optarg, '=');
-			if (!eq || n_ov >= 64) {
+			if (!eq || ov->n >= 64) {
 				fprintf(stderr, "edgelmd: --set wants KEY=VALUE, got '%s'\n", optarg);
 				return EXIT_USAGE;
 			}
-			ov_buf[n_ov] = strndup(optarg, (size_t)(eq - optarg));
-			ov_key[n_ov] = ov_buf[n_ov];
-			ov_val[n_ov++] = eq + 1;
+			ov->buf[ov->n] = strndup(optarg, (size_t)(eq - optarg));
+			ov->key[ov->n] = ov->buf[ov->n];
+			ov->val[ov->n++] = eq + 1;
 			continue;
 		}
 		case OPT_FG: break;
@@ -411,10 +456,10 @@ int main(int argc, char **argv)
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return EXIT_USAGE;
 		}
-		if (key && n_ov < 64) {
-			ov_buf[n_ov] = NULL;
-			ov_key[n_ov] = key;
-			ov_val[n_ov++] = optarg;
+		if (key && ov->n < 64) {
+			ov->buf[ov->n] = NULL;
+			ov->key[ov->n] = key;
+			ov->val[ov->n++] = optarg;
 		}
 	}
 	if (optind < argc) {
@@ -429,31 +474,13 @@ int main(int argc, char **argv)
 		daemon_config_print(stdout, &d->cfg, true);
 		return 0;
 	}
-	int r = daemon_config_load(&d->cfg, config_path, &err);
-	if (r == -ENOENT && !config_given) {
-		r = 0; /* no default file: flags alone may be enough */
-	} else if (r) {
+	g_config_given = config_given;
+	int r = config_build(&d->cfg, config_path, config_given, ov, &err);
+	if (r) {
 		fprintf(stderr, "edgelmd: %s\n", err.msg);
 		return EXIT_USAGE;
 	}
-	/* EDGELM_ISA, as for the tools: over the file, under the command line */
-	const char *env_isa = getenv("EDGELM_ISA");
-	if (env_isa && *env_isa && daemon_config_set(&d->cfg, "isa", env_isa, &err) != 0) {
-		fprintf(stderr, "edgelmd: EDGELM_ISA: %s\n", err.msg);
-		return EXIT_USAGE;
-	}
-	for (int i = 0; i < n_ov; i++) {
-		const char *key = ov_key[i];
-		if (strcmp(key, "listen+") == 0)
-			key = "listen"; /* daemon_config_set appends after the first */
-		else if (strcmp(key, "listen") == 0)
-			d->cfg.n_listen = 0; /* the command line replaces the file's list */
-		if (daemon_config_set(&d->cfg, key, ov_val[i], &err) != 0) {
-			fprintf(stderr, "edgelmd: %s\n", err.msg);
-			return EXIT_USAGE;
-		}
-		free(ov_buf[i]);
-	}
+	d->cfg_given = d->cfg;
 	d->config_path = config_path;
 	if (daemon_log_init(d->cfg.log_level) != 0) {
 		fprintf(stderr, "edgelmd: bad log_level '%s'\n", d->cfg.log_level);
@@ -581,6 +608,8 @@ int main(int argc, char **argv)
 		goto out_stop;
 	}
 	engine_model_get_info(d->model, &d->minfo);
+	snprintf(d->kv_type_name, sizeof(d->kv_type_name), "%s",
+		 engine_kv_type_name(engine_ctx_kv_type(d->ctx)));
 	/* what the context holds: ctx_size, or the model's, capped by kv_budget_mib */
 	d->cfg.ctx_size = engine_ctx_n_ctx(d->ctx);
 	{
@@ -698,8 +727,9 @@ int main(int argc, char **argv)
 	}
 
 	daemon_notify_stopping();
+	/* New work is refused from here; polls and cancels are still served,
+	 * so streams deliver what they made before the socket closes. */
 	atomic_store(&d->phase, PHASE_DRAINING);
-	ipc_server_drain(d->srv);
 	sched_stop(d->sched, d->cfg.drain_timeout_ms);
 out_stop:
 	if (d->srv) {

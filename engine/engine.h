@@ -3,7 +3,11 @@
  * The engine knows nothing of nng, JSON, systemd or logging: it uses libc,
  * libm and pthreads only. Calls are not thread-safe: one thread (the
  * daemon's scheduler, or a tool's main) owns a model and its contexts; the
- * parallelism is inside the engine's worker pool.
+ * parallelism is inside the engine's worker pool. The exceptions are the
+ * functions taking a `const engine_tokenizer *` and the chat template
+ * functions: they keep their scratch per call, so any number of threads may
+ * tokenize, detokenize and render at once, also while the owner runs the
+ * model (tests/unit/test_tokenizer_threads.c).
  *
  * Objects: engine_model (weights, hyperparameters, tokenizer, worker pool),
  * engine_ctx (KV cache for up to n_seq sequences plus scratch for a batch of

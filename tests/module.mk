@@ -128,3 +128,16 @@ check-aarch64:
 
 check: check-aarch64
 .PHONY: check-aarch64 aarch64-kernel-tests
+
+# Load-sensitive checks (latency bounds that a busy box would break):
+# `make check-load`, never part of `make check`. docs/performance.md keeps
+# their figures.
+LOAD_TESTS := $(patsubst %.c,$(BUILD)/%,$(wildcard tests/load/test_*.c))
+$(BUILD)/tests/load/%: $(BUILD)/tests/load/%.o $(MODULE_LIBS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(TEST_LDLIBS)
+
+.PHONY: check-load
+check-load: $(LOAD_TESTS) $(BINS)
+	@rc=0; for t in $(LOAD_TESTS); do echo "== $$t"; \
+	  BUILD=$(BUILD) TEST_TMPDIR=$$(mktemp -d) $$t || rc=1; done; exit $$rc

@@ -5,7 +5,8 @@
  * closing line "N passed, N failed" (plus ", N skipped") and returns the exit
  * status. A test fails when any CHECK in it fails; CHECKs report file:line.
  * A test that cannot run here (a facility this box lacks) calls
- * TEST_SKIP("why") and returns. A test that needs reference data it cannot
+ * TEST_SKIP("why") and returns. TEST_ONLY=text runs only the tests whose
+ * names contain it. A test that needs reference data it cannot
  * find calls TEST_SKIP_DATA("why"): when $EDGELM_REQUIRE_DATA is set (CI),
  * that skip counts as a failure. */
 #ifndef EDGELM_TEST_H
@@ -100,6 +101,10 @@ static const char *test_cur_name;
 
 static inline void test_run_one(void (*fn)(void), const char *name)
 {
+	/* TEST_ONLY=substring runs only the tests whose names contain it */
+	const char *only = getenv("TEST_ONLY");
+	if (only && *only && !strstr(name, only))
+		return;
 	test_cur_name = name;
 	test_cur_failed = 0;
 	test_cur_skipped = 0;

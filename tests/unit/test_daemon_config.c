@@ -2,6 +2,7 @@
  * docs and reload mask. Includes config.c to walk the table itself. */
 #include "../../daemon/config.c"
 #include "engine/engine.h"
+#include "ipc/ipc.h"
 
 #include "tests/test.h"
 
@@ -55,7 +56,7 @@ static void test_table_covers_struct(void)
 	CHECK(sum <= sizeof(struct daemon_config));
 	CHECK_MSG(sizeof(struct daemon_config) - sum < 64, "struct has %zu bytes no row covers",
 	          sizeof(struct daemon_config) - sum);
-	CHECK_EQ_INT(CM_ARRAY_LEN(options), 40);
+	CHECK_EQ_INT(CM_ARRAY_LEN(options), 43);
 }
 
 static void test_every_default_parses(void)
@@ -94,7 +95,9 @@ static void test_defaults(void)
 	CHECK_STREQ(c.listen[0], "ipc:///run/edgelm/edgelm.sock");
 	CHECK_STREQ(c.socket_group, "edgelm");
 	CHECK_EQ_INT(c.socket_mode, 0660);
-	CHECK_EQ_INT(c.max_msg_kib, 1024);
+	CHECK_EQ_INT(c.max_msg_kib, 1152);
+	/* the protocol's derived default: a 1 MiB prompt fits with its envelope */
+	CHECK_EQ_INT((uint64_t)c.max_msg_kib * 1024, IPC_DEFAULT_MAX_MSG_BYTES);
 	CHECK_STREQ(c.metrics_listen, "127.0.0.1:9477");
 	CHECK_EQ_INT(c.monitor_interval_ms, 1000);
 	CHECK_STREQ(c.metrics_textfile, "");
@@ -425,7 +428,7 @@ static void test_doc(void)
 	}
 	for (char *p = buf; (p = strchr(p, '\n')); p++)
 		rows++;
-	CHECK_EQ_INT(rows, 2 + 39);
+	CHECK_EQ_INT(rows, 2 + 42);
 	CHECK(strstr(
 	    buf, "| `log_level` | choice | `info` | err, warning, notice, info, debug | yes |"));
 	CHECK(strstr(buf, "| `socket_mode` | octal | `0660` | 0000..0777 | no |"));
@@ -483,6 +486,8 @@ static void test_reload(void)
 	                                   "stream_idle_ms",
 	                                   "deadline_ms_default",
 	                                   "drain_timeout_ms",
+	                                   "tenant_weights",
+	                                   "admin_uids",
 	                                   "metrics_textfile",
 	                                   "peak_bandwidth_gbs",
 	                                   "log_level"};

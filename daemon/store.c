@@ -1,0 +1,293 @@
+/* daemon/store.c: the request store (serve.h): ids per identity, generated
+ * text and its publication, stop strings, held polls, finishing. Every
+ * function here runs under d->mu and builds replies into an outbox list;
+ * none of them encodes or sends. */
+#include "daemon/log.h"
+#include "daemon/serve.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+void req_free(struct daemon_request *r)
+{
+	if (!r)
+		return;
+	cm_free(r->prompt_text);
+	cm_free(r->prompt);
+	for (int i = 0; i < r->n_stop; i++)
+		cm_free(r->stop[i]);
+	cm_free(r->stop);
+	cm_free(r->stop_len);
+	engine_sampler_free(r->smp);
+	cm_free(r->gen);
+	cm_free(r->fail_msg);
+	cm_free(r);
+}
+
+/* Another identity's id is as absent as one that never existed: the same
+ * `not_found`, so ids cannot be probed across identities. */
+struct daemon_request *store_find(struct sched *s, int tenant, bool admin, const char *id)
+{
+	if (!id)
+		return NULL;
+	for (struct daemon_request *r = s->table; r; r = r->next)
+		if ((admin || r->tenant == tenant) && strcmp(r->id, id) == 0)
+			return r;
+	return NULL;
+}
+
+void store_add(struct sched *s, struct daemon_request *r)
+{
+	r->next = s->table;
+	s->table = r;
+	r->in_table = true;
+}
+
+void store_maybe_free(struct sched *s, struct daemon_request *r)
+{
+	if (r->in_table || r->in_slot || r->state == RQ_PREPARING)
+		return;
+	policy_tenant_put(&s->pol, r->tenant);
+	req_free(r);
+}
+
+void store_unlist(struct sched *s, struct daemon_request *r)
+{
+	if (r->in_table) {
+		for (struct daemon_request **p = &s->table; *p; p = &(*p)->next)
+			if (*p == r) {
+				*p = r->next;
+				break;
+			}
+		r->in_table = false;
+	}
+	store_maybe_free(s, r);
+}
+
+int store_n_streams(struct sched *s)
+{
+	int n = 0;
+	for (struct daemon_request *r = s->table; r; r = r->next)
+		n += r->stream;
+	return n;
+}
+
+void store_count(struct daemon *d, enum ipc_op op, const char *outcome)
+{
+	if (!d->fam_requests)
+		return;
+	const char *vals[2] = {ipc_op_name(op), outcome};
+	monitor_series *ser = NULL;
+	if (monitor_series_get(d->fam_requests, vals, &ser, NULL) == 0 && ser)
+		monitor_counter_inc(ser);
+}
+
+static double ms_between(uint64_t a, uint64_t b)
+{
+	return a && b && b >= a ? (double)(b - a) / 1e6 : NAN;
+}
+
+static void fill_stats(const struct daemon_request *r, struct ipc_usage *u, struct ipc_timings *t)
+{
+	u->prompt_tokens = r->n_prompt;
+	u->cached_tokens = r->n_cached;
+	u->completion_tokens = r->n_gen;
+	t->queue_ms = ms_between(r->arrival_ns, r->admit_ns);
+	t->ttft_ms = ms_between(r->arrival_ns, r->first_ns);
+	t->prefill_ms = ms_between(r->admit_ns, r->prefill_end_ns);
+	t->decode_ms = ms_between(r->prefill_end_ns, r->end_ns);
+	t->total_ms = ms_between(r->arrival_ns, r->end_ns);
+	int computed = r->n_prompt - r->n_cached;
+	t->prefill_tps = t->prefill_ms > 0 ? computed / (t->prefill_ms / 1e3) : NAN;
+	t->decode_tps =
+	    t->decode_ms > 0 && r->n_gen > 1 ? (r->n_gen - 1) / (t->decode_ms / 1e3) : NAN;
+}
+
+/* ---- generated text -------------------------------------------------------- */
+
+int store_gen_append(struct daemon_request *r, const char *p, size_t n)
+{
+	if (r->gen_len + n + 1 > r->gen_cap) {
+		size_t cap = r->gen_cap ? r->gen_cap * 2 : 256;
+		while (cap < r->gen_len + n + 1)
+			cap *= 2;
+		char *g = cm_realloc(r->gen, cap);
+		if (!g)
+			return -ENOMEM;
+		r->gen = g;
+		r->gen_cap = cap;
+	}
+	memcpy(r->gen + r->gen_len, p, n);
+	r->gen_len += n;
+	r->gen[r->gen_len] = '\0';
+	return 0;
+}
+
+/* After text was appended: a stop string cuts the text and ends the
+ * request (true); otherwise publish all but a tail that could still become
+ * a stop string, so a stop string's text is never sent. */
+bool store_check_stops(struct daemon_request *r)
+{
+	size_t hold = 0;
+	for (int i = 0; i < r->n_stop; i++) {
+		size_t L = r->stop_len[i];
+		/* a full match can only start in the part not yet published */
+		size_t from = r->pub_len;
+		if (r->gen_len >= L && from + L <= r->gen_len) {
+			const char *hit = memmem(r->gen + from, r->gen_len - from, r->stop[i], L);
+			if (hit) {
+				r->gen_len = (size_t)(hit - r->gen);
+				r->gen[r->gen_len] = '\0';
+				return true;
+			}
+		}
+		/* longest suffix of gen that is a proper prefix of the stop string */
+		size_t maxk = CM_MIN(L - 1, r->gen_len - r->pub_len);
+		for (size_t k = maxk; k > hold; k--)
+			if (memcmp(r->gen + r->gen_len - k, r->stop[i], k) == 0) {
+				hold = k;
+				break;
+			}
+	}
+	r->pub_len = r->gen_len - hold;
+	return false;
+}
+
+/* ---- polls ----------------------------------------------------------------- */
+
+/* Answer a poll from the published text. A finished stream whose text the
+ * client acknowledged entirely is released (rule 6 of the protocol) when
+ * `may_release` and no other poll is held. Returns true if r was released
+ * (and may be gone). */
+bool store_answer_poll(struct sched *s, struct daemon_request *r, ipc_call *call, uint64_t ack,
+		       bool may_release, struct outbox_list *out)
+{
+	if (r->fail_code != IPC_ERR_NONE) {
+		/* refused before it ran (e.g. queued at shutdown): the error is
+		 * what the stream delivers, once */
+		outbox_error(out, call, r->id, r->fail_code, -1, r->fail_msg);
+		if (may_release && !r->polls)
+			store_unlist(s, r);
+		return may_release && !r->polls;
+	}
+	struct outbox_msg *m = outbox_add(out, call, IPC_OP_POLL, r->id);
+	if (m) {
+		struct ipc_poll_reply *p = &m->rep.u.poll;
+		p->offset = ack;
+		if (outbox_set_text(m, r->gen ? r->gen + ack : "", r->pub_len - ack) != 0) {
+			/* out of memory: answer with no text, the client polls again */
+			p->text = "";
+			p->text_len = 0;
+			p->done = false;
+			return false;
+		}
+		p->text = m->text;
+		p->text_len = r->pub_len - ack;
+		p->done = r->state == RQ_FINISHED;
+		if (p->done) {
+			p->finish = r->finish;
+			fill_stats(r, &p->usage, &p->timings);
+		}
+	}
+	bool release = may_release && r->state == RQ_FINISHED && ack == r->pub_len && !r->polls;
+	if (release)
+		store_unlist(s, r);
+	return release;
+}
+
+void store_answer_held_polls(struct sched *s, struct daemon_request *r, bool all,
+			     struct outbox_list *out)
+{
+	uint64_t now = all ? 0 : sched_now_ns();
+	struct held_poll *due = NULL, **tail = &due;
+	for (struct held_poll **pp = &r->polls; *pp;) {
+		struct held_poll *h = *pp;
+		if (all || r->state == RQ_FINISHED || r->pub_len > h->ack || now >= h->deadline_ns) {
+			*pp = h->next;
+			h->next = NULL;
+			*tail = h;
+			tail = &h->next;
+		} else {
+			pp = &h->next;
+		}
+	}
+	while (due) {
+		struct held_poll *h = due;
+		due = h->next;
+		ipc_call *call = h->call;
+		uint64_t ack = h->ack;
+		cm_free(h);
+		if (store_answer_poll(s, r, call, ack, !due, out))
+			return; /* released: nothing is left to answer */
+	}
+}
+
+/* ---- finishing ------------------------------------------------------------- */
+
+void store_finish(struct sched *s, struct daemon_request *r, enum ipc_finish f,
+		  struct outbox_list *out)
+{
+	struct daemon *d = s->d;
+	if (r->state == RQ_FINISHED)
+		return;
+	r->state = RQ_FINISHED;
+	r->finish = f;
+	r->end_ns = sched_now_ns();
+	r->pub_len = r->gen_len;
+	r->last_poll_ns = r->end_ns; /* the idle clock restarts for the final polls */
+	const char *outcome = f == IPC_FINISH_CANCELLED ? "cancelled"
+			      : f == IPC_FINISH_DEADLINE ? "deadline"
+							  : "ok";
+	store_count(d, r->op, outcome);
+	if (d->mi) {
+		if (r->admit_ns)
+			monitor_histogram_observe(d->mi->duration,
+						  (double)(r->end_ns - r->arrival_ns) / 1e9);
+		if (r->n_gen > 1 && r->first_ns)
+			monitor_histogram_observe(d->mi->tpot, (double)(r->end_ns - r->first_ns) /
+								   1e9 / (r->n_gen - 1));
+	}
+	daemon_log(LOG_INFO, r->id, "finished: %s, %d prompt tokens (%d cached), %d generated",
+		   ipc_finish_name(f), r->n_prompt, r->n_cached, r->n_gen);
+	if (!r->stream) {
+		if (r->call) {
+			struct outbox_msg *m = outbox_add(out, r->call, r->op, r->id);
+			r->call = NULL;
+			if (m && outbox_set_text(m, r->gen ? r->gen : "", r->gen_len) == 0) {
+				struct ipc_gen_reply *g = &m->rep.u.gen;
+				g->text = m->text;
+				g->text_len = r->gen_len;
+				g->finish = f;
+				fill_stats(r, &g->usage, &g->timings);
+			} else if (m) {
+				m->rep.error = IPC_ERR_INTERNAL;
+			}
+		}
+		store_unlist(s, r); /* freed once its slot lets go */
+		return;
+	}
+	store_answer_held_polls(s, r, true, out);
+}
+
+void store_fail(struct sched *s, struct daemon_request *r, enum ipc_errcode code, const char *msg,
+		struct outbox_list *out)
+{
+	store_count(s->d, r->op, ipc_errcode_name(code));
+	bool id_sent = r->stream && !r->call; /* a stream's id goes out once it is queued */
+	if (r->call) {
+		outbox_error(out, r->call, r->id, code, -1, msg);
+		r->call = NULL;
+	}
+	r->state = RQ_FINISHED;
+	r->finish = IPC_FINISH_CANCELLED;
+	r->end_ns = sched_now_ns();
+	r->last_poll_ns = r->end_ns;
+	if (id_sent) {
+		r->fail_code = code;
+		r->fail_msg = msg ? cm_strdup(msg) : NULL;
+		store_answer_held_polls(s, r, true, out);
+		return; /* until a poll collects the error, or idle */
+	}
+	store_unlist(s, r);
+}
