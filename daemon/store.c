@@ -167,9 +167,10 @@ bool store_answer_poll(struct sched *s, struct daemon_request *r, ipc_call *call
 		/* refused before it ran (e.g. queued at shutdown): the error is
 		 * what the stream delivers, once */
 		outbox_error(out, call, r->id, r->fail_code, -1, r->fail_msg);
-		if (may_release && !r->polls)
-			store_unlist(s, r);
-		return may_release && !r->polls;
+		bool release = may_release && !r->polls;
+		if (release)
+			store_unlist(s, r); /* r is gone */
+		return release;
 	}
 	struct outbox_msg *m = outbox_add(out, call, IPC_OP_POLL, r->id);
 	if (m) {
