@@ -1,14 +1,15 @@
 /* daemon/main.c: edgelmd's start, main loop and stop.
  *
- * Start, in dependency order: config -> log -> CPU detection and tuning
- * plan (--check stops here) -> memory fit check -> signals blocked (before
- * any thread) -> tuning applied -> monitor -> model loaded and locked ->
- * context -> warm-up -> scheduler -> IPC socket bound -> READY=1.
- * Stop (SIGTERM/SIGINT), in exact reverse: STOPPING=1 -> new work gets
- * shutting_down (polls and cancels are still served) -> queued requests
- * refused, running ones finish within drain_timeout_ms, then are cancelled
- * -> streams delivered (or idle for stream_idle_ms) -> socket closed ->
- * monitor -> tuning restored -> exit 0.
+ * main() reads as a sequence: the command line, the configuration (the
+ * one-shot modes end there), then the start steps of `steps[]` run forward
+ * (CPU detection and plan -> model file -> signals blocked before any
+ * thread -> tuning applied -> monitor -> model loaded, fit-checked, warmed
+ * up -> memory locked -> scheduler -> socket bound, READY=1), the signal
+ * loop, and the steps' stops in exact reverse. The socket's stop is the
+ * drain: STOPPING=1, new work gets shutting_down (polls and cancels are
+ * still served), queued requests refused, running ones finish within
+ * drain_timeout_ms, streams delivered (or idle for stream_idle_ms), then
+ * the socket closes; the scheduler, model, monitor and tuning follow.
  * SIGHUP: RELOADING=1, reload the config file; reloadable keys change in
  * place; a new model is loaded beside the old one and swapped in between
  * steps; then READY=1.
@@ -372,26 +373,23 @@ static void reload(struct daemon *d)
 	daemon_notify_ready();
 }
 
-int main(int argc, char **argv)
+/* ---- the command line ---------------------------------------------------------- */
+
+enum mode { MODE_SERVE, MODE_CHECK, MODE_PRINT, MODE_PRINT_DOC, MODE_RESTORE, MODE_TUNE_CPUFREQ };
+
+struct cmdline {
+	const char *config_path;
+	bool config_given, no_cpufreq;
+	enum mode mode;
+};
+
+/* Returns -1 to go on, else the exit code (--help, --version, usage errors). */
+static int parse_args(int argc, char **argv, struct cmdline *cl, struct overrides *ov)
 {
 	enum {
-		OPT_CONFIG = 256,
-		OPT_MODEL,
-		OPT_LISTEN,
-		OPT_MLISTEN,
-		OPT_THREADS,
-		OPT_CTX,
-		OPT_PARALLEL,
-		OPT_ISA,
-		OPT_SET,
-		OPT_FG,
-		OPT_CHECK,
-		OPT_PRINT,
-		OPT_PRINTDOC,
-		OPT_RESTORE,
-		OPT_TUNE_CPUFREQ,
-		OPT_NO_CPUFREQ,
-		OPT_VERSION,
+		OPT_CONFIG = 256, OPT_MODEL, OPT_LISTEN, OPT_MLISTEN, OPT_THREADS, OPT_CTX,
+		OPT_PARALLEL, OPT_ISA, OPT_SET, OPT_FG, OPT_CHECK, OPT_PRINT, OPT_PRINTDOC,
+		OPT_RESTORE, OPT_TUNE_CPUFREQ, OPT_NO_CPUFREQ, OPT_VERSION,
 	};
 	static const struct option opts[] = {
 		{"config", required_argument, NULL, OPT_CONFIG},
@@ -414,21 +412,15 @@ int main(int argc, char **argv)
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
-	static struct daemon dd;
-	struct daemon *d = &dd;
-	const char *config_path = DAEMON_CONFIG_PATH;
-	bool config_given = false, check = false, print = false, print_doc = false,
-	     restore = false, tune_cpufreq = false, no_cpufreq = false;
-	/* Overrides are applied after the file: collect them first. */
-	struct overrides *ov = &g_ov;
-	int n_listen_ov = 0;
-	int c;
+	*cl = (struct cmdline){.config_path = DAEMON_CONFIG_PATH, .mode = MODE_SERVE};
+	int n_listen = 0, c;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		const char *key = NULL;
 		switch (c) {
-		case OPT_CONFIG: config_path = optarg; config_given = true; break;
+		case OPT_CONFIG: cl->config_path = optarg; cl->config_given = true; break;
 		case OPT_MODEL: key = "model"; break;
-		case OPT_LISTEN: key = n_listen_ov++ ? "listen+" : "listen"; break;
+		/* the first --listen replaces the file's list, later ones add */
+		case OPT_LISTEN: key = n_listen++ ? "listen+" : "listen"; break;
 		case OPT_MLISTEN: key = "metrics_listen"; break;
 		case OPT_THREADS: key = "threads"; break;
 		case OPT_CTX: key = "ctx_size"; break;
@@ -446,12 +438,12 @@ int main(int argc, char **argv)
 			continue;
 		}
 		case OPT_FG: break;
-		case OPT_CHECK: check = true; break;
-		case OPT_PRINT: print = true; break;
-		case OPT_PRINTDOC: print_doc = true; break;
-		case OPT_RESTORE: restore = true; break;
-		case OPT_TUNE_CPUFREQ: tune_cpufreq = true; break;
-		case OPT_NO_CPUFREQ: no_cpufreq = true; break;
+		case OPT_CHECK: cl->mode = MODE_CHECK; break;
+		case OPT_PRINT: cl->mode = MODE_PRINT; break;
+		case OPT_PRINTDOC: cl->mode = MODE_PRINT_DOC; break;
+		case OPT_RESTORE: cl->mode = MODE_RESTORE; break;
+		case OPT_TUNE_CPUFREQ: cl->mode = MODE_TUNE_CPUFREQ; break;
+		case OPT_NO_CPUFREQ: cl->no_cpufreq = true; break;
 		case OPT_VERSION: printf("edgelmd %s\n", EDGELM_VERSION); return 0;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return EXIT_USAGE;
@@ -466,27 +458,30 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return EXIT_USAGE;
 	}
-	struct cm_err err = {0};
-	int rc = 0, sfd = -1;
+	return -1;
+}
 
-	daemon_config_default(&d->cfg);
-	if (print_doc) {
+/* Configuration, logging and the tuning paths. Returns -1 to go on. */
+static int configure(struct daemon *d, const struct cmdline *cl)
+{
+	struct cm_err err = {0};
+	if (cl->mode == MODE_PRINT_DOC) {
+		daemon_config_default(&d->cfg);
 		daemon_config_print(stdout, &d->cfg, true);
 		return 0;
 	}
-	g_config_given = config_given;
-	int r = config_build(&d->cfg, config_path, config_given, ov, &err);
-	if (r) {
+	g_config_given = cl->config_given;
+	if (config_build(&d->cfg, cl->config_path, cl->config_given, &g_ov, &err) != 0) {
 		fprintf(stderr, "edgelmd: %s\n", err.msg);
 		return EXIT_USAGE;
 	}
 	d->cfg_given = d->cfg;
-	d->config_path = config_path;
+	d->config_path = cl->config_path;
 	if (daemon_log_init(d->cfg.log_level) != 0) {
 		fprintf(stderr, "edgelmd: bad log_level '%s'\n", d->cfg.log_level);
 		return EXIT_USAGE;
 	}
-	if (print) {
+	if (cl->mode == MODE_PRINT) {
 		daemon_config_print(stdout, &d->cfg, false);
 		return 0;
 	}
@@ -495,22 +490,9 @@ int main(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	if (d->cfg.state_file[0] && !getenv("EDGELM_TUNING_STATE"))
-		snprintf(d->tpaths.state_file, sizeof(d->tpaths.state_file), "%.511s", d->cfg.state_file);
-	if (restore) {
-		struct tuning_state st;
-		tuning_state_init(&st);
-		r = tuning_restore_from_file(&d->tpaths, &st, &err);
-		tuning_state_print(stdout, &st);
-		tuning_state_fini(&st);
-		if (r) {
-			fprintf(stderr, "edgelmd: --restore-tuning: %s\n", err.msg);
-			return EXIT_RUNTIME;
-		}
-		return 0;
-	}
-	if (tune_cpufreq)
-		return tune_cpufreq_only(d);
-	if (no_cpufreq) {
+		snprintf(d->tpaths.state_file, sizeof(d->tpaths.state_file), "%.511s",
+			 d->cfg.state_file);
+	if (cl->no_cpufreq) {
 		/* The unit's privileged helper owns governor and EPP and their state
 		 * file; the daemon keeps its own, so it never mistakes the helper's
 		 * file for a crash to undo. */
@@ -520,39 +502,69 @@ int main(int argc, char **argv)
 		if (l + 8 < sizeof(d->tpaths.state_file))
 			memcpy(d->tpaths.state_file + l, ".daemon", 8);
 	}
-	if (!check && daemon_config_validate(&d->cfg, &err) != 0) {
+	if (cl->mode == MODE_SERVE && daemon_config_validate(&d->cfg, &err) != 0) {
 		fprintf(stderr, "edgelmd: %s\n", err.msg);
 		return EXIT_USAGE;
 	}
+	return -1;
+}
 
-	/* CPU detection and the plan. */
-	tuning_report_init(&d->treport);
-	tuning_plan_init(&d->tplan);
-	tuning_state_init(&d->tstate);
-	pthread_mutex_init(&d->mu, NULL);
-	atomic_store(&d->phase, PHASE_LOADING);
+static int restore_only(struct daemon *d)
+{
+	struct cm_err err = {0};
+	struct tuning_state st;
+	tuning_state_init(&st);
+	int r = tuning_restore_from_file(&d->tpaths, &st, &err);
+	tuning_state_print(stdout, &st);
+	tuning_state_fini(&st);
+	if (r) {
+		fprintf(stderr, "edgelmd: --restore-tuning: %s\n", err.msg);
+		return EXIT_RUNTIME;
+	}
+	return 0;
+}
+
+/* ---- start steps ------------------------------------------------------------------ */
+
+/* Each step's start returns 0 or an exit code (having logged why); the
+ * steps that started are stopped in exact reverse order. */
+struct step {
+	const char *name;
+	int (*start)(struct daemon *d);
+	void (*stop)(struct daemon *d);
+};
+
+static int g_sfd = -1;
+
+/* CPU detection and the plan; the model file must be readable. */
+static int start_detect(struct daemon *d)
+{
+	struct cm_err err = {0};
 	struct tuning_config tc;
 	to_tuning_config(&d->cfg, &tc);
-	uint64_t model_bytes = d->cfg.model[0] ? file_size(d->cfg.model) : 0;
-	tc.model_bytes = model_bytes;
+	tc.model_bytes = d->cfg.model[0] ? file_size(d->cfg.model) : 0;
 	if (tuning_detect(&d->tpaths, &d->treport, &err) != 0 ||
 	    tuning_plan_make(&d->treport, &tc, &d->tplan, &err) != 0) {
 		log_err("tuning: %s", err.msg);
-		rc = EXIT_USAGE;
-		goto out;
+		return EXIT_USAGE;
 	}
-	if (check) {
-		tuning_report_print(stdout, &d->treport, &d->tplan);
-		goto out;
-	}
-	if (model_bytes == 0) {
+	return 0;
+}
+
+static int start_model_file(struct daemon *d)
+{
+	if (file_size(d->cfg.model) == 0) {
 		log_err("cannot read model %s: %s", d->cfg.model, strerror(errno));
-		rc = EXIT_MODEL;
-		goto out;
+		return EXIT_MODEL;
 	}
 	daemon_notify_init();
+	return 0;
+}
 
-	/* Signals: blocked before any thread exists, read from a signalfd. */
+/* Signals: blocked before any thread exists, read from a signalfd. */
+static int start_signals(struct daemon *d)
+{
+	(void)d;
 	sigset_t sigs;
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGTERM);
@@ -560,19 +572,43 @@ int main(int argc, char **argv)
 	sigaddset(&sigs, SIGHUP);
 	sigaddset(&sigs, SIGPIPE);
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-	sfd = signalfd(-1, &sigs, SFD_CLOEXEC);
-	if (sfd < 0) {
+	g_sfd = signalfd(-1, &sigs, SFD_CLOEXEC);
+	if (g_sfd < 0) {
 		log_err("signalfd: %s", strerror(errno));
-		rc = EXIT_RUNTIME;
-		goto out;
+		return EXIT_RUNTIME;
 	}
+	return 0;
+}
 
+static void stop_signals(struct daemon *d)
+{
+	(void)d;
+	close(g_sfd);
+	g_sfd = -1;
+}
+
+static int start_tuning(struct daemon *d)
+{
+	struct cm_err err = {0};
 	tuning_apply(&d->tplan, &d->tpaths, &d->tstate, &err);
 	d->tuning_applied = true;
 	log_tuning_changes(&d->tstate);
 	log_info("tuning: %d workers (%s)", d->tplan.n_workers, d->tplan.threads_note);
+	return 0;
+}
 
-	/* The monitor first, so the load itself is observed. */
+static void stop_tuning(struct daemon *d)
+{
+	struct cm_err err = {0};
+	if (tuning_restore(&d->tstate, &d->tpaths, &err) != 0)
+		log_warning("tuning restore: %s", err.msg);
+}
+
+/* The monitor before the model, so the load itself is observed. Serving
+ * without metrics beats not serving: its failures are warnings. */
+static int start_monitor(struct daemon *d)
+{
+	struct cm_err err = {0};
 	struct monitor_params mp;
 	monitor_params_default(&mp);
 	mp.interval_ms = d->cfg.monitor_interval_ms;
@@ -583,79 +619,122 @@ int main(int argc, char **argv)
 		log_warning("monitor: %s; serving without metrics", err.msg);
 		monitor_free(d->mon);
 		d->mon = NULL;
-	} else {
-		d->mi = monitor_inference_get(d->mon);
-		d->fam_requests = d->mi->requests;
-		monitor_gauge_set(d->mi->loading, 1);
-		if (d->cfg.peak_bandwidth_gbs > 0)
-			monitor_gauge_set(d->mi->peak_bandwidth, d->cfg.peak_bandwidth_gbs * 1e9);
-		if (strcmp(d->cfg.metrics_listen, "off") != 0 &&
-		    monitor_http_start(d->mon, d->cfg.metrics_listen, &err) != 0)
-			log_warning("metrics endpoint %s: %s; ignoring", d->cfg.metrics_listen,
-				    err.msg);
+		return 0;
 	}
+	d->mi = monitor_inference_get(d->mon);
+	d->fam_requests = d->mi->requests;
+	monitor_gauge_set(d->mi->loading, 1);
+	if (d->cfg.peak_bandwidth_gbs > 0)
+		monitor_gauge_set(d->mi->peak_bandwidth, d->cfg.peak_bandwidth_gbs * 1e9);
+	if (strcmp(d->cfg.metrics_listen, "off") != 0 &&
+	    monitor_http_start(d->mon, d->cfg.metrics_listen, &err) != 0)
+		log_warning("metrics endpoint %s: %s; ignoring", d->cfg.metrics_listen, err.msg);
+	return 0;
+}
 
-	/* The model. */
+static void stop_monitor(struct daemon *d)
+{
+	if (!d->mon)
+		return;
+	monitor_http_stop(d->mon);
+	monitor_stop(d->mon);
+	monitor_free(d->mon);
+	d->mon = NULL;
+	d->mi = NULL;
+	d->fam_requests = NULL;
+}
+
+static void log_model(struct daemon *d)
+{
+	enum engine_kv_type kvt = engine_ctx_kv_type(d->ctx);
+	uint64_t kv = engine_model_kv_bytes_per_token(d->model, kvt) * d->cfg.ctx_size *
+		      d->cfg.parallel;
+	log_info("model %s: %s, %u layers, %u ctx x %u sequences (%.1f MiB of %s KV), "
+		 "kernels %s, %d threads",
+		 d->model_name, d->minfo.arch, d->minfo.n_layer, d->cfg.ctx_size, d->cfg.parallel,
+		 (double)kv / (1 << 20), engine_kv_type_name(kvt), d->minfo.isa,
+		 d->minfo.n_threads);
+	if (!d->minfo.n_x16_tensors)
+		return;
+	struct engine_region wr;
+	uint64_t rss = 0, huge = 0;
+	engine_model_region(d->model, &wr);
+	if (d->minfo.weights_anon)
+		(void)tuning_memory_rss(&d->tpaths, wr.addr, wr.len, &rss, &huge, NULL);
+	log_info("repack: %u tensors in the kernels' x16 layout, %.1f MiB of private "
+		 "memory (repack=off keeps the file's pages shared); weights in %s, "
+		 "%.1f MiB in huge pages",
+		 d->minfo.n_x16_tensors, (double)d->minfo.x16_bytes / (1 << 20),
+		 d->minfo.weights_anon ? "anonymous memory" : "the file mapping",
+		 (double)huge / (1 << 20));
+}
+
+static int start_model(struct daemon *d)
+{
+	struct cm_err err = {0};
 	daemon_notify_status("loading %s", d->cfg.model);
 	daemon_notify_extend_timeout(120 * 1000000ull);
 	set_model_name(d);
 	(void)tuning_load_begin(&d->tplan, &d->tstate, NULL);
-	r = load_model(d, &d->model, &d->ctx, &err);
+	int r = load_model(d, &d->model, &d->ctx, &err);
 	(void)tuning_load_end(&d->tstate, NULL);
 	if (r) {
 		log_err("%s: %s", d->cfg.model, err.msg);
-		rc = r == -ENOMEM ? EXIT_MEMORY : EXIT_MODEL;
-		goto out_stop;
+		return r == -ENOMEM ? EXIT_MEMORY : EXIT_MODEL;
 	}
 	engine_model_get_info(d->model, &d->minfo);
 	snprintf(d->kv_type_name, sizeof(d->kv_type_name), "%s",
 		 engine_kv_type_name(engine_ctx_kv_type(d->ctx)));
 	/* what the context holds: ctx_size, or the model's, capped by kv_budget_mib */
 	d->cfg.ctx_size = engine_ctx_n_ctx(d->ctx);
-	{
-		enum engine_kv_type kvt = engine_ctx_kv_type(d->ctx);
-		uint64_t kv = engine_model_kv_bytes_per_token(d->model, kvt) * d->cfg.ctx_size *
-			      d->cfg.parallel;
-		log_info("model %s: %s, %u layers, %u ctx x %u sequences (%.1f MiB of %s KV), "
-			 "kernels %s, %d threads",
-			 d->model_name, d->minfo.arch, d->minfo.n_layer, d->cfg.ctx_size,
-			 d->cfg.parallel, (double)kv / (1 << 20), engine_kv_type_name(kvt),
-			 d->minfo.isa, d->minfo.n_threads);
-		if (d->minfo.n_x16_tensors) {
-			struct engine_region wr;
-			uint64_t rss = 0, huge = 0;
-			engine_model_region(d->model, &wr);
-			if (d->minfo.weights_anon)
-				(void)tuning_memory_rss(&d->tpaths, wr.addr, wr.len, &rss, &huge,
-							NULL);
-			log_info("repack: %u tensors in the kernels' x16 layout, %.1f MiB of private "
-				 "memory (repack=off keeps the file's pages shared); weights in %s, "
-				 "%.1f MiB in huge pages",
-				 d->minfo.n_x16_tensors, (double)d->minfo.x16_bytes / (1 << 20),
-				 d->minfo.weights_anon ? "anonymous memory" : "the file mapping",
-				 (double)huge / (1 << 20));
-		}
-	}
+	log_model(d);
+	return 0;
+}
+
+static void stop_model(struct daemon *d)
+{
+	engine_ctx_free(d->ctx);
+	engine_model_free(d->model);
+	d->ctx = NULL;
+	d->model = NULL;
+}
+
+/* Huge pages, then locking and prefaulting the weights and the KV cache. */
+static int start_memory(struct daemon *d)
+{
 	if (d->cfg.tuning && d->cfg.hugepages)
 		copy_to_hugepages(d);
-	if (lock_memory(d) != 0) {
-		rc = EXIT_MEMORY;
-		goto out_stop;
-	}
+	if (lock_memory(d) != 0)
+		return EXIT_MEMORY;
 	update_tuning_json(d);
 	if (d->mi) {
 		monitor_gauge_set(d->mi->loading, 0);
 		monitor_gauge_set(d->mi->workers, d->minfo.n_threads);
 		monitor_gauge_set(d->mi->kv_capacity, (double)d->cfg.ctx_size * d->cfg.parallel);
 	}
+	return 0;
+}
 
+static int start_scheduler(struct daemon *d)
+{
+	struct cm_err err = {0};
 	if (sched_new(d, &d->sched, &err) != 0 || sched_start(d->sched, &err) != 0) {
 		log_err("%s", err.msg);
-		rc = EXIT_RUNTIME;
-		goto out_stop;
+		return EXIT_RUNTIME;
 	}
+	return 0;
+}
 
-	/* The socket, last: READY=1 only once it is bound. */
+static void stop_scheduler(struct daemon *d)
+{
+	sched_free(d->sched);
+	d->sched = NULL;
+}
+
+/* The socket, last: READY=1 only once it is bound. */
+static int start_socket(struct daemon *d)
+{
+	struct cm_err err = {0};
 	const char *urls[DAEMON_MAX_LISTEN];
 	for (int i = 0; i < d->cfg.n_listen; i++)
 		urls[i] = d->cfg.listen[i];
@@ -666,16 +745,10 @@ int main(int argc, char **argv)
 		.socket_group = d->cfg.socket_group[0] ? d->cfg.socket_group : NULL,
 	};
 	sp.limits.max_msg_bytes = (size_t)d->cfg.max_msg_kib * 1024;
-	if (ipc_server_new(&sp, daemon_handle_call, d, &d->srv, &err) != 0) {
+	if (ipc_server_new(&sp, daemon_handle_call, d, &d->srv, &err) != 0 ||
+	    ipc_server_start(d->srv, &err) != 0) {
 		log_err("%s", err.msg);
-		rc = EXIT_RUNTIME;
-		goto out_stop;
-	}
-	cm_err_clear(&err);
-	if (ipc_server_start(d->srv, &err) != 0) {
-		log_err("%s", err.msg);
-		rc = EXIT_RUNTIME;
-		goto out_stop;
+		return EXIT_RUNTIME;
 	}
 	if (err.code)
 		log_warning("%s; ignoring", err.msg);
@@ -684,78 +757,132 @@ int main(int argc, char **argv)
 		log_notice("serving %s on %s", d->model_name, d->cfg.listen[i]);
 	daemon_notify_ready();
 	daemon_notify_status("ready: %s", d->model_name);
+	return 0;
+}
 
-	/* Main loop: signals, and a STATUS= line every few seconds. */
-	for (;;) {
-		struct pollfd pfd = {.fd = sfd, .events = POLLIN};
-		int pr = poll(&pfd, 1, 2000);
-		if (pr > 0) {
-			struct signalfd_siginfo si;
-			if (read(sfd, &si, sizeof(si)) != sizeof(si))
-				continue;
-			if (si.ssi_signo == SIGHUP) {
-				reload(d);
-				continue;
-			}
-			if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
-				log_notice("%s: shutting down (drain up to %u ms)",
-					   si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT",
-					   d->cfg.drain_timeout_ms);
-				break;
-			}
-			continue;
-		}
-		int running, queued;
-		double tps;
-		sched_counts(d->sched, &running, &queued, &tps);
-		char flags[128] = "";
-		if (d->mon) {
-			struct monitor_flag_state fl[MONITOR_FLAG_COUNT];
-			monitor_flags_get(d->mon, fl);
-			for (int i = 0; i < MONITOR_FLAG_COUNT; i++)
-				if (fl[i].on) {
-					size_t l = strlen(flags);
-					snprintf(flags + l, sizeof(flags) - l, " %s",
-						 monitor_flag_name((enum monitor_flag)i));
-				}
-		}
-		if (d->mi)
-			monitor_gauge_set(d->mi->queued, queued);
-		daemon_notify_status("%s: %d running, %d queued, %.1f tok/s%s%s", d->model_name,
-				     running, queued, running ? tps : 0.0, flags[0] ? ";" : "",
-				     flags);
+/* Drain first (the socket stays open for the streams' last polls), then
+ * close the socket. */
+static void stop_socket(struct daemon *d)
+{
+	if (d->sched && d->srv) {
+		daemon_notify_stopping();
+		atomic_store(&d->phase, PHASE_DRAINING);
+		sched_stop(d->sched, d->cfg.drain_timeout_ms);
 	}
+	int left = ipc_server_stop(d->srv, 2000);
+	if (left)
+		log_warning("%d calls still open at shutdown", left);
+	/* calls the scheduler still holds are completed by sched_free, harmlessly */
+}
 
-	daemon_notify_stopping();
-	/* New work is refused from here; polls and cancels are still served,
-	 * so streams deliver what they made before the socket closes. */
-	atomic_store(&d->phase, PHASE_DRAINING);
-	sched_stop(d->sched, d->cfg.drain_timeout_ms);
-out_stop:
-	if (d->srv) {
-		int left = ipc_server_stop(d->srv, 2000);
-		if (left)
-			log_warning("%d calls still open at shutdown", left);
-	}
-	sched_free(d->sched);
-	d->sched = NULL;
-	ipc_server_free(d->srv);
-	if (d->mon) {
-		monitor_http_stop(d->mon);
-		monitor_stop(d->mon);
-		monitor_free(d->mon);
-	}
-	engine_ctx_free(d->ctx);
-	engine_model_free(d->model);
+static void stop_hugepages(struct daemon *d)
+{
 	if (d->hpbuf.addr)
 		tuning_hugepage_free(&d->hpbuf);
-	if (d->tuning_applied && tuning_restore(&d->tstate, &d->tpaths, &err) != 0)
-		log_warning("tuning restore: %s", err.msg);
-	if (sfd >= 0)
-		close(sfd);
-	if (rc == 0)
+}
+
+static const struct step steps[] = {
+	{"detect", start_detect, NULL},
+	{"model file", start_model_file, NULL},
+	{"signals", start_signals, stop_signals},
+	{"tuning", start_tuning, stop_tuning},
+	{"monitor", start_monitor, stop_monitor},
+	/* start_memory may copy the weights to huge pages: the copy is freed
+	 * once the model that points into it is */
+	{"hugepages", NULL, stop_hugepages},
+	{"model", start_model, stop_model},
+	{"memory", start_memory, NULL},
+	{"scheduler", start_scheduler, stop_scheduler},
+	{"socket", start_socket, stop_socket},
+};
+
+/* ---- running ---------------------------------------------------------------------- */
+
+static void status_line(struct daemon *d)
+{
+	int running, queued;
+	double tps;
+	sched_counts(d->sched, &running, &queued, &tps);
+	char flags[128] = "";
+	if (d->mon) {
+		struct monitor_flag_state fl[MONITOR_FLAG_COUNT];
+		monitor_flags_get(d->mon, fl);
+		for (int i = 0; i < MONITOR_FLAG_COUNT; i++)
+			if (fl[i].on) {
+				size_t l = strlen(flags);
+				snprintf(flags + l, sizeof(flags) - l, " %s",
+					 monitor_flag_name((enum monitor_flag)i));
+			}
+	}
+	if (d->mi)
+		monitor_gauge_set(d->mi->queued, queued);
+	daemon_notify_status("%s: %d running, %d queued, %.1f tok/s%s%s", d->model_name, running,
+			     queued, running ? tps : 0.0, flags[0] ? ";" : "", flags);
+}
+
+/* Signals, and a STATUS= line every few seconds, until SIGTERM/SIGINT. */
+static void serve(struct daemon *d)
+{
+	for (;;) {
+		struct pollfd pfd = {.fd = g_sfd, .events = POLLIN};
+		if (poll(&pfd, 1, 2000) <= 0) {
+			status_line(d);
+			continue;
+		}
+		struct signalfd_siginfo si;
+		if (read(g_sfd, &si, sizeof(si)) != sizeof(si))
+			continue;
+		if (si.ssi_signo == SIGHUP) {
+			reload(d);
+		} else if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
+			log_notice("%s: shutting down (drain up to %u ms)",
+				   si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT",
+				   d->cfg.drain_timeout_ms);
+			return;
+		}
+	}
+}
+
+int main(int argc, char **argv)
+{
+	static struct daemon dd;
+	struct daemon *d = &dd;
+	struct cmdline cl;
+	int rc = parse_args(argc, argv, &cl, &g_ov);
+	if (rc >= 0)
+		return rc;
+	if ((rc = configure(d, &cl)) >= 0)
+		return rc;
+	if (cl.mode == MODE_RESTORE)
+		return restore_only(d);
+	if (cl.mode == MODE_TUNE_CPUFREQ)
+		return tune_cpufreq_only(d);
+
+	tuning_report_init(&d->treport);
+	tuning_plan_init(&d->tplan);
+	tuning_state_init(&d->tstate);
+	pthread_mutex_init(&d->mu, NULL);
+	atomic_store(&d->phase, PHASE_LOADING);
+	rc = 0;
+	size_t n = 0;
+	if (cl.mode == MODE_CHECK) {
+		if ((rc = start_detect(d)) == 0)
+			tuning_report_print(stdout, &d->treport, &d->tplan);
+	} else {
+		for (; n < CM_ARRAY_LEN(steps) && rc == 0; n++)
+			if (steps[n].start)
+				rc = steps[n].start(d);
+		if (rc == 0)
+			serve(d);
+		else
+			n--; /* the step that failed has nothing to stop */
+		while (n-- > 0)
+			if (steps[n].stop)
+				steps[n].stop(d);
+		ipc_server_free(d->srv);
+	}
+	if (rc == 0 && cl.mode == MODE_SERVE)
 		log_notice("stopped");
-out:
 	cm_free(d->tuning_json);
 	tuning_state_fini(&d->tstate);
 	tuning_plan_fini(&d->tplan);
