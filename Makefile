@@ -110,11 +110,17 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 # docs/configuration.md: its intro, then the table edgelmd prints from the
-# configuration table itself (tests/integration/config_doc.sh checks it)
-docs: $(BUILD)/bin/edgelmd
+# configuration table itself (tests/integration/config_doc.sh checks it).
+# docs/protocol.md: its `<!-- generated: fields of OP -->` sections, from the
+# request field table (ipc/protocol_fields.c) through test_ipc_protocol's
+# --doc mode (tests/integration/protocol_doc.sh checks them).
+docs: $(BUILD)/bin/edgelmd $(BUILD)/tests/unit/test_ipc_protocol
 	@{ sed '/^<!-- generated/q' docs/configuration.md; $(BUILD)/bin/edgelmd --print-config-doc; } \
 		>docs/configuration.md.new && mv docs/configuration.md.new docs/configuration.md
 	@echo "  DOCS    docs/configuration.md"
+	@$(BUILD)/tests/unit/test_ipc_protocol --doc <docs/protocol.md >docs/protocol.md.new \
+		&& mv docs/protocol.md.new docs/protocol.md || { rm -f docs/protocol.md.new; exit 1; }
+	@echo "  DOCS    docs/protocol.md"
 
 # Module boundaries (docs/design.md): lower modules include only common/.
 check-deps:

@@ -6,10 +6,12 @@ $(IPC_LIB): $(IPC_SRCS:%.c=$(BUILD)/%.o)
 # libedgelm: the public client library (ipc/edgelm.h installs as edgelm.h).
 # It is built from its own position-independent objects with hidden
 # visibility, so only the EDGELM_API (edgelm_*) symbols leave the .so; the
-# codec it shares with the server (protocol.c, common.c) stays internal.
+# codec it shares with the server (protocol*.c, common.c) stays internal.
+# protocol_doc.c (the Markdown of docs/protocol.md) is for `make docs` only.
 EDGELM_VERSION    ?= 0.1.0
 EDGELM_SOVERSION  := 0
-LIBEDGELM_SRCS    := ipc/client.c ipc/protocol.c common/common.c
+LIBEDGELM_SRCS    := ipc/client.c ipc/protocol.c ipc/protocol_fields.c ipc/protocol_request.c \
+                     ipc/protocol_reply.c common/common.c
 LIBEDGELM_OBJS    := $(LIBEDGELM_SRCS:%.c=$(BUILD)/ipc/pic/%.o)
 LIBEDGELM_A       := $(BUILD)/ipc/libedgelm.a
 LIBEDGELM_SO      := $(BUILD)/ipc/libedgelm.so.$(EDGELM_SOVERSION)

@@ -7,7 +7,7 @@
  * whatever comes back from a socket.
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -std=c11 -D_GNU_SOURCE -I. \
- *         tests/fuzz/fuzz_ipc_request.c ipc/protocol.c common/common.c -ljansson
+ *         tests/fuzz/fuzz_ipc_request.c ipc/protocol*.c common/common.c -ljansson
  *   ./a.out -max_len=4096 tests/fuzz/corpus/ipc_request
  *
  * `make check` replays the corpus with tests/fuzz/replay.c. */

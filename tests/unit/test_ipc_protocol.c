@@ -1,11 +1,20 @@
 /* tests/unit/test_ipc_protocol.c: the request parser against a table of
  * malformed and hostile messages (each must give its exact error code),
- * valid requests parsed into exact structs, and encode/decode round trips of
- * requests and of every reply. */
+ * valid requests parsed into exact structs, encode/decode round trips of
+ * requests and of every reply, and every row of the request field table
+ * (ipc/protocol_fields.c): round trips per op, refusal by the other ops,
+ * its bounds, and its docs.
+ *
+ * `test_ipc_protocol --doc < docs/protocol.md` prints the file with its
+ * generated field tables regenerated (`make docs`,
+ * tests/integration/protocol_doc.sh); `--fields` lists "OP FIELD" for every
+ * field an op accepts. */
 #include "ipc/ipc.h"
+#include "ipc/protocol_impl.h"
 #include "tests/test.h"
 
 #include <float.h>
+#include <jansson.h>
 #include <limits.h>
 #include <stdint.h>
 
@@ -1349,8 +1358,631 @@ static void test_numbers_not_narrowed(void)
 	ipc_reply_free(d);
 }
 
-int main(void)
+/* ---- the request field table ---------------------------------------------- */
+
+/* The custom-shaped fields the tests below know; a new shape needs a sample
+ * and a bounds case here. */
+static bool custom_known(const struct ipc_field *f)
 {
+	static const char *const known[] = {"id", "messages", "stop", "ids"};
+	for (size_t i = 0; i < CM_ARRAY_LEN(known); i++)
+		if (strcmp(f->name, known[i]) == 0)
+			return true;
+	return false;
+}
+
+static const struct ipc_message sample_messages[] = {
+    {IPC_ROLE_SYSTEM, "Be \"brief\".", 11},
+    {IPC_ROLE_USER, "caf\xc3\xa9\n", 6},
+};
+static const char *const sample_stop[] = {"\n\n", "The end"};
+static const size_t sample_stop_len[] = {2, 7};
+static const int32_t sample_ids[] = {0, 7, INT32_MAX};
+
+/* Give field `f` of `r` a sample value other than its default (variant 0),
+ * or its lower (1) or upper (2) bound; sampling.set flagged as a parser
+ * would. */
+static void field_sample(const struct ipc_field *f, struct ipc_request *r, int variant)
+{
+	static const struct ipc_limits def_lim_zero;
+	struct ipc_limits lim = def_lim_zero;
+	ipc_limits_fill(&lim);
+	switch (f->type) {
+	case IPC_FT_INT: {
+		long long v = variant == 1 ? f->min : ipc_field_max(f, &lim);
+		if (variant == 0)
+			v = (long long)f->def == f->min ? f->min + 1 : f->min;
+		ipc_field_set_int(f, r, v);
+		break;
+	}
+	case IPC_FT_NUM: {
+		float lo = f->fmin;
+		if (f->flags & IPC_F_MIN_OPEN)
+			lo = f->fmin == 0 ? FLT_MIN : nextafterf(f->fmin, INFINITY);
+		float v = variant == 1 ? lo : f->fmax;
+		if (variant == 0)
+			v = lo + (f->fmax - lo) * 0.3f;
+		ipc_field_set_num(f, r, v);
+		break;
+	}
+	case IPC_FT_BOOL:
+		ipc_field_set_bool(f, r, variant == 0 ? f->def == 0 : variant == 2);
+		break;
+	case IPC_FT_TEXT: {
+		const char *s = "tab\there \"q\" \xc3\xa9";
+		size_t n = strlen(s);
+		memcpy((char *)r + f->off, &s, sizeof(s));
+		memcpy((char *)r + f->len_off, &n, sizeof(n));
+		break;
+	}
+	case IPC_FT_CUSTOM:
+		if (strcmp(f->name, "id") == 0) {
+			r->id = "req-1.a:B_2";
+		} else if (strcmp(f->name, "messages") == 0) {
+			r->messages = sample_messages;
+			r->n_messages = CM_ARRAY_LEN(sample_messages);
+		} else if (strcmp(f->name, "stop") == 0) {
+			r->stop = sample_stop;
+			r->stop_len = sample_stop_len;
+			r->n_stop = CM_ARRAY_LEN(sample_stop);
+		} else if (strcmp(f->name, "ids") == 0) {
+			r->ids = sample_ids;
+			r->n_ids = CM_ARRAY_LEN(sample_ids);
+		}
+		break;
+	case IPC_FT_ENVELOPE:
+		break;
+	}
+	r->sampling.set |= f->set_bit;
+}
+
+/* A request of `op` with every required field given (a valid request). */
+static void request_minimal(struct ipc_request *r, enum ipc_op op)
+{
+	ipc_request_init(r, op);
+	for (size_t i = 0; i < ipc_n_fields; i++) {
+		const struct ipc_field *f = &ipc_fields[i];
+		if (f->type != IPC_FT_ENVELOPE && ipc_field_accepts(f, op) &&
+		    (f->flags & IPC_F_REQUIRED))
+			field_sample(f, r, 0);
+	}
+}
+
+static bool bytes_same(const char *a, size_t an, const char *b, size_t bn)
+{
+	if (!a || !b)
+		return (a == NULL || an == 0) && (b == NULL || bn == 0);
+	return an == bn && memcmp(a, b, an) == 0;
+}
+
+/* Whether two requests hold the same values, member by member (every
+ * scalar through the table); `why` names the first difference. */
+static bool request_same(const struct ipc_request *a, const struct ipc_request *b, const char **why)
+{
+	*why = "op";
+	if (a->op != b->op || a->version != b->version)
+		return false;
+	*why = "id";
+	if ((a->id == NULL) != (b->id == NULL) || (a->id && strcmp(a->id, b->id) != 0))
+		return false;
+	*why = "sampling.set";
+	if (a->sampling.set != b->sampling.set)
+		return false;
+	*why = "messages";
+	if (a->n_messages != b->n_messages)
+		return false;
+	for (size_t k = 0; k < a->n_messages; k++)
+		if (a->messages[k].role != b->messages[k].role ||
+		    !bytes_same(a->messages[k].content, a->messages[k].content_len,
+		                b->messages[k].content, b->messages[k].content_len))
+			return false;
+	*why = "stop";
+	if (a->n_stop != b->n_stop)
+		return false;
+	for (size_t k = 0; k < a->n_stop; k++)
+		if (!bytes_same(a->stop[k], a->stop_len[k], b->stop[k], b->stop_len[k]))
+			return false;
+	*why = "ids";
+	if (a->n_ids != b->n_ids || (a->n_ids && memcmp(a->ids, b->ids, a->n_ids * 4) != 0))
+		return false;
+	for (size_t i = 0; i < ipc_n_fields; i++) {
+		const struct ipc_field *f = &ipc_fields[i];
+		*why = f->name;
+		switch (f->type) {
+		case IPC_FT_INT:
+			if (ipc_field_get_uint(f, a) != ipc_field_get_uint(f, b))
+				return false;
+			break;
+		case IPC_FT_NUM:
+			if (ipc_field_get_num(f, a) != ipc_field_get_num(f, b))
+				return false;
+			break;
+		case IPC_FT_BOOL:
+			if (ipc_field_get_bool(f, a) != ipc_field_get_bool(f, b))
+				return false;
+			break;
+		case IPC_FT_TEXT: {
+			const char *sa, *sb;
+			size_t na, nb;
+			memcpy(&sa, (const char *)a + f->off, sizeof(sa));
+			memcpy(&sb, (const char *)b + f->off, sizeof(sb));
+			memcpy(&na, (const char *)a + f->len_off, sizeof(na));
+			memcpy(&nb, (const char *)b + f->len_off, sizeof(nb));
+			if (!bytes_same(sa, na, sb, nb))
+				return false;
+			break;
+		}
+		case IPC_FT_CUSTOM:
+		case IPC_FT_ENVELOPE:
+			break;
+		}
+	}
+	*why = NULL;
+	return true;
+}
+
+/* The table itself: names, docs, ops, bits and defaults in order. */
+static void test_fields_table(void)
+{
+	uint32_t bits = 0;
+	for (size_t i = 0; i < ipc_n_fields; i++) {
+		const struct ipc_field *f = &ipc_fields[i];
+		CHECK_MSG(f->name && f->name[0] && f->doc && f->doc[0], "row %zu", i);
+		CHECK_MSG(f->ops != 0, "%s: no op", f->name);
+		CHECK_MSG(f->type != IPC_FT_CUSTOM || (f->kind && custom_known(f)),
+		          "%s: a custom shape this test has no sample for", f->name);
+		for (size_t j = 0; j < i; j++)
+			CHECK_MSG(strcmp(f->name, ipc_fields[j].name) != 0 ||
+			              (f->ops & ipc_fields[j].ops) == 0,
+			          "%s: two rows for one op", f->name);
+		if (f->set_bit) {
+			CHECK_MSG((bits & f->set_bit) == 0, "%s: bit shared", f->name);
+			bits |= f->set_bit;
+		}
+		struct ipc_limits lim = {0};
+		ipc_limits_fill(&lim);
+		if (f->type == IPC_FT_INT)
+			CHECK_MSG(f->min <= (long long)f->def &&
+			              (long long)f->def <= ipc_field_max(f, &lim),
+			          "%s: default out of range", f->name);
+		if (f->type == IPC_FT_NUM)
+			CHECK_MSG(f->fmin <= (float)f->def && (float)f->def <= f->fmax &&
+			              (!(f->flags & IPC_F_MIN_OPEN) || (float)f->def > f->fmin),
+			          "%s: default out of range", f->name);
+		if (f->type == IPC_FT_TEXT)
+			CHECK_MSG(f->too_long != IPC_ERR_NONE, "%s: no error code", f->name);
+	}
+	CHECK_EQ_INT(bits, (IPC_SET_SEED << 1) - 1); /* every IPC_SET_* bit has its row */
+}
+
+/* Every field round-trips, at a sample value and at both bounds, for each op
+ * that accepts it: encoded, then parsed, it is the same request. */
+static void test_fields_roundtrip(void)
+{
+	int n = 0;
+	for (int op = IPC_OP_NONE + 1; op < IPC_OP_COUNT; op++) {
+		for (size_t i = 0; i < ipc_n_fields; i++) {
+			const struct ipc_field *f = &ipc_fields[i];
+			if (f->type == IPC_FT_ENVELOPE || !ipc_field_accepts(f, (enum ipc_op)op))
+				continue;
+			for (int variant = 0; variant < 3; variant++) {
+				struct ipc_request a, *b = NULL;
+				request_minimal(&a, (enum ipc_op)op);
+				field_sample(f, &a, variant);
+				char *json = NULL;
+				size_t len = 0;
+				struct cm_err err = {0};
+				CHECK_OK(ipc_request_encode(&a, &json, &len, &err));
+				if (!json)
+					continue;
+				int rc = ipc_request_parse(json, len, NULL, &b, &err);
+				CHECK_MSG(rc == 0, "%s of %s: %s: %s", f->name, ipc_op_name(op),
+				          json, err.msg);
+				const char *why = NULL;
+				if (b)
+					CHECK_MSG(request_same(&a, b, &why),
+					          "%s of %s (%d): %s differs: %s", f->name,
+					          ipc_op_name(op), variant, why, json);
+				/* a value other than the default is written */
+				if (variant == 0) {
+					char key[64];
+					snprintf(key, sizeof(key), "\"%s\":", f->name);
+					CHECK_MSG(strstr(json, key) != NULL, "%s not written: %s",
+					          f->name, json);
+				}
+				ipc_request_free(b);
+				cm_free(json);
+				n++;
+			}
+		}
+	}
+	CHECK(n >= 3 * 30);
+}
+
+/* Insert `"name":value` into the JSON object text `json` (ending in '}'). */
+static char *json_with(const char *json, const char *name, const char *value)
+{
+	size_t n = strlen(json) + strlen(name) + strlen(value) + 8;
+	char *s = malloc(n);
+	if (s)
+		snprintf(s, n, "%.*s,\"%s\":%s}", (int)(strlen(json) - 1), json, name, value);
+	return s;
+}
+
+/* A field given to an op that has no row for it is invalid_field, named. */
+static void test_fields_refused_by_other_ops(void)
+{
+	int n = 0;
+	for (size_t i = 0; i < ipc_n_fields; i++) {
+		const struct ipc_field *f = &ipc_fields[i];
+		if (f->type == IPC_FT_ENVELOPE)
+			continue;
+		for (int op = IPC_OP_NONE + 1; op < IPC_OP_COUNT; op++) {
+			bool accepted = false;
+			for (size_t j = 0; j < ipc_n_fields; j++)
+				accepted |= strcmp(ipc_fields[j].name, f->name) == 0 &&
+				            ipc_field_accepts(&ipc_fields[j], (enum ipc_op)op);
+			if (accepted)
+				continue;
+			/* a valid value of the field, from an op that takes it */
+			int own = 1;
+			while (!ipc_field_accepts(f, (enum ipc_op)own))
+				own++;
+			struct ipc_request r;
+			request_minimal(&r, (enum ipc_op)own);
+			field_sample(f, &r, 0);
+			char *own_json = NULL, *json = NULL;
+			CHECK_OK(ipc_request_encode(&r, &own_json, NULL, NULL));
+			json_t *o = own_json ? json_loads(own_json, 0, NULL) : NULL;
+			char *value = o ? json_dumps(json_object_get(o, f->name),
+			                             JSON_COMPACT | JSON_ENCODE_ANY)
+			                : NULL;
+			CHECK_MSG(value != NULL, "%s: no sample value", f->name);
+			request_minimal(&r, (enum ipc_op)op);
+			CHECK_OK(ipc_request_encode(&r, &json, NULL, NULL));
+			char *bad = json && value ? json_with(json, f->name, value) : NULL;
+			char m[256];
+			if (bad) {
+				CHECK_MSG(parse_code(json, strlen(json), NULL, m, sizeof(m)) ==
+				              IPC_ERR_NONE,
+				          "%s without %s: %s", ipc_op_name(op), f->name, m);
+				enum ipc_errcode code =
+				    parse_code(bad, strlen(bad), NULL, m, sizeof(m));
+				char want[128];
+				snprintf(want, sizeof(want), "unknown field '%s' for op '%s'",
+				         f->name, ipc_op_name(op));
+				CHECK_MSG(code == IPC_ERR_INVALID_FIELD && strcmp(m, want) == 0,
+				          "%s: %s (%s)", bad, m, ipc_errcode_name(code));
+				n++;
+			}
+			free(bad);
+			free(value);
+			json_decref(o);
+			cm_free(json);
+			cm_free(own_json);
+		}
+	}
+	CHECK(n >= 100);
+}
+
+/* Parse `json` with `lim`; the code, and the message in m. */
+#define PARSE(json, lim) parse_code((json), strlen(json), (lim), m, sizeof(m))
+
+static void bounds_int(const struct ipc_field *f, const char *base)
+{
+	char m[256], v[64], want[128];
+	struct ipc_limits lim = {0};
+	ipc_limits_fill(&lim);
+	long long max = ipc_field_max(f, &lim);
+	const long long ok[] = {f->min, max};
+	for (int k = 0; k < 2; k++) {
+		snprintf(v, sizeof(v), "%lld", ok[k]);
+		char *j = json_with(base, f->name, v);
+		CHECK_MSG(PARSE(j, NULL) == IPC_ERR_NONE, "%s: %s", j, m);
+		free(j);
+	}
+	snprintf(v, sizeof(v), "%lld", f->min - 1);
+	char *j = json_with(base, f->name, v);
+	snprintf(want, sizeof(want), "field '%s' is %lld, not in [%lld, %lld]", f->name, f->min - 1,
+	         f->min, max);
+	CHECK_MSG(PARSE(j, NULL) == IPC_ERR_INVALID_FIELD && strcmp(m, want) == 0, "%s: %s", j, m);
+	free(j);
+	if (max == LLONG_MAX) {
+		/* one more is not a JSON integer here at all */
+		j = json_with(base, f->name, "9223372036854775808");
+		CHECK_MSG(PARSE(j, NULL) == IPC_ERR_INVALID_JSON, "%s: %s", j, m);
+	} else {
+		snprintf(v, sizeof(v), "%lld", max + 1);
+		j = json_with(base, f->name, v);
+		CHECK_MSG(PARSE(j, NULL) == IPC_ERR_INVALID_FIELD, "%s: %s", j, m);
+	}
+	free(j);
+	if (f->limit == IPC_FLIM_NONE)
+		return;
+	/* a bound that is a limit follows the daemon's setting */
+	struct ipc_limits small = {.max_tokens = 5, .max_wait_ms = 7};
+	ipc_limits_fill(&small);
+	max = ipc_field_max(f, &small);
+	CHECK(max == 5 || max == 7);
+	snprintf(v, sizeof(v), "%lld", max);
+	j = json_with(base, f->name, v);
+	CHECK_MSG(PARSE(j, &small) == IPC_ERR_NONE, "%s: %s", j, m);
+	free(j);
+	snprintf(v, sizeof(v), "%lld", max + 1);
+	j = json_with(base, f->name, v);
+	CHECK_MSG(PARSE(j, &small) == IPC_ERR_INVALID_FIELD, "%s: %s", j, m);
+	free(j);
+}
+
+static void bounds_num(const struct ipc_field *f, const char *base)
+{
+	char m[256], v[64];
+	bool open = (f->flags & IPC_F_MIN_OPEN) != 0;
+	double lo = open ? (f->fmin == 0 ? FLT_MIN : nextafterf(f->fmin, INFINITY)) : f->fmin;
+	const double ok[] = {lo, f->fmax};
+	const double bad[] = {open ? (double)f->fmin : nextafter((double)f->fmin, -INFINITY),
+	                      nextafter((double)f->fmax, INFINITY)};
+	for (int k = 0; k < 2; k++) {
+		snprintf(v, sizeof(v), "%.17g", ok[k]);
+		char *j = json_with(base, f->name, v);
+		CHECK_MSG(PARSE(j, NULL) == IPC_ERR_NONE, "%s: %s", j, m);
+		free(j);
+		snprintf(v, sizeof(v), "%.17g", bad[k]);
+		j = json_with(base, f->name, v);
+		CHECK_MSG(PARSE(j, NULL) == IPC_ERR_INVALID_FIELD && strstr(m, f->name), "%s: %s",
+		          j, m);
+		free(j);
+	}
+}
+
+/* A string of `n` bytes of `c` as a JSON value. */
+static char *jtext(size_t n, char c)
+{
+	char *s = malloc(n + 3);
+	s[0] = '"';
+	memset(s + 1, c, n);
+	memcpy(s + 1 + n, "\"", 2);
+	return s;
+}
+
+static void bounds_text(const struct ipc_field *f, const char *base)
+{
+	char m[256];
+	struct ipc_limits lim = {.max_prompt_bytes = 8};
+	ipc_limits_fill(&lim);
+	size_t max = ipc_field_text_max(f, &lim);
+	CHECK_EQ_INT(max, 8);
+	char *t = jtext(max, 'a'), *j = json_with(base, f->name, t);
+	CHECK_MSG(PARSE(j, &lim) == IPC_ERR_NONE, "%s: %s", j, m);
+	free(t);
+	free(j);
+	t = jtext(max + 1, 'a');
+	j = json_with(base, f->name, t);
+	CHECK_MSG(PARSE(j, &lim) == f->too_long, "%s: %s", j, m);
+	free(t);
+	free(j);
+}
+
+/* The custom shapes' bounds, under small limits. */
+static void bounds_custom(const struct ipc_field *f, const char *base)
+{
+	char m[256];
+	struct ipc_limits lim = {.max_stop = 2,
+	                         .max_stop_bytes = 3,
+	                         .max_messages = 2,
+	                         .max_prompt_bytes = 4,
+	                         .max_ids = 2};
+	if (strcmp(f->name, "messages") != 0)
+		lim.max_prompt_bytes = 0; /* the default: the base request's text fits */
+	ipc_limits_fill(&lim);
+	static const struct {
+		const char *name, *value;
+		enum ipc_errcode want;
+	} cases[] = {
+	    {"id", "\"iiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiii\"",
+	     IPC_ERR_NONE},
+	    {"id", "\"iiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiiii\"",
+	     IPC_ERR_INVALID_FIELD},
+	    {"id", "\"i\"", IPC_ERR_NONE},
+	    {"id", "\"\"", IPC_ERR_INVALID_FIELD},
+	    {"stop", "[\"abc\",\"d\"]", IPC_ERR_NONE},
+	    {"stop", "[]", IPC_ERR_NONE},
+	    {"stop", "[\"a\",\"b\",\"c\"]", IPC_ERR_INVALID_FIELD},
+	    {"stop", "[\"abcd\"]", IPC_ERR_INVALID_FIELD},
+	    {"stop", "[\"\"]", IPC_ERR_INVALID_FIELD},
+	    /* contents: 4 bytes as JSON together ("\n" is 2) */
+	    {"messages",
+	     "[{\"role\":\"user\",\"content\":\"ab\"},{\"role\":\"user\",\"content\":\"\\n\"}]",
+	     IPC_ERR_NONE},
+	    {"messages",
+	     "[{\"role\":\"user\",\"content\":\"ab\"},{\"role\":\"user\",\"content\":\"c\\n\"}]",
+	     IPC_ERR_PROMPT_TOO_LONG},
+	    {"messages",
+	     "[{\"role\":\"user\",\"content\":\"\"},{\"role\":\"user\",\"content\":\"\"},"
+	     "{\"role\":\"user\",\"content\":\"\"}]",
+	     IPC_ERR_INVALID_FIELD},
+	    {"messages", "[]", IPC_ERR_INVALID_FIELD},
+	    {"ids", "[0,2147483647]", IPC_ERR_NONE},
+	    {"ids", "[]", IPC_ERR_NONE},
+	    {"ids", "[1,2,3]", IPC_ERR_TOO_LARGE},
+	    {"ids", "[-1]", IPC_ERR_INVALID_FIELD},
+	    {"ids", "[2147483648]", IPC_ERR_INVALID_FIELD},
+	};
+	int n = 0;
+	for (size_t k = 0; k < CM_ARRAY_LEN(cases); k++) {
+		if (strcmp(cases[k].name, f->name) != 0)
+			continue;
+		char *j = json_with(base, f->name, cases[k].value);
+		enum ipc_errcode got = PARSE(j, &lim);
+		CHECK_MSG(got == cases[k].want, "%s: %s (%s)", j, m, ipc_errcode_name(got));
+		free(j);
+		n++;
+	}
+	CHECK_MSG(n >= 3, "%s: no bounds cases", f->name);
+}
+
+/* Each range's bounds pass and one step outside fails, for every op that
+ * takes the field. */
+static void test_fields_bounds(void)
+{
+	for (int op = IPC_OP_NONE + 1; op < IPC_OP_COUNT; op++) {
+		/* the op's request without the field under test */
+		for (size_t i = 0; i < ipc_n_fields; i++) {
+			const struct ipc_field *f = &ipc_fields[i];
+			if (f->type == IPC_FT_ENVELOPE || !ipc_field_accepts(f, (enum ipc_op)op))
+				continue;
+			struct ipc_request r;
+			request_minimal(&r, (enum ipc_op)op);
+			char *json = NULL;
+			CHECK_OK(ipc_request_encode(&r, &json, NULL, NULL));
+			json_t *o = json ? json_loads(json, 0, NULL) : NULL;
+			char *base = NULL;
+			if (o) {
+				json_object_del(o, f->name);
+				base = json_dumps(o, JSON_COMPACT);
+			}
+			CHECK(base != NULL);
+			if (base) {
+				char m[256];
+				CHECK_MSG((f->flags & IPC_F_REQUIRED) ||
+				              PARSE(base, NULL) == IPC_ERR_NONE,
+				          "%s: %s", base, m);
+				switch (f->type) {
+				case IPC_FT_INT:
+					bounds_int(f, base);
+					break;
+				case IPC_FT_NUM:
+					bounds_num(f, base);
+					break;
+				case IPC_FT_TEXT:
+					bounds_text(f, base);
+					break;
+				case IPC_FT_CUSTOM:
+					bounds_custom(f, base);
+					break;
+				case IPC_FT_BOOL: {
+					char *j = json_with(base, f->name, "1");
+					CHECK_MSG(PARSE(j, NULL) == IPC_ERR_INVALID_FIELD, "%s", j);
+					free(j);
+					break;
+				}
+				case IPC_FT_ENVELOPE:
+					break;
+				}
+				/* and a required field missing */
+				if (f->flags & IPC_F_REQUIRED) {
+					char want[64];
+					snprintf(want, sizeof(want), "missing field '%s'", f->name);
+					CHECK_MSG(PARSE(base, NULL) == IPC_ERR_INVALID_FIELD &&
+					              strcmp(m, want) == 0,
+					          "%s: %s", base, m);
+				}
+			}
+			free(base);
+			json_decref(o);
+			cm_free(json);
+		}
+	}
+}
+
+/* The docs name every field of every op, and the splicer regenerates only
+ * its sections. */
+static void test_fields_doc(void)
+{
+	for (int op = IPC_OP_NONE + 1; op < IPC_OP_COUNT; op++) {
+		char *md = NULL;
+		size_t len = 0;
+		FILE *f = open_memstream(&md, &len);
+		ipc_fields_doc(f, (enum ipc_op)op, IPC_OP_NONE);
+		fclose(f);
+		bool any = false;
+		for (size_t i = 0; i < ipc_n_fields; i++) {
+			const struct ipc_field *fi = &ipc_fields[i];
+			char row[64];
+			if (fi->type == IPC_FT_ENVELOPE || !ipc_field_accepts(fi, (enum ipc_op)op))
+				continue;
+			snprintf(row, sizeof(row), "\n| `%s` | ", fi->name);
+			CHECK_MSG(strstr(md, row) != NULL, "%s: no row for %s", ipc_op_name(op),
+			          fi->name);
+			any = true;
+		}
+		if (!any)
+			CHECK(strstr(md, "No fields") != NULL);
+		free(md);
+	}
+	/* chat beyond generate: what chat adds, and the rest by name */
+	char *md = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&md, &len);
+	ipc_fields_doc(f, IPC_OP_CHAT, IPC_OP_GENERATE);
+	fclose(f);
+	CHECK(strstr(md, "| `messages` | ") != NULL);
+	CHECK(strstr(md, "| `temperature` |") == NULL);
+	CHECK(strstr(md, "| all fields of `generate` except `prompt` |") != NULL);
+	CHECK(strstr(md, "\"system\"\\|\"user\"") != NULL); /* '|' escaped in cells */
+	free(md);
+
+	static const struct {
+		const char *in;
+		int rc;
+		const char *has;
+	} docs[] = {
+	    {"a\n<!-- generated: fields of cancel -->\nold\n<!-- end generated -->\nb\n", 0,
+	     "a\n<!-- generated: fields of cancel -->\n\n| field | type | default | range | |\n"
+	     "|---|---|---|---|---|\n| `id` | string | required | "},
+	    {"<!-- generated: fields of info (x) -->\n<!-- end generated -->\n", 0,
+	     "-->\n\nNo fields besides `v` and `op`.\n\n<!-- end generated -->\n"},
+	    {"<!-- generated: fields of nothing -->\n<!-- end generated -->\n", -EINVAL, NULL},
+	    {"<!-- generated: fields of chat beyond none -->\n<!-- end generated -->\n", -EINVAL,
+	     NULL},
+	    {"<!-- generated: fields of poll -->\nunclosed\n", -EINVAL, NULL},
+	};
+	for (size_t i = 0; i < CM_ARRAY_LEN(docs); i++) {
+		FILE *in = fmemopen((void *)docs[i].in, strlen(docs[i].in), "r");
+		md = NULL;
+		f = open_memstream(&md, &len);
+		struct cm_err err = {0};
+		int rc = ipc_protocol_doc_update(in, f, &err);
+		fclose(f);
+		fclose(in);
+		CHECK_MSG(rc == docs[i].rc, "doc %zu: %d %s", i, rc, err.msg);
+		if (docs[i].has)
+			CHECK_MSG(strstr(md, docs[i].has) != NULL, "doc %zu: %s", i, md);
+		if (rc == 0 && docs[i].has) {
+			CHECK(strstr(md, "old") == NULL);
+			/* regenerating the output changes nothing */
+			char *md2 = NULL;
+			size_t len2 = 0;
+			in = fmemopen(md, len, "r");
+			f = open_memstream(&md2, &len2);
+			CHECK_OK(ipc_protocol_doc_update(in, f, NULL));
+			fclose(f);
+			fclose(in);
+			CHECK(len2 == len && memcmp(md, md2, len) == 0);
+			free(md2);
+		}
+		free(md);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 2 && strcmp(argv[1], "--doc") == 0) {
+		struct cm_err err = {0};
+		if (ipc_protocol_doc_update(stdin, stdout, &err) == 0 && fflush(stdout) == 0)
+			return 0;
+		fprintf(stderr, "test_ipc_protocol --doc: %s\n", err.msg);
+		return 1;
+	}
+	if (argc == 2 && strcmp(argv[1], "--fields") == 0) {
+		/* "OP FIELD" for every field an op accepts (protocol_doc.sh) */
+		for (int op = IPC_OP_NONE + 1; op < IPC_OP_COUNT; op++)
+			for (size_t i = 0; i < ipc_n_fields; i++)
+				if (ipc_fields[i].type != IPC_FT_ENVELOPE &&
+				    ipc_field_accepts(&ipc_fields[i], (enum ipc_op)op))
+					printf("%s %s\n", ipc_op_name(op), ipc_fields[i].name);
+		return fflush(stdout) == 0 ? 0 : 1;
+	}
 	TEST_RUN(test_bad_table);
 	TEST_RUN(test_bad_built);
 	TEST_RUN(test_valid_generate_full);
@@ -1367,5 +1999,10 @@ int main(void)
 	TEST_RUN(test_text_bytes_as_encoded);
 	TEST_RUN(test_float_fields_as_stored);
 	TEST_RUN(test_numbers_not_narrowed);
+	TEST_RUN(test_fields_table);
+	TEST_RUN(test_fields_roundtrip);
+	TEST_RUN(test_fields_refused_by_other_ops);
+	TEST_RUN(test_fields_bounds);
+	TEST_RUN(test_fields_doc);
 	return test_finish();
 }
