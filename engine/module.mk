@@ -5,7 +5,9 @@
 #
 # ARCH (default: the compiler's) picks the variant files: kern_avx*.c on
 # x86_64, kern_neon.c on aarch64; other architectures build the generic
-# kernels only.
+# kernels only. The formats layer under the kernels (engine/kernels/
+# formats*.c: block layouts, type table, reference (de)quantizers) is built
+# for the baseline CPU like kern_generic.c.
 ARCH ?= $(shell $(CC) -dumpmachine 2>/dev/null | cut -d- -f1)
 ENGINE_ISA_SRCS_x86_64  := $(wildcard engine/kernels/kern_avx*.c) engine/kernels/kern_amx.c
 ENGINE_ISA_SRCS_aarch64 := $(wildcard engine/kernels/kern_neon*.c)

@@ -13,7 +13,7 @@
 #ifndef EDGELM_KERN_H
 #define EDGELM_KERN_H
 
-#include "engine/quant.h"
+#include "engine/kernels/formats.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -123,7 +123,7 @@ struct kern_ops {
 	struct kern_type_ops t[ENGINE_DTYPE_COUNT];
 	/* Activation converters, indexed by act_type; F16's makes the rows
 	 * of the F16 KV cache. A variant's converter gives the generic one's
-	 * bytes exactly. For Q8_K that means quantize_row_q8_K_ref's steps:
+	 * bytes exactly. For Q8_K that means quant_quantize_row_q8_K_ref's steps:
 	 * the first element of largest magnitude maps to -127, codes are
 	 * min(127, rint(iscale * x)) cast to int8 (lrintf rounds to nearest
 	 * even; the cast keeps the low byte), bsums from the stored bytes;

@@ -38,7 +38,7 @@
  * requests (docs/tuning.md), and forcing the variant asks for it. */
 #include "engine/kernels/kern.h"
 
-#include "engine/quant.h"
+#include "engine/kernels/formats.h"
 
 #include <immintrin.h>
 #include <stddef.h>

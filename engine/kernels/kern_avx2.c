@@ -14,7 +14,7 @@
  * - Q4_K and Q6_K (Q8_K activations) keep each super-block's sums exact in
  *   int32 and finish it with the reference's float expression: bit-identical
  *   to kern_generic.
- * - The Q8_0 activation quantizer matches quantize_row_q8_0_ref bit for bit:
+ * - The Q8_0 activation quantizer matches quant_quantize_row_q8_0_ref bit for bit:
  *   same d, same 1/d, same product, and roundf() (half away from zero)
  *   rebuilt from truncation instead of the vector round-to-nearest-even.
  * - dot_f32 accumulates in double like the reference; axpy_f32 multiplies
@@ -25,7 +25,7 @@
 #include "engine/kernels/kern.h"
 #include "engine/kernels/kern_tiles.h"
 
-#include "engine/quant.h"
+#include "engine/kernels/formats.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -117,7 +117,7 @@ static void vec_dot_bf16(int64_t n, float *s, const void *vw, const void *va)
 	}
 	double r = hsum_pd(_mm256_add_pd(s0, s1));
 	for (; i < n; i++)
-		r += (double)bf16_to_f32(w[i]) * (double)a[i];
+		r += (double)quant_bf16_to_f32(w[i]) * (double)a[i];
 	*s = (float)r;
 }
 
@@ -333,7 +333,7 @@ static inline __m256i round_away(__m256 v)
 
 /* Q8_0 activations, and their kern_act_aux() side data when aux is not
  * NULL: the scale through F16C (vcvtps2ph rounds to nearest even like
- * fp32_to_fp16, NaN payloads included), the code sum from the int32 lanes. */
+ * quant_fp32_to_fp16, NaN payloads included), the code sum from the int32 lanes. */
 static inline __attribute__((always_inline)) void quant_q8_0_body(const float *x, void *vy,
 								   int64_t n, float *aux)
 {
@@ -434,7 +434,7 @@ static void quant_q8_K(const float *x, void *vy, int64_t n)
 	}
 }
 
-/* F16 rows (the F16 KV cache): vcvtps2ph, bit for bit fp32_to_fp16 */
+/* F16 rows (the F16 KV cache): vcvtps2ph, bit for bit quant_fp32_to_fp16 */
 static void quant_f16(const float *x, void *vy, int64_t n)
 {
 	uint16_t *y = vy;

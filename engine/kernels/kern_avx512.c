@@ -28,7 +28,7 @@
 #include "engine/kernels/kern.h"
 #include "engine/kernels/kern_tiles.h"
 
-#include "engine/quant.h"
+#include "engine/kernels/formats.h"
 
 #include <immintrin.h>
 
@@ -177,7 +177,7 @@ static uint64_t read_stream_chain(const void *p, size_t n)
 /* ---- activation quantizers -------------------------------------------------
  * Bit for bit the generic ones: the same products x * (1 / d) rounded half
  * away from zero, the scale through vcvtps2ph (round to nearest even, as
- * fp32_to_fp16). The _aux form writes kern_act_aux()'s d and sum(q) in the
+ * quant_fp32_to_fp16). The _aux form writes kern_act_aux()'s d and sum(q) in the
  * same pass. */
 
 /* Round half away from zero: truncate v + copysign(0.5 - 2^-25, v). The sum

@@ -7,7 +7,7 @@
 #include "engine/kernels/kern.h"
 #include "engine/kernels/kern_tiles.h"
 
-#include "engine/quant.h"
+#include "engine/kernels/formats.h"
 
 #include <immintrin.h>
 #include <string.h>

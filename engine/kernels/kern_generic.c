@@ -13,7 +13,7 @@
  * Built without ISA flags; must not include <immintrin.h>. */
 #include "engine/kernels/kern.h"
 
-#include "engine/quant.h"
+#include "engine/kernels/formats.h"
 
 #include <math.h>
 
@@ -21,21 +21,21 @@ static inline float load_f16(const uint8_t *p)
 {
 	uint16_t h;
 	memcpy(&h, p, 2);
-	return fp16_to_f32(h);
+	return quant_fp16_to_f32(h);
 }
 
 static inline float load_bf16(const uint8_t *p)
 {
 	uint16_t h;
 	memcpy(&h, p, 2);
-	return bf16_to_f32(h);
+	return quant_bf16_to_f32(h);
 }
 
 static inline float block_d(const void *pd)
 {
 	uint16_t h;
 	memcpy(&h, pd, 2);
-	return fp16_to_f32(h);
+	return quant_fp16_to_f32(h);
 }
 
 /* ---- float weights, f32 activations ------------------------------------------ */
@@ -398,7 +398,7 @@ static void axpy_f32(int64_t n, float a, const float *x, float *y)
 /* ---- attention over F16 / Q8_0 KV caches (contract in kern.h) ------------- */
 
 /* The f16 kernels look halves up in quant_fp16_table (the same values as
- * fp16_to_f32, without its branches: 3x faster here, and these run on
+ * quant_fp16_to_f32, without its branches: 3x faster here, and these run on
  * every cached position); quant_init() is a no-op after its first call. */
 static void attn_score_f16(int hd, int n, const void *vq, const void *k, size_t stride,
 			   float scale, float *s)
@@ -487,7 +487,7 @@ static float exp_sum_f32(int64_t n, float *x, float mx)
 
 size_t kern_act_row_size(uint32_t act_type, int64_t n)
 {
-	return dtype_row_size(act_type, n);
+	return quant_dtype_row_size(act_type, n);
 }
 
 const struct kern_ops kern_generic_ops = {
@@ -496,27 +496,37 @@ const struct kern_ops kern_generic_ops = {
 		[ENGINE_DTYPE_F32] = { ENGINE_DTYPE_F32, vec_dot_f32, dequant_f32 },
 		[ENGINE_DTYPE_F16] = { ENGINE_DTYPE_F32, vec_dot_f16, dequant_f16 },
 		[ENGINE_DTYPE_BF16] = { ENGINE_DTYPE_F32, vec_dot_bf16, dequant_bf16 },
-		[ENGINE_DTYPE_Q8_0] = { ENGINE_DTYPE_Q8_0, vec_dot_q8_0_q8_0, dequantize_row_q8_0 },
-		[ENGINE_DTYPE_Q4_0] = { ENGINE_DTYPE_Q8_0, vec_dot_q4_0_q8_0, dequantize_row_q4_0 },
-		[ENGINE_DTYPE_Q5_0] = { ENGINE_DTYPE_Q8_0, vec_dot_q5_0_q8_0, dequantize_row_q5_0 },
+		[ENGINE_DTYPE_Q8_0] = { ENGINE_DTYPE_Q8_0, vec_dot_q8_0_q8_0,
+					  quant_dequantize_row_q8_0 },
+		[ENGINE_DTYPE_Q4_0] = { ENGINE_DTYPE_Q8_0, vec_dot_q4_0_q8_0,
+					  quant_dequantize_row_q4_0 },
+		[ENGINE_DTYPE_Q5_0] = { ENGINE_DTYPE_Q8_0, vec_dot_q5_0_q8_0,
+					  quant_dequantize_row_q5_0 },
 		[ENGINE_DTYPE_IQ4_NL] = { ENGINE_DTYPE_Q8_0, vec_dot_iq4_nl_q8_0,
-					  dequantize_row_iq4_nl },
-		[ENGINE_DTYPE_Q4_1] = { ENGINE_DTYPE_Q8_1, vec_dot_q4_1_q8_1, dequantize_row_q4_1 },
-		[ENGINE_DTYPE_Q5_1] = { ENGINE_DTYPE_Q8_1, vec_dot_q5_1_q8_1, dequantize_row_q5_1 },
-		[ENGINE_DTYPE_Q2_K] = { ENGINE_DTYPE_Q8_K, vec_dot_q2_K_q8_K, dequantize_row_q2_K },
-		[ENGINE_DTYPE_Q3_K] = { ENGINE_DTYPE_Q8_K, vec_dot_q3_K_q8_K, dequantize_row_q3_K },
-		[ENGINE_DTYPE_Q4_K] = { ENGINE_DTYPE_Q8_K, vec_dot_q4_K_q8_K, dequantize_row_q4_K },
-		[ENGINE_DTYPE_Q5_K] = { ENGINE_DTYPE_Q8_K, vec_dot_q5_K_q8_K, dequantize_row_q5_K },
-		[ENGINE_DTYPE_Q6_K] = { ENGINE_DTYPE_Q8_K, vec_dot_q6_K_q8_K, dequantize_row_q6_K },
+					  quant_dequantize_row_iq4_nl },
+		[ENGINE_DTYPE_Q4_1] = { ENGINE_DTYPE_Q8_1, vec_dot_q4_1_q8_1,
+					  quant_dequantize_row_q4_1 },
+		[ENGINE_DTYPE_Q5_1] = { ENGINE_DTYPE_Q8_1, vec_dot_q5_1_q8_1,
+					  quant_dequantize_row_q5_1 },
+		[ENGINE_DTYPE_Q2_K] = { ENGINE_DTYPE_Q8_K, vec_dot_q2_K_q8_K,
+					  quant_dequantize_row_q2_K },
+		[ENGINE_DTYPE_Q3_K] = { ENGINE_DTYPE_Q8_K, vec_dot_q3_K_q8_K,
+					  quant_dequantize_row_q3_K },
+		[ENGINE_DTYPE_Q4_K] = { ENGINE_DTYPE_Q8_K, vec_dot_q4_K_q8_K,
+					  quant_dequantize_row_q4_K },
+		[ENGINE_DTYPE_Q5_K] = { ENGINE_DTYPE_Q8_K, vec_dot_q5_K_q8_K,
+					  quant_dequantize_row_q5_K },
+		[ENGINE_DTYPE_Q6_K] = { ENGINE_DTYPE_Q8_K, vec_dot_q6_K_q8_K,
+					  quant_dequantize_row_q6_K },
 		[ENGINE_DTYPE_IQ4_XS] = { ENGINE_DTYPE_Q8_K, vec_dot_iq4_xs_q8_K,
-					  dequantize_row_iq4_xs },
+					  quant_dequantize_row_iq4_xs },
 	},
 	.quant_act = {
 		[ENGINE_DTYPE_F32] = quant_act_f32,
-		[ENGINE_DTYPE_F16] = quantize_row_f16_ref, /* the F16 KV cache's rows */
-		[ENGINE_DTYPE_Q8_0] = quantize_row_q8_0_ref,
-		[ENGINE_DTYPE_Q8_1] = quantize_row_q8_1_ref,
-		[ENGINE_DTYPE_Q8_K] = quantize_row_q8_K_ref,
+		[ENGINE_DTYPE_F16] = quant_quantize_row_f16_ref, /* the F16 KV cache's rows */
+		[ENGINE_DTYPE_Q8_0] = quant_quantize_row_q8_0_ref,
+		[ENGINE_DTYPE_Q8_1] = quant_quantize_row_q8_1_ref,
+		[ENGINE_DTYPE_Q8_K] = quant_quantize_row_q8_K_ref,
 	},
 	.dot_f32 = dot_f32,
 	.axpy_f32 = axpy_f32,

@@ -16,7 +16,7 @@
 #include "engine/kernels/kern.h"
 #include "engine/kernels/kern_tiles.h"
 
-#include "engine/quant.h"
+#include "engine/kernels/formats.h"
 
 #include <arm_neon.h>
 #include <string.h>
@@ -25,7 +25,7 @@
 
 static inline float half(uint16_t h)
 {
-	return fp16_to_f32(h);
+	return quant_fp16_to_f32(h);
 }
 
 /* ---- float --------------------------------------------------------------- */
@@ -114,7 +114,7 @@ static void quant_q8_0(const float *x, void *vy, int64_t n)
 		float amax = vmaxvq_f32(m);
 		float d = amax / 127.0f;
 		float id = d != 0.0f ? 1.0f / d : 0.0f;
-		y[i].d = fp32_to_fp16(d);
+		y[i].d = quant_fp32_to_fp16(d);
 		int16x8_t h[4];
 		for (int k = 0; k < 4; k++) {
 			int32x4_t a = vcvtq_s32_f32(vrndaq_f32(vmulq_n_f32(v[2 * k], id)));

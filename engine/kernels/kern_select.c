@@ -246,7 +246,7 @@ void kern_act_aux(uint32_t act_type, const void *a, int64_t n, float *aux)
 		int32_t sum = 0;
 		for (int j = 0; j < QK8_0; j++)
 			sum += b[i].qs[j];
-		float d = fp16_to_f32(b[i].d);
+		float d = quant_fp16_to_f32(b[i].d);
 		aux[2 * i] = d;
 		aux[2 * i + 1] = (float)sum;
 	}

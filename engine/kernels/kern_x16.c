@@ -13,7 +13,7 @@
  * Built without ISA flags, like kern_generic.c. */
 #include "engine/kernels/kern.h"
 
-#include "engine/quant.h"
+#include "engine/kernels/formats.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -111,7 +111,7 @@ static void x16_block(uint32_t type, bool pack, uint8_t *blk, uint8_t *pc, uint8
 static void x16_move(uint32_t type, bool pack, uint8_t *rows, size_t row_stride, int64_t n,
 		     uint8_t *panel)
 {
-	const struct dtype_info *di = dtype_get(type);
+	const struct dtype_info *di = quant_dtype_get(type);
 	int64_t nb = n / di->blck;
 	size_t cb = codes_per_block(type), mb = meta_per_block(type);
 	for (int r = 0; r < KERN_X16_ROWS; r++)
@@ -123,7 +123,7 @@ static void x16_move(uint32_t type, bool pack, uint8_t *rows, size_t row_stride,
 
 void kern_x16_unpack_row(uint32_t type, const void *panel, int64_t n, int r, void *row)
 {
-	const struct dtype_info *di = dtype_get(type);
+	const struct dtype_info *di = quant_dtype_get(type);
 	int64_t nb = n / di->blck;
 	size_t cb = codes_per_block(type), mb = meta_per_block(type);
 	uint8_t *p = (uint8_t *)(uintptr_t)panel; /* only read when unpacking */
@@ -162,7 +162,7 @@ static void gemm_x16_ref_k(uint32_t type, int64_t n, int nr, int nt, const void 
 			   size_t s_stride, bool from_s)
 {
 	uint8_t *rows = malloc(KERN_X16_ROWS * w_stride);
-	size_t wb = dtype_get(type)->size; /* bytes per super-block */
+	size_t wb = quant_dtype_get(type)->size; /* bytes per super-block */
 	if (!rows)
 		abort(); /* a test-only oracle: no way to report */
 	for (int p = 0; p < nr / KERN_X16_ROWS; p++) {
@@ -219,7 +219,8 @@ void kern_gemm_x16_ref(uint32_t type, int64_t n, int nr, int nt, const void *w,
 						isum += (code_at(type, pb, r, e) - off) * ab[b].qs[e];
 					uint16_t dh;
 					memcpy(&dh, KERN_X16_META(panel, nb, cb, 32, b) + 2 * r, 2);
-					float dw = fp16_to_f32(dh), da = fp16_to_f32(ab[b].d);
+					float dw = quant_fp16_to_f32(dh);
+					float da = quant_fp16_to_f32(ab[b].d);
 					acc = fmaf((float)isum, dw * da, acc);
 				}
 				*o = acc;
