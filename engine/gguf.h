@@ -1,4 +1,5 @@
-/* engine/gguf.h: GGUF container reader (mmap, fully validated) and writer.
+/* engine/gguf.h: GGUF container reader (mmap, fully validated; gguf.c) and
+ * writer (gguf_write.c).
  *
  * The reader treats the file as untrusted. gguf_open() checks every count,
  * length, offset and dimension against the file size with overflow-checked
@@ -11,9 +12,9 @@
  * Supported: GGUF v2 and v3, little-endian, every metadata type (nested
  * arrays rejected, as llama.cpp does), general.alignment, any aligned,
  * in-bounds, non-overlapping tensor offsets, files without the trailing pad
- * (vocab-only files). Tensor types must be known ggml types (engine/quant.h);
- * whether the engine can compute with a type is decided later, by the model
- * loader.
+ * (vocab-only files). Tensor types must be known ggml types
+ * (engine/kernels/formats.h); whether the engine can compute with a type is
+ * decided later, by the model loader.
  *
  * Tools and tests use this header directly (edgelm-gguf, edgelm-quantize, the
  * fixture generators); it is part of the engine's semi-public surface. */
@@ -43,6 +44,8 @@ enum gguf_vtype {
 	GGUF_TYPE_COUNT
 };
 
+#define GGUF_MAGIC 0x46554747u /* "GGUF" read as a little-endian u32 */
+#define GGUF_HEADER_SIZE 24     /* magic, version, tensor count, kv count */
 #define GGUF_MAX_DIMS 4
 #define GGUF_MAX_NAME 64 /* tensor names must be shorter (llama.cpp's rule) */
 #define GGUF_DEFAULT_ALIGNMENT 32
