@@ -122,18 +122,67 @@ docs: $(BUILD)/bin/edgelmd $(BUILD)/tests/unit/test_ipc_protocol
 		&& mv docs/protocol.md.new docs/protocol.md || { rm -f docs/protocol.md.new; exit 1; }
 	@echo "  DOCS    docs/protocol.md"
 
-# Module boundaries (docs/design.md): lower modules include only common/.
+# Module boundaries (docs/design.md), checked on the sources under DEPS_ROOT
+# (default: this tree; tests/integration/check_deps.sh points it at a copy
+# with violations seeded). Of our headers, a file may include only its own
+# layer's and those below it:
+#   common/                     common/
+#   engine/kernels/formats*     engine/kernels/formats*, common/  (the formats layer)
+#   engine/kernels/             engine/kernels/, common/          (formats + kernels)
+#   engine/                     engine/, common/
+#   tuning/ monitor/ ipc/ http/ its own folder, common/
+#   daemon/, tools/             all of the above (not each other)
+# Our headers are named by their path from the top ("engine/quant.h", also
+# in <>): a bare or relative name ("quant.h", "../quant.h") is refused, so no
+# include escapes the check. Besides, vector intrinsics (<*intrin.h>,
+# <arm_neon.h>, <arm_sve.h>, <arm_acle.h>) appear only in the per-ISA kernel
+# files, the only ones built with -m flags (engine/module.mk), and the
+# engine includes no nng, jansson, systemd, microhttpd or libproc2.
+DEPS_ROOT ?= .
+DEPS_MODULES := common engine tuning monitor ipc http daemon tools
+DEPS_ISA_FILES := ^engine\/kernels\/kern_(avx2|avx512[a-z0-9_]*|avxvnni|amx|neon[a-z0-9_]*)\.c$$
+DEPS_AWK := \
+  function layer(f) { \
+    if (f ~ /^common\//) return "common/"; \
+    if (f ~ /^engine\/kernels\/formats/) return "engine/kernels/formats common/"; \
+    if (f ~ /^engine\/kernels\//) return "engine/kernels/ common/"; \
+    if (f ~ /^engine\//) return "engine/ common/"; \
+    if (f ~ /^daemon\//) return "daemon/ common/ engine/ tuning/ monitor/ ipc/ http/"; \
+    if (f ~ /^tools\//) return "tools/ common/ engine/ tuning/ monitor/ ipc/ http/"; \
+    split(f, d, "/"); return d[1] "/ common/"; \
+  } \
+  function allowed(p, n, a, i) { \
+    n = split(allow, a, " "); \
+    for (i = 1; i <= n; i++) if (index(p, a[i]) == 1) return 1; \
+    return 0; \
+  } \
+  function bad(msg) { print "check-deps: " FILENAME ":" FNR ": " msg; nbad++; } \
+  FNR == 1 { allow = layer(FILENAME); isa = FILENAME ~ /$(DEPS_ISA_FILES)/; } \
+  /^[ \t]*\#[ \t]*include/ { \
+    line = $$0; sub(/^[ \t]*\#[ \t]*include[ \t]*/, "", line); \
+    q = substr(line, 1, 1); p = substr(line, 2); \
+    if (q == "\"") { sub(/".*/, "", p); ours = 1; name = q p q; } \
+    else if (q == "<") { sub(/>.*/, "", p); ours = p ~ /^(common|engine|tuning|monitor|ipc|http|daemon|tools)\//; name = "<" p ">"; } \
+    else next; \
+    if (ours && (p !~ /^[a-z0-9_]+\// || p ~ /\.\./)) \
+      bad("includes " name ": name our headers by their path from the top"); \
+    else if (ours && !allowed(p)) \
+      bad("includes " name ": this layer may include only " allow); \
+    if (!isa && (p ~ /intrin\.h$$/ || p ~ /^arm_(neon|sve|acle)\.h$$/)) \
+      bad("includes <" p ">: intrinsics only in the per-ISA kernel files (kern_avx2.c, kern_avx512*.c, kern_avxvnni.c, kern_amx.c, kern_neon*.c)"); \
+    if (FILENAME ~ /^engine\// && p ~ /^(nng\/|jansson|systemd\/|microhttpd|proc\/|libproc2)/) \
+      bad("includes <" p ">: the engine uses libc, libm, pthreads and PCRE2 only"); \
+  } \
+  END { exit nbad > 0; }
+
 check-deps:
-	@bad=0; \
-	for m in engine tuning monitor ipc; do \
-	  for o in engine tuning monitor ipc daemon tools; do \
-	    [ $$m = $$o ] && continue; \
-	    if grep -rnE "#include \"$$o/" $$m 2>/dev/null; then bad=1; fi; \
-	  done; \
-	done; \
-	if grep -rnE '#include <(nng|jansson|systemd)' engine 2>/dev/null; then bad=1; fi; \
-	if grep -rln 'immintrin.h' engine | grep -vE 'engine/kernels/kern_[a-z0-9]+\.c$$' | grep -v kern_generic; then bad=1; fi; \
-	if [ $$bad = 0 ]; then echo "check-deps: module boundaries respected"; else echo "check-deps: violations above"; exit 1; fi
+	@cd $(DEPS_ROOT) || exit 1; \
+	dirs=; for d in $(DEPS_MODULES); do [ -d $$d ] && dirs="$$dirs $$d"; done; \
+	if find $$dirs -name '*.[ch]' | LC_ALL=C sort | xargs awk '$(DEPS_AWK)'; then \
+	  echo "check-deps: module boundaries respected"; \
+	else \
+	  echo "check-deps: violations above (docs/design.md, Modules)"; exit 1; \
+	fi
 
 # install = programs + client library (install-ipc) + unit, config, man
 # pages (install-packaging); debian/rules takes the first two and lets
