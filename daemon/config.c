@@ -1,6 +1,7 @@
 /* daemon/config.c: edgelmd's configuration, one table.
  *
- * Every key is one row of `options[]` below (redis's standardConfig):
+ * Every key is one row of `options[]` below (redis's standardConfig; the
+ * row type is config_impl.h's, shared with the unit test):
  * name, type, where it lives in struct daemon_config, its default as text,
  * its range and flags, and one line of help. The same rows drive
  *   - the defaults (each default string goes through the parser, so a
@@ -20,6 +21,7 @@
  * lines add URLs (the first `listen` line of a file replaces the built-in
  * default). */
 #include "daemon/config.h"
+#include "daemon/config_impl.h"
 #include "daemon/policy.h"
 
 #include "tuning/tuning.h"
@@ -32,33 +34,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-
-enum opt_type {
-	OPT_STRING, /* char[] */
-	OPT_INT,    /* int, decimal */
-	OPT_UINT,   /* uint32_t, decimal */
-	OPT_BOOL,   /* bool: yes/no, true/false, on/off, 1/0 */
-	OPT_DOUBLE, /* double */
-	OPT_OCTAL,  /* uint32_t, octal (file modes) */
-	OPT_LIST,   /* listen: char[DAEMON_MAX_LISTEN][512] + n_listen */
-};
-
-typedef int (*opt_check_fn)(const char *value, struct cm_err *err);
-
-struct opt {
-	const char *name;
-	enum opt_type type;
-	size_t off;          /* offsetof(struct daemon_config, field) */
-	size_t size;         /* sizeof the field (string: buffer; list: one entry) */
-	const char *def;     /* default, as the text a file would hold */
-	double min, max;     /* numbers: inclusive range */
-	unsigned flags;      /* enum daemon_config_flags */
-	const char *choices; /* strings: the allowed values, "a|b|c" (NULL: any) */
-	opt_check_fn check;  /* strings: extra syntax check (NULL: none) */
-	long keep;           /* ints: the value spelled "keep" (0: no such value) */
-	const char *section; /* starts a section in print (NULL: same section) */
-	const char *help;
-};
 
 static int check_ioprio(const char *v, struct cm_err *err);
 static int check_numa(const char *v, struct cm_err *err);
@@ -976,4 +951,29 @@ int daemon_config_apply_reload(struct daemon_config *c, const struct daemon_conf
 		}
 	}
 	return what;
+}
+
+/* ---- the table, for the unit test (config_impl.h) ------------------------ */
+
+const struct opt *daemon_config_options(size_t *ret_n)
+{
+	*ret_n = CM_ARRAY_LEN(options);
+	return options;
+}
+
+const struct opt *daemon_config_opt_find(const char *name)
+{
+	return opt_find(name);
+}
+
+int daemon_config_opt_set(struct daemon_config *c, const struct opt *o, const char *v,
+                          bool append, struct cm_err *err)
+{
+	return opt_set(c, o, v, append, err);
+}
+
+bool daemon_config_opt_equal(const struct daemon_config *a, const struct daemon_config *b,
+                             const struct opt *o)
+{
+	return opt_equal(a, b, o);
 }

@@ -1,6 +1,7 @@
 /* tests/unit/test_daemon_config.c: the config table, its parser, printer,
- * docs and reload mask. Includes config.c to walk the table itself. */
-#include "../../daemon/config.c"
+ * docs and reload mask. Walks the table itself through config_impl.h. */
+#include "daemon/config.h"
+#include "daemon/config_impl.h"
 #include "engine/engine.h"
 #include "ipc/ipc.h"
 
@@ -9,6 +10,9 @@
 #include <unistd.h>
 
 static struct cm_err err;
+/* The configuration table (daemon_config_options(), set in main). */
+static const struct opt *options;
+static size_t n_options;
 
 static const char *write_tmp(const char *name, const char *text)
 {
@@ -27,8 +31,8 @@ static const char *write_tmp(const char *name, const char *text)
 static bool config_equal(const struct daemon_config *a, const struct daemon_config *b,
                          const char **ret_key)
 {
-	for (size_t i = 0; i < CM_ARRAY_LEN(options); i++) {
-		if (!opt_equal(a, b, &options[i])) {
+	for (size_t i = 0; i < n_options; i++) {
+		if (!daemon_config_opt_equal(a, b, &options[i])) {
 			*ret_key = options[i].name;
 			return false;
 		}
@@ -42,7 +46,7 @@ static void test_table_covers_struct(void)
 {
 	size_t sum = sizeof(int); /* n_listen, the list's count */
 
-	for (size_t i = 0; i < CM_ARRAY_LEN(options); i++) {
+	for (size_t i = 0; i < n_options; i++) {
 		const struct opt *o = &options[i];
 		sum += o->type == OPT_LIST ? o->size * DAEMON_MAX_LISTEN : o->size;
 		for (size_t j = 0; j < i; j++) {
@@ -56,16 +60,16 @@ static void test_table_covers_struct(void)
 	CHECK(sum <= sizeof(struct daemon_config));
 	CHECK_MSG(sizeof(struct daemon_config) - sum < 64, "struct has %zu bytes no row covers",
 	          sizeof(struct daemon_config) - sum);
-	CHECK_EQ_INT(CM_ARRAY_LEN(options), 43);
+	CHECK_EQ_INT(n_options, 43);
 }
 
 static void test_every_default_parses(void)
 {
-	for (size_t i = 0; i < CM_ARRAY_LEN(options); i++) {
+	for (size_t i = 0; i < n_options; i++) {
 		struct daemon_config c;
 		memset(&c, 0, sizeof(c));
 		cm_err_clear(&err);
-		int r = opt_set(&c, &options[i], options[i].def, false, &err);
+		int r = daemon_config_opt_set(&c, &options[i], options[i].def, false, &err);
 		CHECK_MSG(r == 0, "default of %s: %s", options[i].name, err.msg);
 	}
 }
@@ -419,7 +423,7 @@ static void test_doc(void)
 	fclose(f);
 	CHECK(strncmp(buf, "| key | type | default | range | reloadable | description |\n", 59) ==
 	      0);
-	for (size_t i = 0; i < CM_ARRAY_LEN(options); i++) {
+	for (size_t i = 0; i < n_options; i++) {
 		snprintf(needle, sizeof(needle), "| `%s` |", options[i].name);
 		if (options[i].flags & CONFIG_HIDDEN)
 			CHECK_MSG(!strstr(buf, needle), "hidden %s in the docs", options[i].name);
@@ -492,7 +496,7 @@ static void test_reload(void)
 	                                   "peak_bandwidth_gbs",
 	                                   "log_level"};
 	int n = 0;
-	for (size_t i = 0; i < CM_ARRAY_LEN(options); i++) {
+	for (size_t i = 0; i < n_options; i++) {
 		if (!(options[i].flags & CONFIG_RELOADABLE))
 			continue;
 		n++;
@@ -537,14 +541,14 @@ static void test_packaged_config(void)
 	const char *un = write_tmp("uncommented.conf", text);
 	c = def;
 	CHECK_MSG(daemon_config_load(&c, un, &err) == 0, "%s", err.msg);
-	for (size_t i = 0; i < CM_ARRAY_LEN(options); i++) {
+	for (size_t i = 0; i < n_options; i++) {
 		char needle[128];
 		if (options[i].flags & CONFIG_HIDDEN)
 			continue;
 		snprintf(needle, sizeof(needle), "\n%s ", options[i].name);
 		CHECK_MSG(strstr(text, needle), "%s not in %s", options[i].name, path);
 		if (strcmp(options[i].name, "model") != 0)
-			CHECK_MSG(opt_equal(&c, &def, &options[i]),
+			CHECK_MSG(daemon_config_opt_equal(&c, &def, &options[i]),
 			          "%s is not at its default in %s", options[i].name, path);
 	}
 	free(text);
@@ -565,7 +569,7 @@ static void test_man_page(void)
 	if (getdelim(&text, &len, '\0', f) < 0)
 		CHECK(0);
 	fclose(f);
-	for (size_t i = 0; text && i < CM_ARRAY_LEN(options); i++) {
+	for (size_t i = 0; text && i < n_options; i++) {
 		snprintf(needle, sizeof(needle), ".BI \"%s \"", options[i].name);
 		if (options[i].flags & CONFIG_HIDDEN)
 			CHECK_MSG(!strstr(text, needle), "hidden %s in %s", options[i].name, path);
@@ -578,7 +582,7 @@ static void test_man_page(void)
 /* kv_type takes exactly the engine's names, its default is the engine's. */
 static void test_kv_type(void)
 {
-	const struct opt *o = opt_find("kv_type");
+	const struct opt *o = daemon_config_opt_find("kv_type");
 	struct daemon_config c;
 	CHECK(o != NULL);
 	if (!o)
@@ -625,6 +629,7 @@ static void test_kv_budget(void)
 
 int main(void)
 {
+	options = daemon_config_options(&n_options);
 	TEST_RUN(test_table_covers_struct);
 	TEST_RUN(test_every_default_parses);
 	TEST_RUN(test_defaults);
