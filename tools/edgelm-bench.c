@@ -265,6 +265,8 @@ static double run_decode(engine_ctx *c, int depth, int n_gen, int n_vocab, struc
 	return cm_now() - t0;
 }
 
+/* ---- options ------------------------------------------------------------- */
+
 static int parse_on_off(const char *s, bool *ret)
 {
 	if (strcmp(s, "on") == 0)
@@ -276,13 +278,21 @@ static int parse_on_off(const char *s, bool *ret)
 	return 0;
 }
 
-int main(int argc, char **argv)
-{
-	/* --daemon URL: load a running edgelmd instead (tools/lib/bench_daemon.c) */
-	for (int i = 1; i < argc; i++)
-		if (strcmp(argv[i], "--daemon") == 0 || strncmp(argv[i], "--daemon=", 9) == 0)
-			return tools_bench_daemon_main(argc, argv);
+struct bench_opts {
+	const char *model, *isa, *repack;
+	int threads, n_gen, reps, bw_mib, n_batch, segment;
+	enum engine_kv_type kv_type;
+	int prompts[8], n_prompts, ctxs[8], n_ctxs;
+	bool json, tokenize, bad, tuning;
+	double text_mb;
+	struct tools_tuning_want add; /* the switches, added to --tuning's base */
+};
 
+/* The options into o: -1 to go on (optind at the first argument), else
+ * the exit code. The numeric options' ranges are checked here; o->bad says
+ * one was wrong. */
+static int bench_opts_parse(int argc, char **argv, struct bench_opts *o)
+{
 	enum { OPT_TUNING = 256, OPT_PIN, OPT_HUGEPAGES, OPT_PREFAULT, OPT_MLOCK, OPT_TOKENIZE,
 	       OPT_TEXT_MB, OPT_SEGMENT };
 	static const struct option opts[] = {
@@ -304,82 +314,80 @@ int main(int argc, char **argv)
 		{NULL, 0, NULL, 0},
 	};
 	static const char P[] = "edgelm-bench";
-	const char *model = NULL, *isa = getenv("EDGELM_ISA"), *repack = getenv("EDGELM_REPACK");
-	int threads = 0, n_gen = 32, reps = 3, bw_mib = 1024, n_batch = 512, segment = 0;
-	enum engine_kv_type kv_type = ENGINE_KV_DEFAULT;
-	int prompts[8] = {128, 512}, n_prompts = 2, ctxs[8] = {0, 512}, n_ctxs = 2;
-	bool json = false, tokenize = false, bad = false, tuning = false;
-	double text_mb = 4;
-	/* --tuning sets the base wherever it appears; the switches add to it */
-	struct tools_tuning_want add = {0};
+	*o = (struct bench_opts){
+		.isa = getenv("EDGELM_ISA"), .repack = getenv("EDGELM_REPACK"),
+		.n_gen = 32, .reps = 3, .bw_mib = 1024, .n_batch = 512,
+		.kv_type = ENGINE_KV_DEFAULT,
+		.prompts = {128, 512}, .n_prompts = 2, .ctxs = {0, 512}, .n_ctxs = 2,
+		.text_mb = 4,
+	};
+	bool bad = false;
 	int c;
 	while ((c = getopt_long(argc, argv, "m:t:n:r:b:jh", opts, NULL)) != -1) {
 		switch (c) {
-		case 'm': model = optarg; break;
-		case 't': bad |= tools_opt_int(P, "--threads", optarg, 0, 4096, &threads) != 0; break;
-		case 'I': isa = optarg; break;
-		case 'R': repack = optarg; break;
+		case 'm': o->model = optarg; break;
+		case 't':
+			bad |= tools_opt_int(P, "--threads", optarg, 0, 4096, &o->threads) != 0;
+			break;
+		case 'I': o->isa = optarg; break;
+		case 'R': o->repack = optarg; break;
 		case OPT_SEGMENT:
-			bad |= tools_opt_int(P, "--repack-segment", optarg, -1, 1 << 30, &segment) != 0;
+			bad |= tools_opt_int(P, "--repack-segment", optarg, -1, 1 << 30,
+					     &o->segment) != 0;
 			break;
 		case 'P':
-			n_prompts = tools_opt_list(P, "--prompts", optarg, 1, 1 << 20,
-						   prompts, true, 8);
+			o->n_prompts = tools_opt_list(P, "--prompts", optarg, 1, 1 << 20,
+						      o->prompts, true, 8);
 			break;
 		case 'C':
-			n_ctxs = tools_opt_list(P, "--contexts", optarg, 0, 1 << 20,
-						ctxs, true, 8);
+			o->n_ctxs = tools_opt_list(P, "--contexts", optarg, 0, 1 << 20,
+						   o->ctxs, true, 8);
 			break;
-		case 'n': bad |= tools_opt_int(P, "--n-gen", optarg, 1, 1 << 20, &n_gen) != 0; break;
-		case 'r': bad |= tools_opt_int(P, "--reps", optarg, 1, 1000, &reps) != 0; break;
-		case 'W': bad |= tools_opt_int(P, "--bw-mib", optarg, 16, 1 << 20, &bw_mib) != 0; break;
+		case 'n':
+			bad |= tools_opt_int(P, "--n-gen", optarg, 1, 1 << 20, &o->n_gen) != 0;
+			break;
+		case 'r': bad |= tools_opt_int(P, "--reps", optarg, 1, 1000, &o->reps) != 0; break;
+		case 'W':
+			bad |= tools_opt_int(P, "--bw-mib", optarg, 16, 1 << 20, &o->bw_mib) != 0;
+			break;
 		case 'b':
-		case 'B': bad |= tools_opt_int(P, "--batch", optarg, 1, 65536, &n_batch) != 0; break;
+		case 'B':
+			bad |= tools_opt_int(P, "--batch", optarg, 1, 65536, &o->n_batch) != 0;
+			break;
 		case 'K':
-			if (engine_kv_type_from_name(optarg, &kv_type) != 0) {
+			if (engine_kv_type_from_name(optarg, &o->kv_type) != 0) {
 				fprintf(stderr, "edgelm-bench: --kv-type: '%s' is not one of %s\n",
 					optarg, engine_kv_type_list());
 				return EXIT_USAGE;
 			}
 			break;
-		case 'j': json = true; break;
-		case OPT_TUNING: bad |= parse_on_off(optarg, &tuning) != 0; break;
-		case OPT_PIN: add.pin = true; break;
-		case OPT_HUGEPAGES: add.hugepages = true; break;
-		case OPT_PREFAULT: add.prefault = true; break;
-		case OPT_MLOCK: add.mlock = true; break;
-		case OPT_TOKENIZE: tokenize = true; break;
+		case 'j': o->json = true; break;
+		case OPT_TUNING: bad |= parse_on_off(optarg, &o->tuning) != 0; break;
+		case OPT_PIN: o->add.pin = true; break;
+		case OPT_HUGEPAGES: o->add.hugepages = true; break;
+		case OPT_PREFAULT: o->add.prefault = true; break;
+		case OPT_MLOCK: o->add.mlock = true; break;
+		case OPT_TOKENIZE: o->tokenize = true; break;
 		case OPT_TEXT_MB: {
 			char *end;
-			text_mb = strtod(optarg, &end);
-			bad |= end == optarg || *end || !(text_mb >= 0 && text_mb <= 4096);
+			o->text_mb = strtod(optarg, &end);
+			bad |= end == optarg || *end || !(o->text_mb >= 0 && o->text_mb <= 4096);
 			break;
 		}
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return EXIT_USAGE;
 		}
 	}
-	if (tokenize) {
-		/* --tokenize [FILE]: the one place a positional argument is taken */
-		if (!model || bad || optind + 1 < argc) {
-			usage(stderr);
-			return EXIT_USAGE;
-		}
-		struct tools_tokbench_params tp = {.model = model,
-						   .text = optind < argc ? argv[optind] : NULL,
-						   .text_mb = text_mb,
-						   .reps = reps,
-						   .json = json};
-		return tools_bench_tokenize(&tp);
-	}
-	/* the numeric options' ranges are checked as they are parsed */
-	if (!model || bad || optind < argc || n_prompts < 0 || n_ctxs < 0) {
-		usage(stderr);
-		return EXIT_USAGE;
-	}
+	o->bad = bad;
+	return -1;
+}
+
+/* --tuning's base (what edgelmd does by default, from the tuning module's
+ * defaults) plus the switches. */
+static struct tools_tuning_want bench_want(const struct bench_opts *o)
+{
 	struct tools_tuning_want want = {0};
-	if (tuning) {
-		/* what edgelmd does by default, from the tuning module's defaults */
+	if (o->tuning) {
 		struct tuning_config dc;
 		tuning_config_default(&dc);
 		want = (struct tools_tuning_want){.pin = dc.pin,
@@ -387,207 +395,306 @@ int main(int argc, char **argv)
 						  .prefault = dc.prefault,
 						  .mlock = dc.mlock != TUNING_MLOCK_OFF};
 	}
-	want.pin |= add.pin;
-	want.hugepages |= add.hugepages;
-	want.prefault |= add.prefault;
-	want.mlock |= add.mlock;
+	want.pin |= o->add.pin;
+	want.hugepages |= o->add.hugepages;
+	want.prefault |= o->add.prefault;
+	want.mlock |= o->add.mlock;
+	return want;
+}
 
-	struct cm_err err = {0};
-	engine_model *m = NULL;
-	engine_ctx *cx = NULL;
-	struct tools_tuning *tt = NULL;
-	int rc = 0;
-	struct engine_params ep = {.isa = isa, .repack_segment = segment};
-	if (engine_repack_parse(repack, &ep.repack) != 0) {
-		fprintf(stderr, "edgelm-bench: --repack: expected auto, on or off, not '%s'\n", repack);
+/* --tokenize [FILE]: the one place a positional argument is taken. */
+static int bench_tokenize(const struct bench_opts *o, int argc, char **argv)
+{
+	if (!o->model || o->bad || optind + 1 < argc) {
+		usage(stderr);
 		return EXIT_USAGE;
 	}
-	if (tools_tuning_new(&want, model, threads, &tt, &err) != 0) {
-		fprintf(stderr, "edgelm-bench: %s\n", err.msg);
+	struct tools_tokbench_params tp = {.model = o->model,
+					   .text = optind < argc ? argv[optind] : NULL,
+					   .text_mb = o->text_mb,
+					   .reps = o->reps,
+					   .json = o->json};
+	return tools_bench_tokenize(&tp);
+}
+
+/* ---- the engine runs ------------------------------------------------------- */
+
+struct bench {
+	struct tools_tuning *tt;
+	engine_model *m;
+	engine_ctx *cx;
+	struct engine_model_info info;
+	struct bw_meter bwm;
+	struct cm_err err;
+	/* the figures */
+	double t_load, first_ms, second_ms;
+	long first_faults;
+	double pre[8], dec[8], paired[8];
+	double rss_mib;
+};
+
+static void bench_free(struct bench *b)
+{
+	bw_close(&b->bwm);
+	engine_ctx_free(b->cx);
+	engine_model_free(b->m);
+	tools_tuning_free(b->tt); /* after the model: it may hold the weights */
+}
+
+/* Tuning plan, model, context and bandwidth buffer; the tuning applied
+ * before anything is timed. */
+static int bench_setup(const struct bench_opts *o, int repack, struct bench *b)
+{
+	struct tools_tuning_want want = bench_want(o);
+	struct engine_params ep = {.isa = o->isa, .repack = repack, .repack_segment = o->segment};
+	if (tools_tuning_new(&want, o->model, o->threads, &b->tt, &b->err) != 0) {
+		fprintf(stderr, "edgelm-bench: %s\n", b->err.msg);
 		return EXIT_RUNTIME;
 	}
-	tools_tuning_engine_params(tt, &ep);
-	double t_load = cm_now();
-	if (engine_model_load(model, &ep, &m, &err) != 0) {
-		fprintf(stderr, "edgelm-bench: %s: %s\n", model, err.msg);
-		rc = EXIT_INPUT;
-		goto out;
+	tools_tuning_engine_params(b->tt, &ep);
+	double t0 = cm_now();
+	if (engine_model_load(o->model, &ep, &b->m, &b->err) != 0) {
+		fprintf(stderr, "edgelm-bench: %s: %s\n", o->model, b->err.msg);
+		return EXIT_INPUT;
 	}
-	t_load = cm_now() - t_load;
-	struct engine_model_info info;
-	engine_model_get_info(m, &info);
+	b->t_load = cm_now() - t0;
+	engine_model_get_info(b->m, &b->info);
 	int max_ctx = 1;
-	for (int i = 0; i < n_prompts; i++)
-		max_ctx = CM_MAX(max_ctx, prompts[i]);
-	for (int i = 0; i < n_ctxs; i++)
-		max_ctx = CM_MAX(max_ctx, ctxs[i] + n_gen);
-	if ((uint32_t)max_ctx > info.n_ctx) {
+	for (int i = 0; i < o->n_prompts; i++)
+		max_ctx = CM_MAX(max_ctx, o->prompts[i]);
+	for (int i = 0; i < o->n_ctxs; i++)
+		max_ctx = CM_MAX(max_ctx, o->ctxs[i] + o->n_gen);
+	if ((uint32_t)max_ctx > b->info.n_ctx) {
 		fprintf(stderr, "edgelm-bench: the runs need a context of %d, the model has %u\n",
-			max_ctx, info.n_ctx);
-		rc = EXIT_USAGE;
-		goto out;
+			max_ctx, b->info.n_ctx);
+		return EXIT_USAGE;
 	}
 	struct engine_ctx_params cp = {
 		.n_ctx = (uint32_t)max_ctx,
 		.n_seq = 1,
-		.n_batch = (uint32_t)n_batch,
-		.kv_type = kv_type,
+		.n_batch = (uint32_t)o->n_batch,
+		.kv_type = o->kv_type,
 	};
-	if (engine_ctx_new(m, &cp, &cx, &err) != 0) {
-		fprintf(stderr, "edgelm-bench: %s\n", err.msg);
-		rc = EXIT_RUNTIME;
-		goto out;
+	if (engine_ctx_new(b->m, &cp, &b->cx, &b->err) != 0) {
+		fprintf(stderr, "edgelm-bench: %s\n", b->err.msg);
+		return EXIT_RUNTIME;
 	}
 	/* huge-page copy, lock, prefault: before anything is timed */
-	tools_tuning_apply(tt, m, cx);
+	tools_tuning_apply(b->tt, b->m, b->cx);
 
 	/* the same variant the engine chose */
-	const struct kern_ops *ko = kern_select(NULL, isa);
+	const struct kern_ops *ko = kern_select(NULL, o->isa);
 	uint64_t (*rd)(const void *, size_t) =
 		ko && ko->read_stream ? ko->read_stream : kern_read_stream_generic;
-	struct bw_meter bwm;
-	if (bw_open(&bwm, info.n_threads, (size_t)bw_mib << 20, rd,
-		    ko ? ko->read_stream_chain : NULL, tt) != 0) {
-		fprintf(stderr, "edgelm-bench: no memory for the %d MiB bandwidth buffer\n", bw_mib);
+	if (bw_open(&b->bwm, b->info.n_threads, (size_t)o->bw_mib << 20, rd,
+		    ko ? ko->read_stream_chain : NULL, b->tt) != 0) {
+		fprintf(stderr, "edgelm-bench: no memory for the %d MiB bandwidth buffer\n",
+			o->bw_mib);
+		return EXIT_RUNTIME;
+	}
+	return 0;
+}
+
+/* Warm-up, timed: the first step after load pays the page faults of every
+ * weight unless they were prefaulted or locked. */
+static int warm_up(struct bench *b)
+{
+	int rc = 0, n_vocab = (int)b->info.n_vocab;
+	/* RUSAGE_SELF: the workers' faults count too */
+	struct rusage r0, r1;
+	int32_t tok = rand_token(n_vocab);
+	getrusage(RUSAGE_SELF, &r0);
+	double t0 = cm_now();
+	if (engine_eval(b->cx, &tok, 1, 0, &b->err) != 0)
 		rc = EXIT_RUNTIME;
-		goto out;
-	}
-	(void)bw_sample(&bwm, CM_MAX(reps, 3));
-	double pre[8] = {0}, dec[8] = {0};
-	/* warm-up, timed: the first step after load pays the page faults of
-	 * every weight unless they were prefaulted or locked */
-	double first_ms = 0, second_ms = 0;
-	long first_faults = 0;
-	{
-		/* RUSAGE_SELF: the workers' faults count too */
-		struct rusage r0, r1;
-		int32_t tok = rand_token((int)info.n_vocab);
-		getrusage(RUSAGE_SELF, &r0);
-		double t0 = cm_now();
-		if (engine_eval(cx, &tok, 1, 0, &err) != 0)
-			rc = EXIT_RUNTIME;
-		first_ms = (cm_now() - t0) * 1e3;
-		getrusage(RUSAGE_SELF, &r1);
-		first_faults = (r1.ru_minflt - r0.ru_minflt) + (r1.ru_majflt - r0.ru_majflt);
-		tok = rand_token((int)info.n_vocab);
-		t0 = cm_now();
-		if (!rc && engine_eval(cx, &tok, 1, 1, &err) != 0)
-			rc = EXIT_RUNTIME;
-		second_ms = (cm_now() - t0) * 1e3;
-		if (!rc && run_decode(cx, 0, 2, (int)info.n_vocab, &err) < 0)
-			rc = EXIT_RUNTIME;
-	}
-	for (int i = 0; i < n_prompts && !rc; i++)
-		for (int r = 0; r < reps && !rc; r++) {
-			double t = run_prefill(cx, prompts[i], (int)info.n_vocab, &err);
+	b->first_ms = (cm_now() - t0) * 1e3;
+	getrusage(RUSAGE_SELF, &r1);
+	b->first_faults = (r1.ru_minflt - r0.ru_minflt) + (r1.ru_majflt - r0.ru_majflt);
+	tok = rand_token(n_vocab);
+	t0 = cm_now();
+	if (!rc && engine_eval(b->cx, &tok, 1, 1, &b->err) != 0)
+		rc = EXIT_RUNTIME;
+	b->second_ms = (cm_now() - t0) * 1e3;
+	if (!rc && run_decode(b->cx, 0, 2, n_vocab, &b->err) < 0)
+		rc = EXIT_RUNTIME;
+	return rc;
+}
+
+static int prefill_runs(const struct bench_opts *o, struct bench *b)
+{
+	for (int i = 0; i < o->n_prompts; i++)
+		for (int r = 0; r < o->reps; r++) {
+			double t = run_prefill(b->cx, o->prompts[i], (int)b->info.n_vocab, &b->err);
 			if (t < 0)
-				rc = EXIT_RUNTIME;
-			else
-				pre[i] = CM_MAX(pre[i], prompts[i] / t);
+				return EXIT_RUNTIME;
+			b->pre[i] = CM_MAX(b->pre[i], o->prompts[i] / t);
 		}
-	/* paired[i]: the median over reps of (this rep's decode bandwidth) /
-	 * (the higher of the read samples taken just before and just after
-	 * it): on a box whose bandwidth drifts (a VM sharing its memory), the
-	 * run's best sample can come from a moment the decode never saw. The
-	 * sample after prefill is the first decode's `before`; each rep's
-	 * `after` is the next one's. */
-	double before = bw_sample(&bwm, 1);
-	double paired[8] = {0}, *ratios = calloc((size_t)reps, sizeof(double));
+	return 0;
+}
+
+/* paired[i]: the median over reps of (this rep's decode bandwidth) / (the
+ * higher of the read samples taken just before and just after it): on a
+ * box whose bandwidth drifts (a VM sharing its memory), the run's best
+ * sample can come from a moment the decode never saw. The sample after
+ * prefill is the first decode's `before`; each rep's `after` is the next
+ * one's. */
+static int decode_runs(const struct bench_opts *o, struct bench *b)
+{
+	int rc = 0;
+	double before = bw_sample(&b->bwm, 1);
+	double *ratios = calloc((size_t)o->reps, sizeof(double));
 	if (!ratios) {
-		cm_err_set(&err, -ENOMEM, "no memory for %d decode ratios", reps);
-		rc = EXIT_RUNTIME;
+		cm_err_set(&b->err, -ENOMEM, "no memory for %d decode ratios", o->reps);
+		return EXIT_RUNTIME;
 	}
-	for (int i = 0; i < n_ctxs && !rc; i++) {
-		for (int r = 0; r < reps && !rc; r++) {
-			double t = run_decode(cx, ctxs[i], n_gen, (int)info.n_vocab, &err);
-			double after = bw_sample(&bwm, 1);
+	for (int i = 0; i < o->n_ctxs && !rc; i++) {
+		for (int r = 0; r < o->reps && !rc; r++) {
+			double t = run_decode(b->cx, o->ctxs[i], o->n_gen, (int)b->info.n_vocab,
+					      &b->err);
+			double after = bw_sample(&b->bwm, 1);
 			if (t < 0) {
 				rc = EXIT_RUNTIME;
 				break;
 			}
-			dec[i] = CM_MAX(dec[i], n_gen / t);
-			ratios[r] = n_gen / t * (double)info.weight_bytes_token / CM_MAX(before, after);
+			b->dec[i] = CM_MAX(b->dec[i], o->n_gen / t);
+			ratios[r] = o->n_gen / t * (double)b->info.weight_bytes_token /
+				    CM_MAX(before, after);
 			before = after;
 		}
 		if (!rc)
-			paired[i] = median(ratios, reps);
+			b->paired[i] = median(ratios, o->reps);
 	}
 	free(ratios);
-	bw_close(&bwm);
-	double bw = bwm.best;
+	return rc;
+}
+
+/* The timed runs, then what the kernel did with the tuning and the memory
+ * figures (the bandwidth buffer freed first). */
+static int bench_run(const struct bench_opts *o, struct bench *b)
+{
+	(void)bw_sample(&b->bwm, CM_MAX(o->reps, 3));
+	int rc = warm_up(b);
+	if (!rc)
+		rc = prefill_runs(o, b);
+	if (!rc)
+		rc = decode_runs(o, b);
+	bw_close(&b->bwm);
 	if (rc) {
-		fprintf(stderr, "edgelm-bench: %s\n", err.msg);
-		goto out;
+		fprintf(stderr, "edgelm-bench: %s\n", b->err.msg);
+		return rc;
 	}
-	tools_tuning_check(tt, m);
+	tools_tuning_check(b->tt, b->m);
 	struct rusage ru;
 	getrusage(RUSAGE_SELF, &ru);
-	double rss_mib = (double)ru.ru_maxrss / 1024.0;
-	double wb = (double)info.weight_bytes_token;
+	b->rss_mib = (double)ru.ru_maxrss / 1024.0;
+	return 0;
+}
 
-	if (json) {
-		printf("{\"model\":");
-		tools_json_str(stdout, info.name);
-		printf(",\"arch\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
-		       "\"kv_type\":\"%s\",\"batch\":%d,"
-		       "\"repacked_tensors\":%u,\"repacked_segmented\":%u,"
-		       "\"repacked_bytes\":%llu,\"weights_anon\":%s,"
-		       "\"weight_bytes_per_token\":%.0f,\"read_bandwidth_gbs\":%.3f,"
-		       "\"read_bandwidth_lowest_gbs\":%.3f,\"read_bandwidth_samples\":%d,\"prefill\":[",
-		       info.arch, info.isa, info.n_threads,
-		       engine_kv_type_name(engine_ctx_kv_type(cx)), n_batch, info.n_x16_tensors,
-		       info.n_x16_segmented, (unsigned long long)info.x16_bytes,
-		       info.weights_anon ? "true" : "false", wb,
-		       bw / 1e9, bwm.lowest / 1e9, bwm.samples);
-		for (int i = 0; i < n_prompts; i++)
-			printf("%s{\"tokens\":%d,\"tok_s\":%.2f}", i ? "," : "", prompts[i], pre[i]);
-		printf("],\"decode\":[");
-		for (int i = 0; i < n_ctxs; i++)
-			printf("%s{\"context\":%d,\"tok_s\":%.2f,\"bandwidth_gbs\":%.3f,"
-			       "\"bandwidth_ratio\":%.4f,\"bandwidth_ratio_paired\":%.4f}",
-			       i ? "," : "", ctxs[i], dec[i], dec[i] * wb / 1e9, dec[i] * wb / bw,
-			       paired[i]);
-		printf("],\"load_ms\":%.1f,\"first_token_ms\":%.2f,\"first_token_faults\":%ld,"
-		       "\"second_token_ms\":%.2f,\"peak_rss_mib\":%.1f,",
-		       t_load * 1e3, first_ms, first_faults, second_ms, rss_mib);
-		tools_tuning_json(tt, stdout);
-		printf("}\n");
-	} else {
-		printf("model        %s (%s), %.1f MiB of weights read per token\n",
-		       info.name[0] ? info.name : model, info.arch, wb / (1 << 20));
-		printf("kernels      %s, %d threads", info.isa, info.n_threads);
-		if (info.n_x16_tensors)
-			printf(", %u tensors repacked x16 (%.1f MiB, %u in K-segments)",
-			       info.n_x16_tensors, (double)info.x16_bytes / (1 << 20),
-			       info.n_x16_segmented);
-		if (info.weights_anon)
-			printf(", weights in anonymous memory (%.1f MiB in huge pages)",
-			       (double)tools_tuning_huge_bytes(tt) / (1 << 20));
-		printf("\n");
-		printf("kv cache     %s, %.1f KiB per token; prefill in chunks of %d\n",
-		       engine_kv_type_name(engine_ctx_kv_type(cx)),
-		       (double)engine_model_kv_bytes_per_token(m, engine_ctx_kv_type(cx)) / 1024,
-		       n_batch);
-		tools_tuning_print(tt, stdout);
-		printf("read bw      %.2f GB/s (streaming read, %d threads%s; the best of %d samples "
-		       "across the run, the lowest %.2f)\n",
-		       bw / 1e9, info.n_threads, bwm.read2 ? ", the better of 2 loops" : "",
-		       bwm.samples, bwm.lowest / 1e9);
-		printf("first token  %.1f ms, %ld page faults (the first step after a %.0f ms load; "
-		       "the second: %.1f ms)\n",
-		       first_ms, first_faults, t_load * 1e3, second_ms);
-		for (int i = 0; i < n_prompts; i++)
-			printf("prefill %-4d %.1f tok/s\n", prompts[i], pre[i]);
-		for (int i = 0; i < n_ctxs; i++)
-			printf("decode @%-4d %.2f tok/s  = %.2f GB/s of weights, %.0f%% of read bw "
-			       "(paired: %.0f%%)\n",
-			       ctxs[i], dec[i], dec[i] * wb / 1e9, 100 * dec[i] * wb / bw,
-			       100 * paired[i]);
-		printf("peak RSS     %.1f MiB\n", rss_mib);
+/* ---- the report -------------------------------------------------------------- */
+
+static void report_json(const struct bench_opts *o, const struct bench *b)
+{
+	const struct engine_model_info *info = &b->info;
+	double bw = b->bwm.best, wb = (double)info->weight_bytes_token;
+	printf("{\"model\":");
+	tools_json_str(stdout, info->name);
+	printf(",\"arch\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
+	       "\"kv_type\":\"%s\",\"batch\":%d,"
+	       "\"repacked_tensors\":%u,\"repacked_segmented\":%u,"
+	       "\"repacked_bytes\":%llu,\"weights_anon\":%s,"
+	       "\"weight_bytes_per_token\":%.0f,\"read_bandwidth_gbs\":%.3f,"
+	       "\"read_bandwidth_lowest_gbs\":%.3f,\"read_bandwidth_samples\":%d,\"prefill\":[",
+	       info->arch, info->isa, info->n_threads,
+	       engine_kv_type_name(engine_ctx_kv_type(b->cx)), o->n_batch, info->n_x16_tensors,
+	       info->n_x16_segmented, (unsigned long long)info->x16_bytes,
+	       info->weights_anon ? "true" : "false", wb,
+	       bw / 1e9, b->bwm.lowest / 1e9, b->bwm.samples);
+	for (int i = 0; i < o->n_prompts; i++)
+		printf("%s{\"tokens\":%d,\"tok_s\":%.2f}", i ? "," : "", o->prompts[i], b->pre[i]);
+	printf("],\"decode\":[");
+	for (int i = 0; i < o->n_ctxs; i++)
+		printf("%s{\"context\":%d,\"tok_s\":%.2f,\"bandwidth_gbs\":%.3f,"
+		       "\"bandwidth_ratio\":%.4f,\"bandwidth_ratio_paired\":%.4f}",
+		       i ? "," : "", o->ctxs[i], b->dec[i], b->dec[i] * wb / 1e9,
+		       b->dec[i] * wb / bw, b->paired[i]);
+	printf("],\"load_ms\":%.1f,\"first_token_ms\":%.2f,\"first_token_faults\":%ld,"
+	       "\"second_token_ms\":%.2f,\"peak_rss_mib\":%.1f,",
+	       b->t_load * 1e3, b->first_ms, b->first_faults, b->second_ms, b->rss_mib);
+	tools_tuning_json(b->tt, stdout);
+	printf("}\n");
+}
+
+static void report_text(const struct bench_opts *o, const struct bench *b)
+{
+	const struct engine_model_info *info = &b->info;
+	double bw = b->bwm.best, wb = (double)info->weight_bytes_token;
+	enum engine_kv_type kv = engine_ctx_kv_type(b->cx);
+	printf("model        %s (%s), %.1f MiB of weights read per token\n",
+	       info->name[0] ? info->name : o->model, info->arch, wb / (1 << 20));
+	printf("kernels      %s, %d threads", info->isa, info->n_threads);
+	if (info->n_x16_tensors)
+		printf(", %u tensors repacked x16 (%.1f MiB, %u in K-segments)",
+		       info->n_x16_tensors, (double)info->x16_bytes / (1 << 20),
+		       info->n_x16_segmented);
+	if (info->weights_anon)
+		printf(", weights in anonymous memory (%.1f MiB in huge pages)",
+		       (double)tools_tuning_huge_bytes(b->tt) / (1 << 20));
+	printf("\n");
+	printf("kv cache     %s, %.1f KiB per token; prefill in chunks of %d\n",
+	       engine_kv_type_name(kv),
+	       (double)engine_model_kv_bytes_per_token(b->m, kv) / 1024, o->n_batch);
+	tools_tuning_print(b->tt, stdout);
+	printf("read bw      %.2f GB/s (streaming read, %d threads%s; the best of %d samples "
+	       "across the run, the lowest %.2f)\n",
+	       bw / 1e9, info->n_threads, b->bwm.read2 ? ", the better of 2 loops" : "",
+	       b->bwm.samples, b->bwm.lowest / 1e9);
+	printf("first token  %.1f ms, %ld page faults (the first step after a %.0f ms load; "
+	       "the second: %.1f ms)\n",
+	       b->first_ms, b->first_faults, b->t_load * 1e3, b->second_ms);
+	for (int i = 0; i < o->n_prompts; i++)
+		printf("prefill %-4d %.1f tok/s\n", o->prompts[i], b->pre[i]);
+	for (int i = 0; i < o->n_ctxs; i++)
+		printf("decode @%-4d %.2f tok/s  = %.2f GB/s of weights, %.0f%% of read bw "
+		       "(paired: %.0f%%)\n",
+		       o->ctxs[i], b->dec[i], b->dec[i] * wb / 1e9, 100 * b->dec[i] * wb / bw,
+		       100 * b->paired[i]);
+	printf("peak RSS     %.1f MiB\n", b->rss_mib);
+}
+
+int main(int argc, char **argv)
+{
+	/* --daemon URL: load a running edgelmd instead (tools/lib/bench_daemon.c) */
+	for (int i = 1; i < argc; i++)
+		if (strcmp(argv[i], "--daemon") == 0 || strncmp(argv[i], "--daemon=", 9) == 0)
+			return tools_bench_daemon_main(argc, argv);
+
+	struct bench_opts o;
+	int rc = bench_opts_parse(argc, argv, &o);
+	if (rc >= 0)
+		return rc;
+	if (o.tokenize)
+		return bench_tokenize(&o, argc, argv);
+	if (!o.model || o.bad || optind < argc || o.n_prompts < 0 || o.n_ctxs < 0) {
+		usage(stderr);
+		return EXIT_USAGE;
 	}
-out:
-	engine_ctx_free(cx);
-	engine_model_free(m);
-	tools_tuning_free(tt); /* after the model: it may hold the weights */
+	int repack;
+	if (engine_repack_parse(o.repack, &repack) != 0) {
+		fprintf(stderr, "edgelm-bench: --repack: expected auto, on or off, not '%s'\n",
+			o.repack);
+		return EXIT_USAGE;
+	}
+
+	struct bench b = {0};
+	rc = bench_setup(&o, repack, &b);
+	if (!rc)
+		rc = bench_run(&o, &b);
+	if (!rc) {
+		if (o.json)
+			report_json(&o, &b);
+		else
+			report_text(&o, &b);
+	}
+	bench_free(&b);
 	return rc;
 }

@@ -321,82 +321,110 @@ static bool out_push(struct out_text *o, const char *s, size_t n)
 	return false;
 }
 
-int main(int argc, char **argv)
-{
-	const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL;
-	const char *chat_file = NULL, *chat_tmpl = NULL;
-	struct out_text ot = {.n_stop = 0};
-	const char *isa = getenv("EDGELM_ISA"), *repack = getenv("EDGELM_REPACK");
-	long n_predict = 128, n_threads = 0, ctx = 0, top_n = 8, lastn = 64, n_batch = DEFAULT_BATCH;
-	enum engine_kv_type kv_type = ENGINE_KV_DEFAULT;
-	bool json = false, tokenize_only = false, special = false, quiet = false, seed_set = false;
+/* ---- options ------------------------------------------------------------- */
+
+struct run_opts {
+	const char *model_path, *prompt, *prompt_file, *chat_file, *chat_tmpl;
+	const char *isa, *repack;
+	const char *stop[MAX_STOP];
+	int n_stop;
+	long n_predict, n_threads, ctx, top_n, n_batch;
+	enum engine_kv_type kv_type;
+	bool json, tokenize_only, special, quiet, seed_set;
 	struct engine_sampler_params sp;
-	engine_sampler_params_default(&sp);
+};
+
+/* Text output for o: --stop's strings; only watching for them with --json. */
+static void out_init(struct out_text *ot, const struct run_opts *o)
+{
+	*ot = (struct out_text){.silent = o->json, .n_stop = o->n_stop};
+	for (int k = 0; k < o->n_stop; k++) {
+		ot->stop[k] = o->stop[k];
+		ot->stop_len[k] = strlen(o->stop[k]);
+	}
+}
+
+/* The command line into o: -1 to go on, else the exit code. */
+static int run_opts_parse(int argc, char **argv, struct run_opts *o)
+{
+	*o = (struct run_opts){
+		.isa = getenv("EDGELM_ISA"),
+		.repack = getenv("EDGELM_REPACK"),
+		.n_predict = 128,
+		.top_n = 8,
+		.n_batch = DEFAULT_BATCH,
+		.kv_type = ENGINE_KV_DEFAULT,
+	};
+	long lastn = 64;
+	engine_sampler_params_default(&o->sp);
 	int c;
 	while ((c = getopt_long(argc, argv, "m:p:f:n:t:c:b:qh", long_opts, NULL)) != -1) {
 		long lv;
 		int bad = 0;
 		switch (c) {
-		case 'm': model_path = optarg; break;
-		case 'p': prompt = optarg; break;
-		case 'f': prompt_file = optarg; break;
-		case 'n': bad = tools_parse_long(optarg, 0, 1 << 24, &n_predict); break;
-		case 't': bad = tools_parse_long(optarg, 1, 4096, &n_threads); break;
-		case 'c': bad = tools_parse_long(optarg, 1, 1 << 24, &ctx); break;
-		case 'b': bad = tools_parse_long(optarg, 1, 65536, &n_batch); break;
+		case 'm': o->model_path = optarg; break;
+		case 'p': o->prompt = optarg; break;
+		case 'f': o->prompt_file = optarg; break;
+		case 'n': bad = tools_parse_long(optarg, 0, 1 << 24, &o->n_predict); break;
+		case 't': bad = tools_parse_long(optarg, 1, 4096, &o->n_threads); break;
+		case 'c': bad = tools_parse_long(optarg, 1, 1 << 24, &o->ctx); break;
+		case 'b': bad = tools_parse_long(optarg, 1, 65536, &o->n_batch); break;
 		case OPT_KV_TYPE:
-			if (engine_kv_type_from_name(optarg, &kv_type) != 0) {
+			if (engine_kv_type_from_name(optarg, &o->kv_type) != 0) {
 				fprintf(stderr, "edgelm-run: --kv-type: '%s' is not one of %s\n",
 					optarg, engine_kv_type_list());
 				return EXIT_USAGE;
 			}
 			break;
-		case OPT_TEMP: bad = tools_parse_float(optarg, 0, 100, &sp.temp); break;
+		case OPT_TEMP: bad = tools_parse_float(optarg, 0, 100, &o->sp.temp); break;
 		case OPT_TOPK:
 			bad = tools_parse_long(optarg, 0, 1 << 30, &lv);
-			sp.top_k = (int32_t)lv;
+			o->sp.top_k = (int32_t)lv;
 			break;
-		case OPT_TOPP: bad = tools_parse_float(optarg, 0, 1, &sp.top_p); break;
-		case OPT_MINP: bad = tools_parse_float(optarg, 0, 1, &sp.min_p); break;
-		case OPT_REP: bad = tools_parse_float(optarg, 0, 100, &sp.repeat_penalty); break;
-		case OPT_FREQ: bad = tools_parse_float(optarg, -100, 100, &sp.freq_penalty); break;
-		case OPT_PRES: bad = tools_parse_float(optarg, -100, 100, &sp.presence_penalty); break;
+		case OPT_TOPP: bad = tools_parse_float(optarg, 0, 1, &o->sp.top_p); break;
+		case OPT_MINP: bad = tools_parse_float(optarg, 0, 1, &o->sp.min_p); break;
+		case OPT_REP: bad = tools_parse_float(optarg, 0, 100, &o->sp.repeat_penalty); break;
+		case OPT_FREQ:
+			bad = tools_parse_float(optarg, -100, 100, &o->sp.freq_penalty);
+			break;
+		case OPT_PRES:
+			bad = tools_parse_float(optarg, -100, 100, &o->sp.presence_penalty);
+			break;
 		case OPT_LASTN:
 			bad = tools_parse_long(optarg, -1, 1 << 24, &lastn);
 			break;
 		case OPT_SEED: {
 			char *end;
 			errno = 0;
-			sp.seed = strtoull(optarg, &end, 0);
+			o->sp.seed = strtoull(optarg, &end, 0);
 			bad = errno || end == optarg || *end;
-			seed_set = true;
+			o->seed_set = true;
 			break;
 		}
-		case OPT_ISA: isa = optarg; break;
-		case OPT_REPACK: repack = optarg; break;
-		case OPT_JSON: json = true; break;
-		case OPT_TOPL: bad = tools_parse_long(optarg, 0, 1 << 20, &top_n); break;
-		case OPT_TOKENIZE: tokenize_only = true; break;
-		case OPT_SPECIAL: special = true; break;
-		case OPT_CHAT: chat_file = optarg; break;
+		case OPT_ISA: o->isa = optarg; break;
+		case OPT_REPACK: o->repack = optarg; break;
+		case OPT_JSON: o->json = true; break;
+		case OPT_TOPL: bad = tools_parse_long(optarg, 0, 1 << 20, &o->top_n); break;
+		case OPT_TOKENIZE: o->tokenize_only = true; break;
+		case OPT_SPECIAL: o->special = true; break;
+		case OPT_CHAT: o->chat_file = optarg; break;
 		case OPT_CHAT_TEMPLATE:
 			if (strcmp(optarg, "list") == 0) {
 				printf("%s\n", engine_chat_format_list());
 				return 0;
 			}
-			chat_tmpl = optarg;
+			o->chat_tmpl = optarg;
 			break;
 		case OPT_STOP:
-			if (ot.n_stop == MAX_STOP || !*optarg) {
+			if (o->n_stop == MAX_STOP || !*optarg) {
 				fprintf(stderr,
 					"edgelm-run: --stop: at most %d non-empty strings\n",
 					MAX_STOP);
 				return EXIT_USAGE;
 			}
-			ot.stop[ot.n_stop] = optarg;
-			ot.stop_len[ot.n_stop++] = strlen(optarg);
+			o->stop[o->n_stop++] = optarg;
 			break;
-		case 'q': quiet = true; break;
+		case 'q': o->quiet = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return EXIT_USAGE;
 		}
@@ -406,182 +434,244 @@ int main(int argc, char **argv)
 			return EXIT_USAGE;
 		}
 	}
-	sp.penalty_last_n = (int32_t)lastn;
-	ot.silent = json;
-	if (optind < argc || !model_path || (prompt && prompt_file) ||
-	    (chat_file && (prompt || prompt_file))) {
+	o->sp.penalty_last_n = (int32_t)lastn;
+	if (optind < argc || !o->model_path || (o->prompt && o->prompt_file) ||
+	    (o->chat_file && (o->prompt || o->prompt_file))) {
 		usage(stderr);
 		return EXIT_USAGE;
 	}
-	size_t plen = 0;
-	char *pbuf = NULL;
-	if (prompt_file) {
-		pbuf = read_file(prompt_file, &plen);
-		if (!pbuf) {
-			fprintf(stderr, "edgelm-run: cannot read %s: %s\n", prompt_file,
+	return -1;
+}
+
+/* ---- the run ----------------------------------------------------------------- */
+
+struct run {
+	engine_model *m;
+	engine_ctx *cx;
+	engine_sampler *smp;
+	const engine_tokenizer *tok;
+	struct engine_model_info info;
+	char *pbuf; /* the prompt when read from a file or rendered from --chat */
+	const char *prompt;
+	size_t plen;
+	int32_t *ids;
+	int n_ids;
+	struct out_text ot;
+	double t_load, t_prompt, t_gen;
+	int n_gen;
+};
+
+static void run_free(struct run *r)
+{
+	free(r->ot.hold);
+	free(r->ids);
+	free(r->pbuf);
+	engine_sampler_free(r->smp);
+	engine_ctx_free(r->cx);
+	engine_model_free(r->m);
+}
+
+/* -p or -f; and the seed from the clock when --seed is not given. */
+static int run_read_prompt(struct run_opts *o, struct run *r)
+{
+	r->prompt = o->prompt;
+	if (o->prompt_file) {
+		r->pbuf = read_file(o->prompt_file, &r->plen);
+		if (!r->pbuf) {
+			fprintf(stderr, "edgelm-run: cannot read %s: %s\n", o->prompt_file,
 				strerror(errno));
 			return EXIT_INPUT;
 		}
-		prompt = pbuf;
+		r->prompt = r->pbuf;
 	} else {
-		if (!prompt)
-			prompt = "";
-		plen = strlen(prompt);
+		if (!r->prompt)
+			r->prompt = "";
+		r->plen = strlen(r->prompt);
 	}
-	if (!seed_set)
-		sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+	if (!o->seed_set)
+		o->sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+	return 0;
+}
 
+/* The model (only its vocabulary for --tokenize), and --chat's prompt. */
+static int run_load(const struct run_opts *o, struct run *r)
+{
 	struct cm_err err = {0};
-	int rc = 0;
-	engine_model *m = NULL;
-	engine_ctx *cx = NULL;
-	engine_sampler *smp = NULL;
-	int32_t *ids = NULL, *top = NULL;
-	char *piece = NULL;
 	struct engine_params ep = {
-		.n_threads = (int)n_threads,
-		.ctx_max = (uint32_t)ctx,
-		.isa = isa,
-		.vocab_only = tokenize_only,
+		.n_threads = (int)o->n_threads,
+		.ctx_max = (uint32_t)o->ctx,
+		.isa = o->isa,
+		.vocab_only = o->tokenize_only,
 	};
-	if (engine_repack_parse(repack, &ep.repack) != 0) {
-		fprintf(stderr, "edgelm-run: --repack: expected auto, on or off, not '%s'\n", repack);
+	if (engine_repack_parse(o->repack, &ep.repack) != 0) {
+		fprintf(stderr, "edgelm-run: --repack: expected auto, on or off, not '%s'\n",
+			o->repack);
 		return EXIT_USAGE;
 	}
 	double t0 = cm_now();
-	if (engine_model_load(model_path, &ep, &m, &err) != 0) {
-		fprintf(stderr, "edgelm-run: %s: %s\n", model_path, err.msg);
-		rc = EXIT_INPUT;
-		goto out;
+	if (engine_model_load(o->model_path, &ep, &r->m, &err) != 0) {
+		fprintf(stderr, "edgelm-run: %s: %s\n", o->model_path, err.msg);
+		return EXIT_INPUT;
 	}
-	double t_load = cm_now() - t0;
-	const engine_tokenizer *tok = engine_model_tokenizer(m);
-	bool parse_special = false;
-	if (chat_file) {
-		free(pbuf);
-		pbuf = chat_prompt(chat_file, m, chat_tmpl, &plen);
-		if (!pbuf) {
-			rc = EXIT_INPUT;
-			goto out;
-		}
-		prompt = pbuf;
-		parse_special = true;
+	r->t_load = cm_now() - t0;
+	r->tok = engine_model_tokenizer(r->m);
+	if (o->chat_file) {
+		free(r->pbuf);
+		r->pbuf = chat_prompt(o->chat_file, r->m, o->chat_tmpl, &r->plen);
+		if (!r->pbuf)
+			return EXIT_INPUT;
+		r->prompt = r->pbuf;
 	}
-	int n_ids = 0, cap = (int)CM_MIN(plen + 16, (size_t)1 << 26);
-	ids = malloc((size_t)cap * sizeof(*ids));
-	if (!ids) {
-		rc = EXIT_RUNTIME;
-		goto out;
+	return 0;
+}
+
+/* The prompt's ids (--chat's with special tokens parsed). */
+static int run_tokenize(const struct run_opts *o, struct run *r)
+{
+	struct cm_err err = {0};
+	bool parse_special = o->chat_file != NULL;
+	int cap = (int)CM_MIN(r->plen + 16, (size_t)1 << 26);
+	r->ids = malloc((size_t)cap * sizeof(*r->ids));
+	if (!r->ids)
+		return EXIT_RUNTIME;
+	int rc = engine_tokenize(r->tok, r->prompt, r->plen, true, parse_special, r->ids, cap,
+				 &r->n_ids, &err);
+	if (rc == -ENOBUFS) {
+		free(r->ids);
+		cap = r->n_ids;
+		r->ids = malloc((size_t)cap * sizeof(*r->ids));
+		rc = r->ids ? engine_tokenize(r->tok, r->prompt, r->plen, true, parse_special,
+					      r->ids, cap, &r->n_ids, &err)
+			    : -ENOMEM;
 	}
-	int r = engine_tokenize(tok, prompt, plen, true, parse_special, ids, cap, &n_ids, &err);
-	if (r == -ENOBUFS) {
-		free(ids);
-		cap = n_ids;
-		ids = malloc((size_t)cap * sizeof(*ids));
-		r = ids ? engine_tokenize(tok, prompt, plen, true, parse_special, ids, cap, &n_ids,
-					  &err)
-			: -ENOMEM;
-	}
-	if (r) {
+	if (rc) {
 		fprintf(stderr, "edgelm-run: tokenize: %s\n", err.msg);
-		rc = EXIT_INPUT;
-		goto out;
+		return EXIT_INPUT;
 	}
-	if (tokenize_only) {
-		putchar('[');
-		for (int i = 0; i < n_ids; i++)
-			printf(i ? ", %d" : "%d", ids[i]);
-		puts("]");
-		goto out;
-	}
-	struct engine_model_info info;
-	engine_model_get_info(m, &info);
-	if (n_ids == 0) {
+	return 0;
+}
+
+static void print_ids(const struct run *r)
+{
+	putchar('[');
+	for (int i = 0; i < r->n_ids; i++)
+		printf(i ? ", %d" : "%d", r->ids[i]);
+	puts("]");
+}
+
+/* Context and sampler for the prompt, the banner, then the prompt's
+ * prefill. */
+static int run_prefill(const struct run_opts *o, struct run *r)
+{
+	struct cm_err err = {0};
+	engine_model_get_info(r->m, &r->info);
+	const struct engine_model_info *info = &r->info;
+	if (r->n_ids == 0) {
 		fprintf(stderr, "edgelm-run: the prompt is empty and the model adds no BOS\n");
-		rc = EXIT_INPUT;
-		goto out;
+		return EXIT_INPUT;
 	}
-	if ((uint32_t)n_ids >= info.n_ctx) {
+	if ((uint32_t)r->n_ids >= info->n_ctx) {
 		fprintf(stderr, "edgelm-run: prompt of %d tokens does not fit the context of %u\n",
-			n_ids, info.n_ctx);
-		rc = EXIT_INPUT;
-		goto out;
+			r->n_ids, info->n_ctx);
+		return EXIT_INPUT;
 	}
 	struct engine_ctx_params cp = {
-		.n_ctx = info.n_ctx,
+		.n_ctx = info->n_ctx,
 		.n_seq = 1,
-		.n_batch = (uint32_t)n_batch,
-		.kv_type = kv_type,
+		.n_batch = (uint32_t)o->n_batch,
+		.kv_type = o->kv_type,
 	};
-	if (engine_ctx_new(m, &cp, &cx, &err) != 0 ||
-	    engine_sampler_new(&sp, (int)info.n_vocab, &smp, &err) != 0) {
+	if (engine_ctx_new(r->m, &cp, &r->cx, &err) != 0 ||
+	    engine_sampler_new(&o->sp, (int)info->n_vocab, &r->smp, &err) != 0) {
 		fprintf(stderr, "edgelm-run: %s\n", err.msg);
-		rc = EXIT_RUNTIME;
-		goto out;
+		return EXIT_RUNTIME;
 	}
-	if (!quiet)
+	if (!o->quiet)
 		fprintf(stderr,
 			"edgelm-run: %s (%s, %u layers, %u ctx, %s KV), %d threads, kernels %s, "
 			"seed %llu\n",
-			info.name[0] ? info.name : model_path, info.arch, info.n_layer, info.n_ctx,
-			engine_kv_type_name(engine_ctx_kv_type(cx)), info.n_threads, info.isa,
-			(unsigned long long)sp.seed);
-	if (!quiet && info.n_x16_tensors)
+			info->name[0] ? info->name : o->model_path, info->arch, info->n_layer,
+			info->n_ctx, engine_kv_type_name(engine_ctx_kv_type(r->cx)),
+			info->n_threads, info->isa, (unsigned long long)o->sp.seed);
+	if (!o->quiet && info->n_x16_tensors)
 		fprintf(stderr, "edgelm-run: repacked %u tensors (%.1f MiB) into the x16 layout\n",
-			info.n_x16_tensors, (double)info.x16_bytes / (1 << 20));
-	for (int i = 0; i < n_ids; i++)
-		engine_sampler_accept(smp, ids[i]);
+			info->n_x16_tensors, (double)info->x16_bytes / (1 << 20));
+	for (int i = 0; i < r->n_ids; i++)
+		engine_sampler_accept(r->smp, r->ids[i]);
 
 	double t1 = cm_now();
-	if (engine_eval(cx, ids, n_ids, 0, &err) != 0) {
+	if (engine_eval(r->cx, r->ids, r->n_ids, 0, &err) != 0) {
 		fprintf(stderr, "edgelm-run: %s\n", err.msg);
-		rc = EXIT_RUNTIME;
-		goto out;
+		return EXIT_RUNTIME;
 	}
-	double t_prompt = cm_now() - t1;
+	r->t_prompt = cm_now() - t1;
+	return 0;
+}
+
+/* The text of token id into piece: none for end-of-generation tokens, the
+ * control tokens' own text with --special. */
+static int token_text(const struct run_opts *o, const struct run *r, struct engine_detok *dt,
+		      int32_t id, bool eog, char *piece, size_t piece_cap)
+{
+	int n = 0;
+	if (!eog || o->special) {
+		if (o->special && (engine_tokenizer_attr(r->tok, id) & ENGINE_TOKEN_CONTROL)) {
+			n = engine_token_to_piece(r->tok, id, true, piece, piece_cap);
+			if (n < 0)
+				n = 0;
+		} else {
+			n = engine_detok_push(dt, r->tok, id, piece, piece_cap);
+		}
+	}
+	return n;
+}
+
+/* --json: one object per generated token, with its top logits. */
+static void print_token_json(const struct run_opts *o, const struct run *r, int32_t id,
+			     const char *piece, int n, const float *logits, int32_t *top)
+{
+	printf("{\"id\":%d,\"text\":", id);
+	tools_json_strn(stdout, piece, n > 0 ? (size_t)n : 0);
+	fputs(",\"top\":[", stdout);
+	int k = top_logits(logits, (int)r->info.n_vocab, (int)o->top_n, top);
+	for (int i = 0; i < k; i++)
+		printf(i ? ",[%d,%.6g]" : "[%d,%.6g]", top[i], logits[top[i]]);
+	fputs("]}\n", stdout);
+}
+
+/* Sample, print, evaluate, until -n, the context's end, an end-of-generation
+ * token or a stop string. */
+static int run_generate(const struct run_opts *o, struct run *r)
+{
+	struct cm_err err = {0};
+	int rc = 0;
 	struct engine_detok dt;
-	engine_detok_init(&dt, tok);
+	engine_detok_init(&dt, r->tok);
 	size_t piece_cap = 4096;
-	piece = malloc(piece_cap);
-	top = malloc(sizeof(*top) * (size_t)(top_n > 0 ? top_n : 1));
+	char *piece = malloc(piece_cap);
+	int32_t *top = malloc(sizeof(*top) * (size_t)(o->top_n > 0 ? o->top_n : 1));
 	if (!piece || !top) {
 		rc = EXIT_RUNTIME;
 		goto out;
 	}
-	int pos = n_ids, n_gen = 0;
+	int pos = r->n_ids;
 	double t2 = cm_now();
-	while (n_gen < n_predict && (uint32_t)pos < info.n_ctx) {
-		const float *logits = engine_get_logits_last(cx);
-		int32_t id = engine_sampler_sample(smp, logits);
-		engine_sampler_accept(smp, id);
-		n_gen++;
-		bool eog = engine_tokenizer_is_eog(tok, id);
-		int n = 0;
-		if (!eog || special) {
-			if (special && (engine_tokenizer_attr(tok, id) & ENGINE_TOKEN_CONTROL)) {
-				n = engine_token_to_piece(tok, id, true, piece, piece_cap);
-				if (n < 0)
-					n = 0;
-			} else {
-				n = engine_detok_push(&dt, tok, id, piece, piece_cap);
-			}
-		}
-		if (json) {
-			printf("{\"id\":%d,\"text\":", id);
-			tools_json_strn(stdout, piece, n > 0 ? (size_t)n : 0);
-			fputs(",\"top\":[", stdout);
-			int k = top_logits(logits, (int)info.n_vocab, (int)top_n, top);
-			for (int i = 0; i < k; i++)
-				printf(i ? ",[%d,%.6g]" : "[%d,%.6g]", top[i], logits[top[i]]);
-			fputs("]}\n", stdout);
-		}
-		bool stop = n > 0 && out_push(&ot, piece, (size_t)n);
+	while (r->n_gen < o->n_predict && (uint32_t)pos < r->info.n_ctx) {
+		const float *logits = engine_get_logits_last(r->cx);
+		int32_t id = engine_sampler_sample(r->smp, logits);
+		engine_sampler_accept(r->smp, id);
+		r->n_gen++;
+		bool eog = engine_tokenizer_is_eog(r->tok, id);
+		int n = token_text(o, r, &dt, id, eog, piece, piece_cap);
+		if (o->json)
+			print_token_json(o, r, id, piece, n, logits, top);
+		bool stop = n > 0 && out_push(&r->ot, piece, (size_t)n);
 		fflush(stdout);
 		if (eog || stop)
 			break;
-		if (n_gen >= n_predict)
+		if (r->n_gen >= o->n_predict)
 			break;
-		if (engine_eval(cx, &id, 1, pos, &err) != 0) {
+		if (engine_eval(r->cx, &id, 1, pos, &err) != 0) {
 			fprintf(stderr, "edgelm-run: %s\n", err.msg);
 			rc = EXIT_RUNTIME;
 			goto out;
@@ -589,27 +679,54 @@ int main(int argc, char **argv)
 		pos++;
 	}
 	int n = engine_detok_flush(&dt, piece, piece_cap);
-	if (!json && n > 0)
-		(void)out_push(&ot, piece, (size_t)n);
-	if (!ot.stopped)
-		out_write(&ot, ot.hold, ot.n); /* no stop string after all */
-	if (!json)
+	if (!o->json && n > 0)
+		(void)out_push(&r->ot, piece, (size_t)n);
+	if (!r->ot.stopped)
+		out_write(&r->ot, r->ot.hold, r->ot.n); /* no stop string after all */
+	if (!o->json)
 		putchar('\n');
-	double t_gen = cm_now() - t2;
-	if (!quiet)
-		fprintf(stderr,
-			"edgelm-run: load %.0f ms; prompt %d tokens in %.0f ms (%.1f tok/s); "
-			"generated %d tokens in %.0f ms (%.1f tok/s)\n",
-			t_load * 1e3, n_ids, t_prompt * 1e3, n_ids / (t_prompt > 0 ? t_prompt : 1e-9),
-			n_gen, t_gen * 1e3, n_gen / (t_gen > 0 ? t_gen : 1e-9));
+	r->t_gen = cm_now() - t2;
 out:
-	free(ot.hold);
 	free(piece);
 	free(top);
-	free(ids);
-	free(pbuf);
-	engine_sampler_free(smp);
-	engine_ctx_free(cx);
-	engine_model_free(m);
+	return rc;
+}
+
+/* Timings on stderr unless --quiet. */
+static void run_report(const struct run_opts *o, const struct run *r)
+{
+	if (o->quiet)
+		return;
+	fprintf(stderr,
+		"edgelm-run: load %.0f ms; prompt %d tokens in %.0f ms (%.1f tok/s); "
+		"generated %d tokens in %.0f ms (%.1f tok/s)\n",
+		r->t_load * 1e3, r->n_ids, r->t_prompt * 1e3,
+		r->n_ids / (r->t_prompt > 0 ? r->t_prompt : 1e-9), r->n_gen, r->t_gen * 1e3,
+		r->n_gen / (r->t_gen > 0 ? r->t_gen : 1e-9));
+}
+
+int main(int argc, char **argv)
+{
+	struct run_opts o;
+	int rc = run_opts_parse(argc, argv, &o);
+	if (rc >= 0)
+		return rc;
+	struct run r = {0};
+	out_init(&r.ot, &o);
+	rc = run_read_prompt(&o, &r);
+	if (!rc)
+		rc = run_load(&o, &r);
+	if (!rc)
+		rc = run_tokenize(&o, &r);
+	if (!rc && o.tokenize_only) {
+		print_ids(&r);
+	} else if (!rc) {
+		rc = run_prefill(&o, &r);
+		if (!rc)
+			rc = run_generate(&o, &r);
+		if (!rc)
+			run_report(&o, &r);
+	}
+	run_free(&r);
 	return rc;
 }

@@ -216,154 +216,190 @@ static const char *base_name(const char *p)
 	return s ? s + 1 : p;
 }
 
-int tools_bench_tokenize(const struct tools_tokbench_params *p)
+struct tokbench {
+	engine_tokenizer *tok;
+	struct buf base, text; /* the source once, and repeated */
+	char source[4200];     /* where the text came from, for the report */
+	int copies;
+	struct doc *docs;
+	size_t nd;
+	int32_t *ids; /* the id arena */
+	/* the figures: the best pass's seconds, and one pass's counts */
+	double enc_best, dec_best;
+	uint64_t n_tokens, dec_bytes;
+	size_t roundtrip; /* documents that decode to their exact text */
+};
+
+static void tokbench_free(struct tokbench *b)
 {
-	struct cm_err err = {0};
-	struct buf base = {0}, text = {0};
-	struct doc *docs = NULL;
-	int32_t *ids = NULL;
-	int rc = 0, r;
-	char source[4200];
+	cm_free(b->ids);
+	cm_free(b->docs);
+	cm_free(b->text.p);
+	cm_free(b->base.p);
+	engine_tokenizer_free(b->tok);
+}
 
-	/* the tokenizer alone, as engine_model_load(vocab_only) builds it, but
-	 * without the architecture check: the vocab files of architectures the
-	 * engine does not run (falcon, gpt2, phi3, starcoder2) are measured too */
-	engine_tokenizer *tok = NULL;
-	if (engine_tokenizer_load(p->model, &tok, &err) != 0) {
-		if (strstr(err.msg, p->model))
-			fprintf(stderr, "edgelm-bench: %s\n", err.msg);
-		else
-			fprintf(stderr, "edgelm-bench: %s: %s\n", p->model, err.msg);
-		return EXIT_INPUT;
-	}
-
+/* The text (FILE, the held-out stories, or synthetic English) repeated up
+ * to --text-mb. Returns the exit code. */
+static int load_text(const struct tools_tokbench_params *p, struct tokbench *b)
+{
 	const char *data = getenv("EDGELM_TESTDATA");
 	char spath[4096] = "";
 	if (data && *data)
 		snprintf(spath, sizeof(spath), "%s/reference/stories-heldout.jsonl", data);
 	size_t want = (size_t)(p->text_mb * 1e6);
 	if (p->text) {
-		r = read_file(p->text, &base);
-		if (r == 0 && base.n == 0)
+		int r = read_file(p->text, &b->base);
+		if (r == 0 && b->base.n == 0)
 			r = -ENODATA;
 		if (r) {
 			fprintf(stderr, "edgelm-bench: %s: %s\n", p->text, strerror(-r));
-			rc = EXIT_INPUT;
-			goto out;
+			return EXIT_INPUT;
 		}
-		snprintf(source, sizeof(source), "%s", p->text);
-	} else if (spath[0] && read_stories(spath, &base) == 0) {
-		snprintf(source, sizeof(source), "%s", spath);
+		snprintf(b->source, sizeof(b->source), "%s", p->text);
+	} else if (spath[0] && read_stories(spath, &b->base) == 0) {
+		snprintf(b->source, sizeof(b->source), "%s", spath);
 	} else {
-		base.n = 0;
-		if (gen_english(&base, CM_MAX(want, (size_t)1 << 18)) != 0) {
-			rc = EXIT_RUNTIME;
-			goto out;
-		}
-		snprintf(source, sizeof(source), "synthetic English (no %s)",
+		b->base.n = 0;
+		if (gen_english(&b->base, CM_MAX(want, (size_t)1 << 18)) != 0)
+			return EXIT_RUNTIME;
+		snprintf(b->source, sizeof(b->source), "synthetic English (no %s)",
 		         spath[0] ? spath : "$EDGELM_TESTDATA");
 	}
-	int copies = 0;
 	do {
-		if (buf_add(&text, base.p, base.n) != 0) {
+		if (buf_add(&b->text, b->base.p, b->base.n) != 0) {
 			fprintf(stderr, "edgelm-bench: out of memory for the text\n");
-			rc = EXIT_RUNTIME;
-			goto out;
+			return EXIT_RUNTIME;
 		}
-		copies++;
-	} while (text.n < want);
+		b->copies++;
+	} while (b->text.n < want);
+	return 0;
+}
 
-	size_t nd;
-	if (cut_documents(text.p, text.n, &docs, &nd) != 0) {
-		rc = EXIT_RUNTIME;
-		goto out;
-	}
+/* Documents, and each one's place in the id arena. -ENOMEM */
+static int cut_text(struct tokbench *b)
+{
+	if (cut_documents(b->text.p, b->text.n, &b->docs, &b->nd) != 0)
+		return -ENOMEM;
 	/* Ids never outnumber the bytes (every token stands for at least one
 	 * byte), plus an SPM leading space per document. */
-	size_t id_cap = text.n + 8 * nd;
-	ids = cm_malloc(id_cap * sizeof(int32_t));
-	if (!ids) {
-		rc = EXIT_RUNTIME;
-		goto out;
-	}
+	size_t id_cap = b->text.n + 8 * b->nd;
+	b->ids = cm_malloc(id_cap * sizeof(int32_t));
+	if (!b->ids)
+		return -ENOMEM;
 	size_t used = 0;
-	for (size_t i = 0; i < nd; i++) {
-		docs[i].id_off = used;
-		used += docs[i].len + 8;
+	for (size_t i = 0; i < b->nd; i++) {
+		b->docs[i].id_off = used;
+		used += b->docs[i].len + 8;
 	}
+	return 0;
+}
 
-	double enc_best = 0, dec_best = 0;
-	uint64_t n_tokens = 0, dec_bytes = 0;
-	size_t roundtrip = 0;
-	for (int rep = 0; rep < p->reps; rep++) {
-		n_tokens = 0;
-		double t0 = cm_now();
-		for (size_t i = 0; i < nd; i++) {
-			struct doc *d = &docs[i];
-			r = engine_tokenize(tok, text.p + d->off, d->len, false, false,
-			                    ids + d->id_off, (int)(d->len + 8), &d->n_ids, &err);
-			if (r) {
-				fprintf(stderr, "edgelm-bench: tokenize: %s\n", err.msg);
-				rc = EXIT_RUNTIME;
-				goto out;
-			}
-			n_tokens += (uint64_t)d->n_ids;
+/* Every document encoded; returns seconds, < 0 after saying why. */
+static double encode_pass(struct tokbench *b)
+{
+	struct cm_err err = {0};
+	b->n_tokens = 0;
+	double t0 = cm_now();
+	for (size_t i = 0; i < b->nd; i++) {
+		struct doc *d = &b->docs[i];
+		int r = engine_tokenize(b->tok, b->text.p + d->off, d->len, false, false,
+		                        b->ids + d->id_off, (int)(d->len + 8), &d->n_ids, &err);
+		if (r) {
+			fprintf(stderr, "edgelm-bench: tokenize: %s\n", err.msg);
+			return -1;
 		}
-		double te = cm_now() - t0;
-		enc_best = rep == 0 ? te : CM_MIN(enc_best, te);
-		dec_bytes = 0;
-		t0 = cm_now();
-		for (size_t i = 0; i < nd; i++) {
-			struct doc *d = &docs[i];
-			char *out = NULL;
-			r = engine_detokenize(tok, ids + d->id_off, d->n_ids, false, &out, &err);
-			if (r) {
-				fprintf(stderr, "edgelm-bench: detokenize: %s\n", err.msg);
-				rc = EXIT_RUNTIME;
-				goto out;
-			}
-			size_t ol = strlen(out);
-			dec_bytes += ol;
-			if (rep == 0 && ol == d->len && memcmp(out, text.p + d->off, ol) == 0)
-				roundtrip++;
-			cm_free(out);
-		}
-		double td = cm_now() - t0;
-		dec_best = rep == 0 ? td : CM_MIN(dec_best, td);
+		b->n_tokens += (uint64_t)d->n_ids;
 	}
-	double enc_mbs = text.n / enc_best / 1e6, dec_mbs = dec_bytes / dec_best / 1e6;
-	double enc_tps = n_tokens / enc_best, dec_tps = n_tokens / dec_best;
+	return cm_now() - t0;
+}
+
+/* Every document decoded (the first pass also checks the round trip);
+ * returns seconds, < 0 after saying why. */
+static double decode_pass(struct tokbench *b, bool first)
+{
+	struct cm_err err = {0};
+	b->dec_bytes = 0;
+	double t0 = cm_now();
+	for (size_t i = 0; i < b->nd; i++) {
+		struct doc *d = &b->docs[i];
+		char *out = NULL;
+		int r = engine_detokenize(b->tok, b->ids + d->id_off, d->n_ids, false, &out, &err);
+		if (r) {
+			fprintf(stderr, "edgelm-bench: detokenize: %s\n", err.msg);
+			return -1;
+		}
+		size_t ol = strlen(out);
+		b->dec_bytes += ol;
+		if (first && ol == d->len && memcmp(out, b->text.p + d->off, ol) == 0)
+			b->roundtrip++;
+		cm_free(out);
+	}
+	return cm_now() - t0;
+}
+
+static void report(const struct tools_tokbench_params *p, const struct tokbench *b)
+{
+	size_t bytes = b->text.n;
+	double enc_mbs = bytes / b->enc_best / 1e6, dec_mbs = b->dec_bytes / b->dec_best / 1e6;
+	double enc_tps = b->n_tokens / b->enc_best, dec_tps = b->n_tokens / b->dec_best;
+	double bpt = (double)bytes / (double)CM_MAX(b->n_tokens, 1);
 	if (p->json) {
 		printf("{\"mode\":\"tokenize\",\"model\":");
 		tools_json_str(stdout, p->model);
-		printf(",\"n_vocab\":%d,\"source\":", engine_tokenizer_n_vocab(tok));
-		tools_json_str(stdout, source);
+		printf(",\"n_vocab\":%d,\"source\":", engine_tokenizer_n_vocab(b->tok));
+		tools_json_str(stdout, b->source);
 		printf(
 		    ",\"copies\":%d,\"bytes\":%zu,\"documents\":%zu,\"reps\":%d,\"tokens\":%llu,"
 		    "\"bytes_per_token\":%.3f,\"encode\":{\"mb_s\":%.3f,\"tok_s\":%.0f,"
 		    "\"seconds\":%.4f},\"decode\":{\"mb_s\":%.3f,\"tok_s\":%.0f,\"seconds\":%.4f},"
 		    "\"roundtrip_documents\":%zu}\n",
-		    copies, text.n, nd, p->reps, (unsigned long long)n_tokens,
-		    (double)text.n / (double)CM_MAX(n_tokens, 1), enc_mbs, enc_tps, enc_best,
-		    dec_mbs, dec_tps, dec_best, roundtrip);
-	} else {
-		printf("tokenizer    %s, %d tokens\n", base_name(p->model),
-		       engine_tokenizer_n_vocab(tok));
-		printf("text         %s, %d cop%s: %.2f MB in %zu documents of ~4 KiB\n", source,
-		       copies, copies == 1 ? "y" : "ies", text.n / 1e6, nd);
-		printf("tokens       %llu, %.2f bytes per token\n", (unsigned long long)n_tokens,
-		       (double)text.n / (double)CM_MAX(n_tokens, 1));
-		printf("encode       %.2f MB/s, %.0f tokens/s (best of %d)\n", enc_mbs, enc_tps,
-		       p->reps);
-		printf("decode       %.2f MB/s, %.0f tokens/s\n", dec_mbs, dec_tps);
-		printf("round trip   %zu of %zu documents decode to their exact text\n", roundtrip,
-		       nd);
+		    b->copies, bytes, b->nd, p->reps, (unsigned long long)b->n_tokens, bpt, enc_mbs,
+		    enc_tps, b->enc_best, dec_mbs, dec_tps, b->dec_best, b->roundtrip);
+		return;
 	}
-out:
-	cm_free(ids);
-	cm_free(docs);
-	cm_free(text.p);
-	cm_free(base.p);
-	engine_tokenizer_free(tok);
+	printf("tokenizer    %s, %d tokens\n", base_name(p->model),
+	       engine_tokenizer_n_vocab(b->tok));
+	printf("text         %s, %d cop%s: %.2f MB in %zu documents of ~4 KiB\n", b->source,
+	       b->copies, b->copies == 1 ? "y" : "ies", bytes / 1e6, b->nd);
+	printf("tokens       %llu, %.2f bytes per token\n", (unsigned long long)b->n_tokens, bpt);
+	printf("encode       %.2f MB/s, %.0f tokens/s (best of %d)\n", enc_mbs, enc_tps, p->reps);
+	printf("decode       %.2f MB/s, %.0f tokens/s\n", dec_mbs, dec_tps);
+	printf("round trip   %zu of %zu documents decode to their exact text\n", b->roundtrip,
+	       b->nd);
+}
+
+int tools_bench_tokenize(const struct tools_tokbench_params *p)
+{
+	struct tokbench b = {0};
+	struct cm_err err = {0};
+	int rc = 0;
+
+	/* the tokenizer alone, as engine_model_load(vocab_only) builds it, but
+	 * without the architecture check: the vocab files of architectures the
+	 * engine does not run (falcon, gpt2, phi3, starcoder2) are measured too */
+	if (engine_tokenizer_load(p->model, &b.tok, &err) != 0) {
+		if (strstr(err.msg, p->model))
+			fprintf(stderr, "edgelm-bench: %s\n", err.msg);
+		else
+			fprintf(stderr, "edgelm-bench: %s: %s\n", p->model, err.msg);
+		return EXIT_INPUT;
+	}
+	rc = load_text(p, &b);
+	if (!rc && cut_text(&b) != 0)
+		rc = EXIT_RUNTIME;
+	for (int rep = 0; rep < p->reps && !rc; rep++) {
+		double te = encode_pass(&b);
+		double td = te < 0 ? -1 : decode_pass(&b, rep == 0);
+		if (td < 0) {
+			rc = EXIT_RUNTIME;
+			break;
+		}
+		b.enc_best = rep == 0 ? te : CM_MIN(b.enc_best, te);
+		b.dec_best = rep == 0 ? td : CM_MIN(b.dec_best, td);
+	}
+	if (!rc)
+		report(p, &b);
+	tokbench_free(&b);
 	return rc;
 }

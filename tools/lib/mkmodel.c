@@ -272,7 +272,20 @@ static void llama3_freqs(float *f, uint32_t n_rot, float base)
 	}
 }
 
-int tools_mkmodel_main(int argc, char **argv)
+/* ---- options ----------------------------------------------------------------- */
+
+struct mkmodel_opts {
+	const struct shape *sh;
+	const struct tools_recipe *recipe;
+	const char *out;
+	const char *vocab; /* NULL: synthetic; may point to vocab_path */
+	long seed, threads;
+	uint32_t n_layer, n_ctx;
+	char vocab_path[4096];
+};
+
+/* The command line into o: -1 to go on, else the exit code. */
+static int mkmodel_opts_parse(int argc, char **argv, struct mkmodel_opts *o)
 {
 	static const struct option opts[] = {
 		{"shape", required_argument, NULL, 's'}, {"type", required_argument, NULL, 'T'},
@@ -281,71 +294,91 @@ int tools_mkmodel_main(int argc, char **argv)
 		{"threads", required_argument, NULL, 't'}, {"output", required_argument, NULL, 'o'},
 		{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
 	};
-	const char *shape_name = NULL, *vocab = NULL, *out = NULL, *type_name = "Q4_0";
+	const char *shape_name = NULL, *type_name = "Q4_0";
 	static const char G[] = "edgelm-gguf";
-	long seed = 1, layers = 0, ctx = 0, threads = 0;
+	long layers = 0, ctx = 0;
 	bool bad = false;
 	int c;
+	*o = (struct mkmodel_opts){.seed = 1};
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "s:T:v:S:l:c:t:o:h", opts, NULL)) != -1) {
 		switch (c) {
 		case 's': shape_name = optarg; break;
 		case 'T': type_name = optarg; break;
-		case 'v': vocab = optarg; break;
-		case 'S': bad |= tools_opt_long(G, "--seed", optarg, 0, LONG_MAX, &seed) != 0; break;
+		case 'v': o->vocab = optarg; break;
+		case 'S':
+			bad |= tools_opt_long(G, "--seed", optarg, 0, LONG_MAX, &o->seed) != 0;
+			break;
 		case 'l': bad |= tools_opt_long(G, "--layers", optarg, 0, 512, &layers) != 0; break;
 		case 'c': bad |= tools_opt_long(G, "--ctx", optarg, 0, INT32_MAX, &ctx) != 0; break;
-		case 't': bad |= tools_opt_long(G, "--threads", optarg, 0, 4096, &threads) != 0; break;
-		case 'o': out = optarg; break;
+		case 't':
+			bad |= tools_opt_long(G, "--threads", optarg, 0, 4096, &o->threads) != 0;
+			break;
+		case 'o': o->out = optarg; break;
 		case 'h': tools_mkmodel_usage(stdout); return 0;
 		default: tools_mkmodel_usage(stderr); return 1;
 		}
 	}
-	const struct shape *sh = NULL;
 	for (size_t i = 0; shape_name && i < CM_ARRAY_LEN(shapes); i++)
 		if (strcasecmp(shapes[i].name, shape_name) == 0)
-			sh = &shapes[i];
-	const struct tools_recipe *recipe = tools_recipe_find(type_name);
-	bool type_ok = recipe != NULL;
-	if (!sh || !out || !type_ok || bad || optind < argc) {
-		if (shape_name && !sh)
+			o->sh = &shapes[i];
+	o->recipe = tools_recipe_find(type_name);
+	if (!o->sh || !o->out || !o->recipe || bad || optind < argc) {
+		if (shape_name && !o->sh)
 			fprintf(stderr, "edgelm-gguf: unknown shape '%s'\n", shape_name);
-		if (!type_ok)
+		if (!o->recipe)
 			fprintf(stderr, "edgelm-gguf: unsupported type '%s'\n", type_name);
 		tools_mkmodel_usage(stderr);
 		return 1;
 	}
-	uint32_t n_layer = layers ? (uint32_t)layers : sh->n_layer;
-	uint32_t n_ctx = ctx ? (uint32_t)ctx : sh->n_ctx;
-	char vocab_path[4096] = "";
-	if (!vocab && sh->vocab) {
+	o->n_layer = layers ? (uint32_t)layers : o->sh->n_layer;
+	o->n_ctx = ctx ? (uint32_t)ctx : o->sh->n_ctx;
+	if (!o->vocab && o->sh->vocab) {
 		const char *root = getenv("EDGELM_TESTDATA");
-		snprintf(vocab_path, sizeof(vocab_path), "%s/vocab/%s", root && *root ? root : "../shared",
-			 sh->vocab);
-		vocab = vocab_path;
+		snprintf(o->vocab_path, sizeof(o->vocab_path), "%s/vocab/%s",
+			 root && *root ? root : "../shared", o->sh->vocab);
+		o->vocab = o->vocab_path;
 	}
-	if (vocab && strcmp(vocab, "synthetic") == 0)
-		vocab = NULL;
+	if (o->vocab && strcmp(o->vocab, "synthetic") == 0)
+		o->vocab = NULL;
+	return -1;
+}
 
-	struct cm_err err = {0};
-	struct gguf_writer *w = NULL;
-	struct gguf_file *vf = NULL;
-	struct gen_tensor *ts = NULL;
-	float *rope_f = NULL;
-	int rc = 2, nt = 0;
-	uint32_t n_vocab = 0;
-	quant_init();
-	if (gguf_writer_new(&w, &err) != 0)
-		goto fail;
+/* ---- the model --------------------------------------------------------------- */
+
+struct mkmodel {
+	struct gguf_writer *w;
+	struct gguf_file *vf; /* the vocab file, open until the model is written */
+	struct gen_tensor *ts;
+	int nt;
+	float *rope_f;
+	uint32_t n_vocab;
+	uint64_t total; /* bytes of tensor data */
+};
+
+static void mkmodel_free(struct mkmodel *m)
+{
+	for (int i = 0; m->ts && i < m->nt; i++)
+		free(m->ts[i].data);
+	free(m->ts);
+	free(m->rope_f);
+	gguf_close(m->vf);
+	gguf_writer_free(m->w);
+}
+
+/* general.* and the architecture's hyperparameters. */
+static void write_header(struct gguf_writer *w, const struct mkmodel_opts *o)
+{
+	const struct shape *sh = o->sh;
 	char key[128], gname[128];
 	snprintf(gname, sizeof(gname), "synthetic %s", sh->name);
 #define K(s) (snprintf(key, sizeof(key), "%s." s, sh->arch), key)
 	gguf_writer_set_str(w, "general.architecture", sh->arch);
 	gguf_writer_set_str(w, "general.name", gname);
-	gguf_writer_set_u32(w, "general.file_type", recipe->file_type);
-	gguf_writer_set_u32(w, K("context_length"), n_ctx);
+	gguf_writer_set_u32(w, "general.file_type", o->recipe->file_type);
+	gguf_writer_set_u32(w, K("context_length"), o->n_ctx);
 	gguf_writer_set_u32(w, K("embedding_length"), sh->n_embd);
-	gguf_writer_set_u32(w, K("block_count"), n_layer);
+	gguf_writer_set_u32(w, K("block_count"), o->n_layer);
 	gguf_writer_set_u32(w, K("feed_forward_length"), sh->n_ff);
 	gguf_writer_set_u32(w, K("attention.head_count"), sh->n_head);
 	gguf_writer_set_u32(w, K("attention.head_count_kv"), sh->n_head_kv);
@@ -363,117 +396,139 @@ int tools_mkmodel_main(int argc, char **argv)
 		gguf_writer_set_f32(w, K("final_logit_softcapping"), sh->final_softcap);
 	}
 #undef K
-	if (vocab) {
-		if (gguf_open(vocab, &vf, &err) != 0)
-			goto fail;
-		if (gguf_writer_copy_kv(w, vf, skip_non_tokenizer, NULL) != 0) {
-			cm_err_set(&err, -ENOMEM, "cannot copy the vocabulary");
-			goto fail;
-		}
-		const struct gguf_kv *kv = gguf_find_kv(vf, "tokenizer.ggml.tokens");
-		if (!kv || kv->type != GGUF_TYPE_ARRAY || kv->arr_type != GGUF_TYPE_STRING ||
-		    kv->arr_n == 0 || kv->arr_n > (1u << 22)) {
-			cm_err_set(&err, -EPROTO, "%s: no usable tokenizer.ggml.tokens", vocab);
-			goto fail;
-		}
-		n_vocab = (uint32_t)kv->arr_n;
-	} else if (synth_vocab(w, &n_vocab) != 0) {
-		cm_err_set(&err, -ENOMEM, "cannot build the synthetic vocabulary");
-		goto fail;
-	}
+}
 
-	/* The tensor list, in llama.cpp's order. */
-	size_t max_t = 4 + (size_t)n_layer * 16;
-	ts = calloc(max_t, sizeof(*ts));
-	if (!ts)
-		goto fail_oom;
+/* tokenizer.*: copied from the vocab file, else synthesized. */
+static int write_vocab(const struct mkmodel_opts *o, struct mkmodel *m, struct cm_err *err)
+{
+	if (!o->vocab) {
+		if (synth_vocab(m->w, &m->n_vocab) != 0)
+			return cm_err_set(err, -ENOMEM, "cannot build the synthetic vocabulary");
+		return 0;
+	}
+	if (gguf_open(o->vocab, &m->vf, err) != 0)
+		return -1;
+	if (gguf_writer_copy_kv(m->w, m->vf, skip_non_tokenizer, NULL) != 0)
+		return cm_err_set(err, -ENOMEM, "cannot copy the vocabulary");
+	const struct gguf_kv *kv = gguf_find_kv(m->vf, "tokenizer.ggml.tokens");
+	if (!kv || kv->type != GGUF_TYPE_ARRAY || kv->arr_type != GGUF_TYPE_STRING ||
+	    kv->arr_n == 0 || kv->arr_n > (1u << 22))
+		return cm_err_set(err, -EPROTO, "%s: no usable tokenizer.ggml.tokens", o->vocab);
+	m->n_vocab = (uint32_t)kv->arr_n;
+	return 0;
+}
+
+/* A matrix of nout rows of nin, of the type the recipe gives it. */
+static struct gen_tensor *add_mat(const struct mkmodel_opts *o, struct mkmodel *m,
+				  const char *name, uint32_t nin, uint32_t nout)
+{
+	const struct shape *sh = o->sh;
+	struct gen_tensor *t = &m->ts[m->nt++];
+	snprintf(t->name, sizeof(t->name), "%s", name);
+	t->n_dims = 2, t->ne[0] = nin, t->ne[1] = nout;
+	struct tools_tensor tt = {t->name, nin, (int)o->n_layer, (int)(sh->n_head / sh->n_head_kv),
+				  !strcmp(t->name, "output.weight") ||
+					  (sh->tied && !strcmp(t->name, "token_embd.weight"))};
+	t->type = tools_recipe_type(o->recipe, &tt, NULL, 0);
+	t->std = 1.0f / sqrtf((float)nin);
+	return t;
+}
+
+/* An f32 vector: N(0, sd), or `val` everywhere when sd is 0. */
+static struct gen_tensor *add_vec(struct mkmodel *m, const char *name, uint32_t n, float sd,
+				  float val)
+{
+	struct gen_tensor *t = &m->ts[m->nt++];
+	snprintf(t->name, sizeof(t->name), "%s", name);
+	t->n_dims = 1, t->ne[0] = n, t->ne[1] = 1;
+	t->type = ENGINE_DTYPE_F32, t->std = sd, t->value = val;
+	return t;
+}
+
+/* The tensors of layer l. */
+static void list_layer(const struct mkmodel_opts *o, struct mkmodel *m, uint32_t l)
+{
+	const struct shape *sh = o->sh;
 	uint32_t E = sh->n_embd, QD = sh->head_dim * sh->n_head, KD = sh->head_dim * sh->n_head_kv;
 	bool phi3 = strcmp(sh->arch, "phi3") == 0, gemma = strncmp(sh->arch, "gemma", 5) == 0;
 	bool post_norms = gemma && strcmp(sh->arch, "gemma") != 0;
-#define MAT(nm, nin, nout)                                                                 \
-	do {                                                                               \
-		struct gen_tensor *t_ = &ts[nt++];                                         \
-		snprintf(t_->name, sizeof(t_->name), "%s", nm);                            \
-		t_->n_dims = 2, t_->ne[0] = (nin), t_->ne[1] = (nout);                     \
-		struct tools_tensor tt_ = { t_->name, (nin), (int)n_layer,                \
-					    (int)(sh->n_head / sh->n_head_kv),            \
-					    !strcmp(t_->name, "output.weight") ||         \
-						    (sh->tied &&                          \
-						     !strcmp(t_->name, "token_embd.weight")) }; \
-		t_->type = tools_recipe_type(recipe, &tt_, NULL, 0);                       \
-		t_->std = 1.0f / sqrtf((float)(nin));                                      \
-	} while (0)
-#define VEC(nm, n, sd, val)                                                                \
-	do {                                                                               \
-		struct gen_tensor *t_ = &ts[nt++];                                         \
-		snprintf(t_->name, sizeof(t_->name), "%s", nm);                            \
-		t_->n_dims = 1, t_->ne[0] = (n), t_->ne[1] = 1;                            \
-		t_->type = ENGINE_DTYPE_F32, t_->std = (sd), t_->value = (val);            \
-	} while (0)
 	char nm[GGUF_MAX_NAME];
-	MAT("token_embd.weight", E, n_vocab);
+#define N(s) (snprintf(nm, sizeof(nm), "blk.%u." s, l), nm)
+	add_vec(m, N("attn_norm.weight"), E, 0, 1.0f);
+	if (phi3) {
+		add_mat(o, m, N("attn_qkv.weight"), E, QD + 2 * KD);
+	} else {
+		add_mat(o, m, N("attn_q.weight"), E, QD);
+		add_mat(o, m, N("attn_k.weight"), E, KD);
+		add_mat(o, m, N("attn_v.weight"), E, KD);
+	}
+	if (sh->qkv_bias) {
+		add_vec(m, N("attn_q.bias"), QD, 0.02f, 0);
+		add_vec(m, N("attn_k.bias"), KD, 0.02f, 0);
+		add_vec(m, N("attn_v.bias"), KD, 0.02f, 0);
+	}
+	if (sh->qk_norm) {
+		add_vec(m, N("attn_q_norm.weight"), sh->head_dim, 0, 1.0f);
+		add_vec(m, N("attn_k_norm.weight"), sh->head_dim, 0, 1.0f);
+	}
+	add_mat(o, m, N("attn_output.weight"), QD, E);
+	if (post_norms)
+		add_vec(m, N("post_attention_norm.weight"), E, 0, 1.0f);
+	add_vec(m, N("ffn_norm.weight"), E, 0, 1.0f);
+	if (phi3) {
+		add_mat(o, m, N("ffn_up.weight"), E, 2 * sh->n_ff); /* gate rows, then up */
+	} else {
+		add_mat(o, m, N("ffn_gate.weight"), E, sh->n_ff);
+		add_mat(o, m, N("ffn_up.weight"), E, sh->n_ff);
+	}
+	add_mat(o, m, N("ffn_down.weight"), sh->n_ff, E);
+	if (post_norms)
+		add_vec(m, N("post_ffw_norm.weight"), E, 0, 1.0f);
+#undef N
+}
+
+/* The tensor list, in llama.cpp's order. -ENOMEM */
+static int list_tensors(const struct mkmodel_opts *o, struct mkmodel *m)
+{
+	const struct shape *sh = o->sh;
+	size_t max_t = 4 + (size_t)o->n_layer * 16;
+	m->ts = calloc(max_t, sizeof(*m->ts));
+	if (!m->ts)
+		return -ENOMEM;
+	struct gen_tensor *emb = add_mat(o, m, "token_embd.weight", sh->n_embd, m->n_vocab);
 	/* embeddings: unit scale, RMSNorm follows; gemma scales them by
 	 * sqrt(n_embd) itself */
-	if (!gemma)
-		ts[nt - 1].std = 1.0f;
-	VEC("output_norm.weight", E, 0, 1.0f);
+	if (strncmp(sh->arch, "gemma", 5) != 0)
+		emb->std = 1.0f;
+	add_vec(m, "output_norm.weight", sh->n_embd, 0, 1.0f);
 	if (!sh->tied)
-		MAT("output.weight", E, n_vocab);
+		add_mat(o, m, "output.weight", sh->n_embd, m->n_vocab);
 	if (sh->llama3_rope) {
-		rope_f = malloc(sizeof(float) * sh->head_dim / 2);
-		if (!rope_f)
-			goto fail_oom;
-		llama3_freqs(rope_f, sh->head_dim, sh->rope_base);
-		VEC("rope_freqs.weight", sh->head_dim / 2, 0, 0);
-		ts[nt - 1].values = rope_f;
+		m->rope_f = malloc(sizeof(float) * sh->head_dim / 2);
+		if (!m->rope_f)
+			return -ENOMEM;
+		llama3_freqs(m->rope_f, sh->head_dim, sh->rope_base);
+		add_vec(m, "rope_freqs.weight", sh->head_dim / 2, 0, 0)->values = m->rope_f;
 	}
-	for (uint32_t l = 0; l < n_layer; l++) {
-#define N(s) (snprintf(nm, sizeof(nm), "blk.%u." s, l), nm)
-		VEC(N("attn_norm.weight"), E, 0, 1.0f);
-		if (phi3) {
-			MAT(N("attn_qkv.weight"), E, QD + 2 * KD);
-		} else {
-			MAT(N("attn_q.weight"), E, QD);
-			MAT(N("attn_k.weight"), E, KD);
-			MAT(N("attn_v.weight"), E, KD);
-		}
-		if (sh->qkv_bias) {
-			VEC(N("attn_q.bias"), QD, 0.02f, 0);
-			VEC(N("attn_k.bias"), KD, 0.02f, 0);
-			VEC(N("attn_v.bias"), KD, 0.02f, 0);
-		}
-		if (sh->qk_norm) {
-			VEC(N("attn_q_norm.weight"), sh->head_dim, 0, 1.0f);
-			VEC(N("attn_k_norm.weight"), sh->head_dim, 0, 1.0f);
-		}
-		MAT(N("attn_output.weight"), QD, E);
-		if (post_norms)
-			VEC(N("post_attention_norm.weight"), E, 0, 1.0f);
-		VEC(N("ffn_norm.weight"), E, 0, 1.0f);
-		if (phi3) {
-			MAT(N("ffn_up.weight"), E, 2 * sh->n_ff); /* gate rows, then up */
-		} else {
-			MAT(N("ffn_gate.weight"), E, sh->n_ff);
-			MAT(N("ffn_up.weight"), E, sh->n_ff);
-		}
-		MAT(N("ffn_down.weight"), sh->n_ff, E);
-		if (post_norms)
-			VEC(N("post_ffw_norm.weight"), E, 0, 1.0f);
-#undef N
-	}
-#undef MAT
-#undef VEC
-	for (int i = 0; i < nt; i++) {
-		struct gen_tensor *t = &ts[i];
+	for (uint32_t l = 0; l < o->n_layer; l++)
+		list_layer(o, m, l);
+	return 0;
+}
+
+/* Every tensor's values, on up to 16 threads. -ENOMEM */
+static int fill_tensors(const struct mkmodel_opts *o, struct mkmodel *m)
+{
+	for (int i = 0; i < m->nt; i++) {
+		struct gen_tensor *t = &m->ts[i];
 		t->row_bytes = dtype_row_size(t->type, t->ne[0]);
 		t->data = malloc(t->row_bytes * (size_t)t->ne[1]);
 		if (!t->data)
-			goto fail_oom;
+			return -ENOMEM;
 	}
-	struct gen_job job = {.t = ts, .n = nt, .seed = mix64((uint64_t)seed)};
+	struct gen_job job = {.t = m->ts, .n = m->nt, .seed = mix64((uint64_t)o->seed)};
 	pthread_mutex_init(&job.mu, NULL);
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-	int nth = threads > 0 ? (int)threads : (int)(ncpu > 0 ? CM_MIN(ncpu, 16) : 1);
+	int nth = o->threads > 0 ? (int)o->threads : (int)(ncpu > 0 ? CM_MIN(ncpu, 16) : 1);
 	pthread_t th[16];
 	int started = 0;
 	for (int i = 1; i < nth && i < 16; i++)
@@ -483,34 +538,58 @@ int tools_mkmodel_main(int argc, char **argv)
 	for (int i = 0; i < started; i++)
 		pthread_join(th[i], NULL);
 	pthread_mutex_destroy(&job.mu);
-	if (job.failed)
-		goto fail_oom;
-	uint64_t total = 0;
-	for (int i = 0; i < nt; i++) {
-		if (gguf_writer_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne,
-					   ts[i].data, &err) != 0)
-			goto fail;
-		total += ts[i].row_bytes * (uint64_t)ts[i].ne[1];
+	return job.failed ? -ENOMEM : 0;
+}
+
+/* Metadata, vocabulary and tensors in memory. Returns the exit code. */
+static int mkmodel_build(const struct mkmodel_opts *o, struct mkmodel *m, struct cm_err *err)
+{
+	quant_init();
+	if (gguf_writer_new(&m->w, err) != 0)
+		return 2;
+	write_header(m->w, o);
+	if (write_vocab(o, m, err) != 0)
+		return 2;
+	if (list_tensors(o, m) != 0 || fill_tensors(o, m) != 0) {
+		cm_err_set(err, -ENOMEM, "out of memory");
+		return 2;
 	}
-	if (gguf_writer_write(w, out, &err) != 0) {
-		rc = 3;
-		goto fail;
+	return 0;
+}
+
+/* The tensors into the writer, then the file. Returns the exit code. */
+static int mkmodel_write(const struct mkmodel_opts *o, struct mkmodel *m, struct cm_err *err)
+{
+	for (int i = 0; i < m->nt; i++) {
+		const struct gen_tensor *t = &m->ts[i];
+		if (gguf_writer_add_tensor(m->w, t->name, t->type, t->n_dims, t->ne, t->data,
+					   err) != 0)
+			return 2;
+		m->total += t->row_bytes * (uint64_t)t->ne[1];
 	}
-	fprintf(stderr, "edgelm-gguf: wrote %s: %s, %u layers, vocab %u, %s weights, %.1f MiB\n",
-		out, sh->name, n_layer, n_vocab, recipe->name,
-		(double)total / (1 << 20));
-	rc = 0;
-	goto out;
-fail_oom:
-	cm_err_set(&err, -ENOMEM, "out of memory");
-fail:
-	fprintf(stderr, "edgelm-gguf: mkmodel: %s\n", err.msg);
-out:
-	for (int i = 0; ts && i < nt; i++)
-		free(ts[i].data);
-	free(ts);
-	free(rope_f);
-	gguf_close(vf);
-	gguf_writer_free(w);
+	if (gguf_writer_write(m->w, o->out, err) != 0)
+		return 3;
+	return 0;
+}
+
+int tools_mkmodel_main(int argc, char **argv)
+{
+	struct mkmodel_opts o;
+	int rc = mkmodel_opts_parse(argc, argv, &o);
+	if (rc >= 0)
+		return rc;
+	struct mkmodel m = {0};
+	struct cm_err err = {0};
+	rc = mkmodel_build(&o, &m, &err);
+	if (!rc)
+		rc = mkmodel_write(&o, &m, &err);
+	if (rc)
+		fprintf(stderr, "edgelm-gguf: mkmodel: %s\n", err.msg);
+	else
+		fprintf(stderr,
+			"edgelm-gguf: wrote %s: %s, %u layers, vocab %u, %s weights, %.1f MiB\n",
+			o.out, o.sh->name, o.n_layer, m.n_vocab, o.recipe->name,
+			(double)m.total / (1 << 20));
+	mkmodel_free(&m);
 	return rc;
 }
