@@ -9,6 +9,8 @@
  * aarch64: getauxval hwcaps. Fake trees: the flags of <procfs>/cpuinfo. */
 #include "tuning/tuning_impl.h"
 
+#include "common/cpu.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,13 +19,11 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #include <libcpuid/libcpuid.h>
-#elif defined(__aarch64__)
-#include <sys/auxv.h>
 #endif
 
 #define BIT(r, n) ((((r) >> (n)) & 1u) != 0)
 
-void tuning_isa_format(const struct tuning_isa *isa, char *buf, size_t len)
+void tuning_isa_format(const struct cm_cpu_isa *isa, char *buf, size_t len)
 {
 	const struct {
 		const char *name;
@@ -143,7 +143,7 @@ int tuning_cpu_parse_cpuinfo(const char *text, struct tuning_cpu *cpu)
 	memset(cpu, 0, sizeof(*cpu));
 	cpu->l1d_kib = cpu->l2_kib = cpu->l3_kib = -1;
 	tuning_strlcpy(cpu->source, "cpuinfo", sizeof(cpu->source));
-	struct tuning_isa *i = &cpu->isa;
+	struct cm_cpu_isa *i = &cpu->isa;
 	if (tuning_text_field(text, "flags", v, sizeof(v)) == 0) {
 		tuning_strlcpy(cpu->arch, "x86_64", sizeof(cpu->arch));
 		tuning_text_field(text, "vendor_id", cpu->vendor, sizeof(cpu->vendor));
@@ -202,18 +202,25 @@ int tuning_cpu_parse_cpuinfo(const char *text, struct tuning_cpu *cpu)
 	return 0;
 }
 
+/* The ISA bits of the common probe (common/cpu.h), as the engine sees them. */
+static void take_probe(struct tuning_cpu *cpu)
+{
+	struct cm_cpu p;
+	cm_cpu_probe(&p);
+	tuning_strlcpy(cpu->arch, p.arch, sizeof(cpu->arch));
+	tuning_strlcpy(cpu->source, p.source, sizeof(cpu->source));
+	cpu->cpu_has = p.has;
+	cpu->isa = p.usable;
+	cpu->os_avx = p.os_avx;
+	cpu->os_avx512 = p.os_avx512;
+	cpu->os_amx = p.os_amx;
+	cpu->hypervisor = p.hypervisor;
+	cpu->amx_permitted = cpu->isa.amx_tile && cm_amx_permitted();
+}
+
 /* ---- x86: CPUID + XGETBV + libcpuid ------------------------------------- */
 
 #if defined(__x86_64__) || defined(__i386__)
-
-static uint64_t xgetbv0(void)
-{
-	uint32_t lo, hi;
-	/* Encoded as bytes so the file needs no -mxsave. Valid only when
-	 * CPUID.1:ECX.OSXSAVE is set (checked by the caller). */
-	__asm__ volatile(".byte 0x0f, 0x01, 0xd0" : "=a"(lo), "=d"(hi) : "c"(0));
-	return ((uint64_t)hi << 32) | lo;
-}
 
 static void trim_right(char *s)
 {
@@ -224,70 +231,8 @@ static void trim_right(char *s)
 
 static void detect_x86(struct tuning_cpu *cpu)
 {
-	unsigned a, b, c, d;
-	unsigned c1 = 0, b7 = 0, c7 = 0, d7 = 0, a71 = 0;
-
-	tuning_strlcpy(cpu->arch, "x86_64", sizeof(cpu->arch));
-	tuning_strlcpy(cpu->source, "cpuid+xgetbv", sizeof(cpu->source));
-	if (!__get_cpuid_count(1, 0, &a, &b, &c, &d))
-		return;
-	c1 = c;
-	unsigned max_leaf = __get_cpuid_max(0, NULL);
-	if (max_leaf >= 7 && __get_cpuid_count(7, 0, &a, &b, &c, &d)) {
-		unsigned max_sub = a;
-		b7 = b;
-		c7 = c;
-		d7 = d;
-		if (max_sub >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d))
-			a71 = a;
-	}
-	uint64_t xcr0 = BIT(c1, 27) ? xgetbv0() : 0; /* OSXSAVE */
-
-	struct tuning_isa *h = &cpu->cpu_has;
-	h->sse42 = BIT(c1, 20);
-	h->fma = BIT(c1, 12);
-	h->avx = BIT(c1, 28);
-	h->f16c = BIT(c1, 29);
-	h->avx2 = BIT(b7, 5);
-	h->avx512f = BIT(b7, 16);
-	h->avx512dq = BIT(b7, 17);
-	h->avx512cd = BIT(b7, 28);
-	h->avx512bw = BIT(b7, 30);
-	h->avx512vl = BIT(b7, 31);
-	h->avx512vbmi = BIT(c7, 1);
-	h->avx512vnni = BIT(c7, 11);
-	h->amx_bf16 = BIT(d7, 22);
-	h->amx_tile = BIT(d7, 24);
-	h->amx_int8 = BIT(d7, 25);
-	h->avxvnni = BIT(a71, 4);
-	h->avx512bf16 = BIT(a71, 5);
-	cpu->hypervisor = BIT(c1, 31);
-
-	/* XCR0 bits: 1 SSE, 2 AVX (upper YMM); 5 opmask, 6 ZMM0-15 upper
-	 * halves, 7 ZMM16-31; 17 XTILECFG, 18 XTILEDATA. */
-	cpu->os_avx = (xcr0 & 0x6) == 0x6;
-	cpu->os_avx512 = cpu->os_avx && (xcr0 & 0xe0) == 0xe0;
-	cpu->os_amx = (xcr0 & 0x60000) == 0x60000;
-
-	struct tuning_isa *u = &cpu->isa;
-	u->sse42 = h->sse42;
-	u->avx = h->avx && cpu->os_avx;
-	u->fma = u->avx && h->fma;
-	u->f16c = u->avx && h->f16c;
-	u->avx2 = u->avx && h->avx2;
-	u->avxvnni = u->avx2 && h->avxvnni;
-	u->avx512f = cpu->os_avx512 && h->avx512f;
-	u->avx512dq = u->avx512f && h->avx512dq;
-	u->avx512cd = u->avx512f && h->avx512cd;
-	u->avx512bw = u->avx512f && h->avx512bw;
-	u->avx512vl = u->avx512f && h->avx512vl;
-	u->avx512vbmi = u->avx512f && h->avx512vbmi;
-	u->avx512vnni = u->avx512f && h->avx512vnni;
-	u->avx512bf16 = u->avx512f && h->avx512bf16;
-	u->amx_tile = cpu->os_amx && h->amx_tile;
-	u->amx_int8 = u->amx_tile && h->amx_int8;
-	u->amx_bf16 = u->amx_tile && h->amx_bf16;
-	cpu->amx_permitted = u->amx_tile && cm_amx_permitted();
+	take_probe(cpu);
+	const struct cm_cpu_isa *h = &cpu->cpu_has;
 
 	/* Identity and caches from libcpuid; ISA bits above stay authoritative. */
 	struct cpu_raw_data_t raw;
@@ -348,7 +293,7 @@ int tuning_cpu_amx_request(struct tuning_cpu *cpu, struct cm_err *err)
 	return 0;
 }
 
-void tuning_cpu_engine_isa(const struct tuning_cpu *cpu, struct tuning_isa *ret)
+void tuning_cpu_engine_isa(const struct tuning_cpu *cpu, struct cm_cpu_isa *ret)
 {
 	*ret = cpu->isa;
 	/* Only the live CPU can have the permission; a report read from a fake
@@ -358,43 +303,6 @@ void tuning_cpu_engine_isa(const struct tuning_cpu *cpu, struct tuning_isa *ret)
 		ret->amx_tile = ret->amx_int8 = ret->amx_bf16 = false;
 }
 
-#elif defined(__aarch64__)
-
-/* Values from the arm64 ABI (asm/hwcap.h), for older headers. */
-#define HWCAP_ASIMD_ (1ul << 1)
-#define HWCAP_ASIMDHP_ (1ul << 10)
-#define HWCAP_ASIMDDP_ (1ul << 20)
-#define HWCAP_SVE_ (1ul << 22)
-#define HWCAP2_I8MM_ (1ul << 13)
-#define HWCAP2_BF16_ (1ul << 14)
-
-static void detect_arm(struct tuning_cpu *cpu)
-{
-	unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
-	struct tuning_isa *i = &cpu->isa;
-	tuning_strlcpy(cpu->arch, "aarch64", sizeof(cpu->arch));
-	tuning_strlcpy(cpu->source, "hwcap", sizeof(cpu->source));
-	/* hwcaps are set by the kernel, so they are OS-supported by definition */
-	i->neon = (hw & HWCAP_ASIMD_) != 0;
-	i->asimdhp = i->neon && (hw & HWCAP_ASIMDHP_) != 0;
-	i->dotprod = i->neon && (hw & HWCAP_ASIMDDP_) != 0;
-	i->sve = (hw & HWCAP_SVE_) != 0;
-	i->i8mm = i->neon && (hw2 & HWCAP2_I8MM_) != 0;
-	i->bf16 = i->neon && (hw2 & HWCAP2_BF16_) != 0;
-	cpu->cpu_has = *i;
-}
-
-int tuning_cpu_amx_request(struct tuning_cpu *cpu, struct cm_err *err)
-{
-	return cm_err_set(err, -EOPNOTSUPP, "amx: not an x86 CPU");
-}
-
-void tuning_cpu_engine_isa(const struct tuning_cpu *cpu, struct tuning_isa *ret)
-{
-	*ret = cpu->isa;
-	ret->amx_tile = ret->amx_int8 = ret->amx_bf16 = false;
-}
-
 #else
 
 int tuning_cpu_amx_request(struct tuning_cpu *cpu, struct cm_err *err)
@@ -402,7 +310,7 @@ int tuning_cpu_amx_request(struct tuning_cpu *cpu, struct cm_err *err)
 	return cm_err_set(err, -EOPNOTSUPP, "amx: not an x86 CPU");
 }
 
-void tuning_cpu_engine_isa(const struct tuning_cpu *cpu, struct tuning_isa *ret)
+void tuning_cpu_engine_isa(const struct tuning_cpu *cpu, struct cm_cpu_isa *ret)
 {
 	*ret = cpu->isa;
 	ret->amx_tile = ret->amx_int8 = ret->amx_bf16 = false;
@@ -416,10 +324,8 @@ int tuning_cpu_detect(struct tuning_cpu *cpu, struct cm_err *err)
 	cpu->l1d_kib = cpu->l2_kib = cpu->l3_kib = -1;
 #if defined(__x86_64__) || defined(__i386__)
 	detect_x86(cpu);
-#elif defined(__aarch64__)
-	detect_arm(cpu);
 #else
-	tuning_strlcpy(cpu->source, "none", sizeof(cpu->source));
+	take_probe(cpu);
 #endif
 	return 0;
 }

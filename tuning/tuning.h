@@ -32,6 +32,7 @@
 #define EDGELM_TUNING_H
 
 #include "common/common.h"
+#include "common/cpu.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -104,28 +105,15 @@ int tuning_cpuset_format(const struct tuning_cpuset *s, char *buf, size_t len);
 
 /* ---- CPU identity and instruction sets ---------------------------------- */
 
-/* Instruction sets that can actually be used: the CPU has them and the OS
- * saves their registers (XGETBV). The first fields are exactly those of the
- * engine's struct kern_caps, same names, so the daemon copies them one by
- * one (use tuning_cpu_engine_isa() for the AMX permission rule). */
-struct tuning_isa {
-	bool avx2, fma, f16c;
-	bool avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avx512bf16;
-	bool avxvnni;
-	bool amx_tile, amx_int8, amx_bf16;
-	bool neon, dotprod, i8mm;
-	/* extras for the report */
-	bool sse42, avx, avx512cd, avx512vbmi, sve, asimdhp, bf16;
-};
-
 struct tuning_cpu {
 	char arch[16];   /* "x86_64", "aarch64" */
 	char vendor[32]; /* "GenuineIntel", "AuthenticAMD", "ARM", ... */
 	char model[96];  /* "model name" of /proc/cpuinfo, else the CPUID brand string */
 	int family, model_id, stepping; /* x86 display family/model; ARM: implementer/part */
 	char source[48];           /* where the ISA came from: "cpuid+xgetbv", "hwcap", "cpuinfo" */
-	struct tuning_isa isa;     /* usable (CPU + OS) */
-	struct tuning_isa cpu_has; /* what the CPU reports, before the OS check */
+	/* the common probe's (common/cpu.h), or a fake tree's cpuinfo */
+	struct cm_cpu_isa isa;     /* usable (CPU + OS) */
+	struct cm_cpu_isa cpu_has; /* what the CPU reports, before the OS check */
 	bool os_avx;               /* XCR0: OS saves YMM */
 	bool os_avx512;            /* XCR0: OS saves opmask + ZMM */
 	bool os_amx;               /* XCR0: OS saves XTILECFG + XTILEDATA */
@@ -151,9 +139,9 @@ int tuning_cpu_parse_cpuinfo(const char *text, struct tuning_cpu *cpu);
 int tuning_cpu_amx_request(struct tuning_cpu *cpu, struct cm_err *err);
 /* The caps to hand to the engine: cpu->isa, with AMX cleared unless the
  * kernel has granted permission (checked now, on x86). */
-void tuning_cpu_engine_isa(const struct tuning_cpu *cpu, struct tuning_isa *ret);
+void tuning_cpu_engine_isa(const struct tuning_cpu *cpu, struct cm_cpu_isa *ret);
 /* "avx2 fma f16c avx512f ..." of the set flags (kern_caps fields first). */
-void tuning_isa_format(const struct tuning_isa *isa, char *buf, size_t len);
+void tuning_isa_format(const struct cm_cpu_isa *isa, char *buf, size_t len);
 
 /* ---- detection report --------------------------------------------------- */
 

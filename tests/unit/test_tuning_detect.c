@@ -263,7 +263,7 @@ static void test_live(void)
 		TEST_SKIP("this CPU has no AVX-512: ISA assertions skipped");
 	else
 		CHECK(r.cpu.isa.avx512f && r.cpu.os_avx512);
-	struct tuning_isa eng;
+	struct cm_cpu_isa eng;
 	tuning_cpu_engine_isa(&r.cpu, &eng);
 	CHECK_EQ_INT(eng.avx512f, r.cpu.isa.avx512f);
 	if (!r.cpu.isa.amx_tile)
