@@ -11,11 +11,9 @@
 #include <stdatomic.h>
 #include <string.h>
 
-/* Four floats, two or four doubles in GCC's vector extension, for the
- * element-wise loops of model.c and matmul.c: -O2's cost model leaves a
- * loop of unknown count scalar, and these files are built for the baseline
- * ISA (SSE2 on x86-64, NEON on aarch64), whose registers are 16 bytes: a
- * v4d is for converting four floats at once, not for a loop-carried value
+/* GCC's vector extension for the element-wise loops of forward.c and
+ * matmul.c, which -O2 leaves scalar. The baseline ISA's registers are 16
+ * bytes: a v4d converts four floats at once but is no loop-carried value
  * (GCC keeps that in memory). Element for element the scalar expressions. */
 typedef float v4f __attribute__((vector_size(16)));
 typedef double v2d __attribute__((vector_size(16)));
@@ -49,13 +47,8 @@ int pool_size(const struct pool *p);
 void pool_run(struct pool *p, pool_fn fn, void *arg);
 
 /* Ask for every cache line of n bytes at p before a serial pass reads
- * them. The rows a run leaves behind (a matmul's outputs, attention's) are
- * partly in the other cores' caches; a scalar loop over them keeps few of
- * those transfers in flight (each a cross-core round trip): on the Zen 5
- * VM the norm of TinyLlama's 8 KiB hidden state took 16 us in decode, and
- * 1.6 us with its lines asked for first. The whole step gained less than
- * that (Qwen2.5 0.5B +1-2 %, TinyLlama within the noise): the hardware
- * prefetchers had been streaming the next weights meanwhile. */
+ * them: the rows a parallel run leaves behind sit partly in other cores'
+ * caches, and a scalar loop keeps few of those round trips in flight. */
 static inline void prefetch_bytes(const void *p, size_t n)
 {
 	const char *b = p;
@@ -82,9 +75,12 @@ struct pool_ranges {
 void pool_ranges_init(struct pool_ranges *r, int64_t total, int n);
 int64_t pool_ranges_claim(struct pool_ranges *r, int ith);
 
-/* ---- model (model.c) ----------------------------------------------------- */
+/* ---- model (model.c; reading a GGUF per architecture: model_load.c) ------ */
 
-enum arch_kind { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_PHI3, ARCH_GEMMA, ARCH_GEMMA2, ARCH_GEMMA3 };
+enum arch_kind {
+	ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_PHI3, ARCH_GEMMA, ARCH_GEMMA2, ARCH_GEMMA3,
+	ARCH_COUNT
+};
 enum rope_kind { ROPE_NORM, ROPE_NEOX };
 enum ffn_act { FFN_SILU, FFN_GELU }; /* SwiGLU, or GeGLU with tanh GELU (gemma) */
 
@@ -137,6 +133,48 @@ struct hparams {
 	float final_softcap;     /* gemma2: the same on the logits; 0: off */
 };
 
+/* ---- the weight table (model_weights.c) ----------------------------------
+ * Every tensor view the model computes with, listed once as loading fills
+ * it, and where their bytes lie. Relocation, repacking and the model's info
+ * walk this list; none of them knows the model's fields. */
+enum engine_wref_kind {
+	ENGINE_WREF_MATMUL, /* a matrix the forward pass multiplies by */
+	ENGINE_WREF_LOOKUP, /* a matrix read a row at a time: the token embedding */
+	ENGINE_WREF_VECTOR, /* an f32 vector: norm, bias, rope factors */
+};
+
+struct engine_wref {
+	enum engine_wref_kind kind;
+	union {
+		struct weight *w; /* MATMUL, LOOKUP */
+		const float **v;  /* VECTOR */
+	};
+};
+
+struct engine_weights {
+	struct engine_wref *ref; /* in the order loading filled them */
+	int n, cap;
+	const struct gguf_file *file; /* the bytes the views first point into */
+	void *relocated; /* the copy they point into now (engine_weights_rebase), or NULL */
+	/* the anonymous copy repacking made, owned (relocated points at it);
+	 * own_copy_len is whole 2 MiB pages */
+	void *own_copy;
+	size_t own_copy_len;
+};
+
+/* Add a view the caller has filled; -ENOMEM. */
+int engine_weights_add_matrix(struct engine_weights *ws, struct weight *w,
+			      enum engine_wref_kind kind);
+int engine_weights_add_vector(struct engine_weights *ws, const float **v);
+/* The bytes the views lie in: the copy, or the file's. */
+void engine_weights_span(const struct engine_weights *ws, void **ret_addr, size_t *ret_len);
+/* Point every view into `buf`, a copy of the file's bytes, and let the
+ * mapping's pages go. */
+void engine_weights_rebase(struct engine_weights *ws, void *buf);
+/* Free the list and unmap the own copy (views into it dangle after: call
+ * it only as the model goes). */
+void engine_weights_fini(struct engine_weights *ws);
+
 struct engine_model {
 	struct gguf_file *file;
 	struct hparams hp;
@@ -147,11 +185,7 @@ struct engine_model {
 	void **owned; /* converted vectors to free */
 	int n_owned, cap_owned;
 	bool vocab_only;
-	void *relocated; /* engine_model_relocate's buffer, or NULL */
-	/* the anonymous copy repacking made (repack.c), owned: relocated
-	 * points at it; own_copy_len is whole 2 MiB pages */
-	void *own_copy;
-	size_t own_copy_len;
+	struct engine_weights weights; /* every view above, and where it lies */
 	engine_tokenizer *tok;
 	const struct kern_ops *kern;
 	struct pool *pool;
@@ -159,26 +193,28 @@ struct engine_model {
 	struct engine_model_info info;
 };
 
-/* Every matmul weight of the model (layers, then the output), in a new
- * array (*ret, cm_free it); returns the count. */
-int engine_model_matrices(engine_model *m, struct weight ***ret);
-/* Point every tensor into `buf`, a copy of the file's bytes, and let the
- * mapping's pages go (engine_model_relocate without the copy). */
-void model_rebase(engine_model *m, void *buf);
+/* The architecture named in the file (general.architecture) and the
+ * model's name into m->hp and m->info (model_load.c). */
+int engine_model_read_arch(engine_model *m, struct cm_err *err);
+/* The hyperparameters and every tensor the architecture needs, checked
+ * against it, into m->hp, m->layers and m->weights; m->kern and
+ * m->hp.n_vocab must be set. A tensor the architecture would not use is an
+ * error. */
+int engine_model_read_weights(engine_model *m, struct cm_err *err);
+const char *engine_arch_name(enum arch_kind a);
 
 /* ---- load-time repacking (repack.c) --------------------------------------
- * Repack the Q4_0/Q8_0 matrices into the kernel variant's x16 layout, in
- * place (the mapping's pages become private copies). mode: 0 auto (when the
- * variant reads the layout and the repacked bytes are at most half of the
- * RAM), 1 on (whatever the size), -1 off. seg_bytes: the K-segment of a
- * panel (engine_params.repack_segment). Fills info.n_x16_tensors,
- * info.n_x16_segmented and info.x16_bytes. */
-int engine_model_repack(engine_model *m, int mode, int seg_bytes, struct cm_err *err);
-/* Rows per group of the repacked layout: the panels of a group are cut
- * into K-segments together (repack.c), and matmul.c's chunks of a repacked
- * weight are whole groups. 128 (8 panels) against 64: decode +3-4 % on the
- * Q4_0 and Q8_0 shapes, +1 % Q4_K_M, prefill 128 +2 % (paired runs);
- * 256 gained no more. */
+ * Repack the MATMUL views of `ws` of the types the kernel variant has x16
+ * kernels for into its x16 layout, in place (first moving the weights to
+ * an anonymous copy in huge pages where it can). mode: 0 auto (when the
+ * repacked bytes are at most half of the RAM), 1 on (whatever the size), -1
+ * off. seg_bytes: the K-segment of a panel (engine_params.repack_segment).
+ * Fills info's n_x16_tensors, n_x16_segmented, x16_bytes and weights_anon. */
+int engine_repack(struct engine_weights *ws, const struct kern_ops *kern, struct pool *pool,
+		  int mode, int seg_bytes, struct engine_model_info *info, struct cm_err *err);
+/* Rows per group of the repacked layout: a group's panels are cut into
+ * K-segments together (repack.c), and matmul.c's chunks of a repacked
+ * weight are whole groups. */
 #define ENGINE_X16_GROUP 128
 /* Where K-segment `b0` (its first block) of the group holding rows
  * [r0, ..) starts, the group's rows being nr (128, or fewer at the end). */
@@ -192,7 +228,7 @@ static inline const uint8_t *engine_x16_segment(const struct weight *w, int64_t 
  * embedding lookup in an output tied to it), `row` row_bytes long. */
 void engine_x16_row(const struct weight *w, int64_t r, void *row);
 
-/* ---- context (model.c) --------------------------------------------------- */
+/* ---- context (ctx.c; the forward pass: forward.c) ------------------------ */
 
 struct engine_ctx {
 	engine_model *m;

@@ -1,39 +1,32 @@
 /* engine/repack.c: load-time repacking of Q4_0, Q8_0, Q4_K and Q6_K
  * weights into the kernels' x16 layout (kern.h).
  *
+ * It works on the weight table it is given (struct engine_weights) and
+ * knows nothing of the model; model.c calls it once the weights are loaded.
+ *
  * The panels take exactly the bytes of the 16 rows they replace, so each
  * matrix is rewritten in place. The pages written become the process's own
- * memory either way (the file is never modified), which is the memory cost
- * reported in info.x16_bytes, so the weights are first copied into a
- * 2 MiB-aligned anonymous buffer advised MADV_HUGEPAGE (info.weights_anon):
- * the kernel backs that with huge pages where transparent huge pages are
- * on, which a file mapping never gets (one TLB entry per 2 MiB instead of
- * per 4 KiB: decode +15% on this box, docs/performance.md §2). Where the
- * copy cannot be made, the matrices are rewritten in the file's private
- * mapping instead. The page cache copy of the file is no longer used and
- * the kernel may drop it. An output
- * tied to the token embedding is repacked too (on Llama 3.2 1B and Qwen2.5
- * 0.5B it is 28-41% of the bytes read per token); the embedding lookup then
- * takes its row out of the panels (engine_x16_row).
+ * memory either way (info.x16_bytes; the file is never modified), so the
+ * weights are first copied into a 2 MiB-aligned anonymous buffer advised
+ * MADV_HUGEPAGE (info.weights_anon), which transparent huge pages can back
+ * and a file mapping never is; where that copy cannot be made, the
+ * matrices are rewritten in the file's private mapping. An output tied to
+ * the token embedding is repacked too, and the embedding lookup takes its
+ * row out of the panels (engine_x16_row).
  *
  * K-segments. A matrix whose panels are longer than a segment (by type,
  * segment_default() below; engine_params.repack_segment) is cut along its
  * rows into segments of equal block counts (even where possible, so that
- * blocks stay in pairs), each packed as panels of its own (rows as long as
- * the segment). The rows go in groups of ENGINE_X16_GROUP (128; the last
- * group may have fewer whole panels); a group holds its first segment's
- * panels, then its second's, and so on:
+ * blocks stay in pairs), each packed as panels of its own. The rows go in
+ * groups of ENGINE_X16_GROUP (the last group may have fewer whole panels);
+ * a group holds its first segment's panels, then its second's, and so on:
  *     group g: [seg 0: panel 0 .. panel 7][seg 1: panel 0 .. panel 7] ...
  * so that a group is still one forward stream, while the kernel reads a
- * segment's slice of the activation again for each of the group's panels
- * after a few KiB of weights instead of after a whole row's. Paired
- * decode runs: TinyLlama and Llama 3.2 Q4_0 +8-20 %, Qwen2.5 +4-8 %
- * (docs/performance.md §4). Why it pays is not settled: the activation's
- * reuse distance is the obvious reading, but the K-quants neither gained
- * nor lost, and Q8_0 lost when cut in groups of 64 rows; so the segment
- * sizes are measured per type. matmul.c runs a group's segments one after
- * the other into the same output, the kernels' accumulators starting from
- * it for every segment but the first (kern.h's from_s), so the results
+ * segment's slice of the activation again after a few KiB of weights
+ * instead of after a whole row's. Why that pays is not settled, so the
+ * segment sizes are measured per type (docs/performance.md §4). matmul.c
+ * runs a group's segments one after the other into the same output, the
+ * kernels' accumulators starting from it (kern.h's from_s), so the results
  * equal one pass over the whole rows bit for bit.
  *
  * The work is split into groups that the pool's threads claim from one
@@ -56,13 +49,8 @@ struct repack_job {
 	_Alignas(64) atomic_long next;
 };
 
-/* The default K-segment of a panel, by type (0: rows not cut), from paired
- * decode runs on this box (docs/performance.md §4), with groups of 128
- * rows: Q4_0 and Q8_0 12 KiB (a 2048-element Q4_0 row in two halves:
- * TinyLlama and Llama 3.2 +8-20 %; Q8_0 rows in three: TinyLlama +2-5 %
- * against cutting only rows wider than 2048, and Qwen2.5's 896-element
- * Q8_0 output in two, +2.5 %); 4.6-6.3 KiB Q4_0 segments gained less. The
- * K-quants uncut: 8-40 KiB segments all within 3 % of uncut. */
+/* The default K-segment of a panel, by type (0: rows not cut), as paired
+ * decode runs chose them (docs/performance.md §4). */
 static size_t segment_default(uint32_t type)
 {
 	return type == ENGINE_DTYPE_Q4_0 || type == ENGINE_DTYPE_Q8_0 ? 12288 : 0;
@@ -174,13 +162,14 @@ static void copy_worker(void *arg, int ith, int nth)
 }
 
 /* Copy the weights into 2 MiB-aligned anonymous memory with MADV_HUGEPAGE
- * and compute from the copy. Returns false, and leaves the model on its
+ * and compute from the copy. Returns false, and leaves the views on the
  * mapping, when the memory cannot be had. */
-static bool copy_to_anon(engine_model *m)
+static bool copy_to_anon(struct engine_weights *ws, struct pool *pool)
 {
-	if (m->vocab_only || m->relocated)
+	if (ws->relocated)
 		return false;
-	size_t len = (m->file->size + HUGE_2M - 1) & ~(HUGE_2M - 1);
+	const struct gguf_file *f = ws->file;
+	size_t len = (f->size + HUGE_2M - 1) & ~(HUGE_2M - 1);
 	uint8_t *p = mmap(NULL, len + HUGE_2M, PROT_READ | PROT_WRITE,
 			  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (p == MAP_FAILED)
@@ -191,39 +180,30 @@ static bool copy_to_anon(engine_model *m)
 	if (a + len < p + len + HUGE_2M)
 		munmap(a + len, (size_t)(p + len + HUGE_2M - (a + len)));
 	(void)madvise(a, len, MADV_HUGEPAGE); /* THP off or "never": 4 KiB pages */
-	struct copy_job j = {.dst = a, .src = m->file->base, .size = m->file->size};
+	struct copy_job j = {.dst = a, .src = f->base, .size = f->size};
 	atomic_store_explicit(&j.next, 0, memory_order_relaxed);
-	pool_run(m->pool, copy_worker, &j);
+	pool_run(pool, copy_worker, &j);
 	/* the last page's tail too: the whole region is resident, as mlock
 	 * and the RSS figures count it */
-	memset(a + m->file->size, 0, len - m->file->size);
-	model_rebase(m, a);
-	m->own_copy = a;
-	m->own_copy_len = len;
-	m->info.weights_anon = true;
+	memset(a + f->size, 0, len - f->size);
+	engine_weights_rebase(ws, a);
+	ws->own_copy = a;
+	ws->own_copy_len = len;
 	return true;
 }
 
-int engine_model_repack(engine_model *m, int mode, int seg_bytes, struct cm_err *err)
+/* The matrices to repack into sel: MATMUL views of a type the variant has
+ * x16 kernels for, each data once, their K-segments set. Returns the count. */
+static int select_matrices(const struct engine_weights *ws, const struct kern_ops *kern,
+			   int seg_bytes, struct weight **sel, uint64_t *ret_bytes,
+			   size_t *ret_widest)
 {
-	struct weight **mats = NULL;
-	int n = engine_model_matrices(m, &mats);
-	struct weight **sel = cm_calloc((size_t)n + 1, sizeof(*sel));
-	if (!mats || !sel) {
-		cm_free(mats);
-		cm_free(sel);
-		return cm_err_set(err, -ENOMEM, "model: out of memory");
-	}
-	int r = 0, n_w = 0;
-	uint64_t bytes = 0;
-	size_t widest = 0;
-	/* the file's pages can be rewritten only when they are our private
-	 * mapping (gguf_open_mem callers own theirs) */
-	if (mode < 0 || !m->file->mapped)
-		goto out;
-	for (int i = 0; i < n; i++) {
-		struct weight *w = mats[i];
-		const struct kern_type_ops *ko = &m->kern->t[w->type];
+	int n_w = 0;
+	for (int i = 0; i < ws->n; i++) {
+		if (ws->ref[i].kind != ENGINE_WREF_MATMUL)
+			continue;
+		struct weight *w = ws->ref[i].w;
+		const struct kern_type_ops *ko = &kern->t[w->type];
 		if (!kern_x16_supported(w->type) || !ko->gemm_x16 || w->n_out < KERN_X16_ROWS ||
 		    w->n_x16 > 0)
 			continue;
@@ -234,18 +214,83 @@ int engine_model_repack(engine_model *m, int mode, int seg_bytes, struct cm_err 
 		if (dup)
 			continue;
 		sel[n_w++] = w;
-		bytes += (uint64_t)(w->n_out / KERN_X16_ROWS) * KERN_X16_ROWS * w->row_bytes;
-		widest = CM_MAX(widest, ENGINE_X16_GROUP * w->row_bytes);
+		*ret_bytes += (uint64_t)(w->n_out / KERN_X16_ROWS) * KERN_X16_ROWS * w->row_bytes;
+		*ret_widest = CM_MAX(*ret_widest, ENGINE_X16_GROUP * w->row_bytes);
 		w->x16_seg = segment_blocks(w->type, w->n_in / dtype_get(w->type)->blck,
 					    KERN_X16_ROWS * w->row_bytes, seg_bytes);
 	}
+	return n_w;
+}
+
+/* Rewrite the job's matrices where the views lie now, on the pool; the
+ * region is writable only meanwhile, so a stray write faults. */
+static int repack_run(struct engine_weights *ws, struct pool *pool, struct repack_job *j,
+		      bool copied, struct cm_err *err)
+{
+	void *base;
+	size_t size;
+	engine_weights_span(ws, &base, &size);
+	if (mprotect(base, size, PROT_READ | PROT_WRITE) != 0)
+		return cm_err_set(err, -errno, "model: repacking: mprotect: %s", strerror(errno));
+	/* On the file mapping, make the pages private and writable in one
+	 * sweep first: a write fault on a page mapped from the page cache
+	 * costs a TLB shootdown to every thread. Older kernels lack the
+	 * advice; the writes then fault page by page. */
+	long page = sysconf(_SC_PAGESIZE);
+	for (int i = 0; i < j->n_w && !copied; i++) {
+		uintptr_t a0 = (uintptr_t)j->w[i]->data & ~(uintptr_t)(page - 1);
+		uintptr_t a1 = (uintptr_t)j->w[i]->data + (size_t)j->w[i]->n_out * j->w[i]->row_bytes;
+		(void)madvise((void *)a0, a1 - a0, MADV_POPULATE_WRITE);
+	}
+	atomic_store_explicit(&j->next, 0, memory_order_relaxed);
+	pool_run(pool, repack_worker, j);
+	(void)mprotect(base, size, PROT_READ);
+	return 0;
+}
+
+/* Every matrix view of repacked data reads the new layout, the token
+ * embedding included when the output is tied to it. */
+static void mark_repacked(struct engine_weights *ws, struct weight **sel, int n_w,
+			  uint64_t bytes, struct engine_model_info *info)
+{
+	for (int i = 0; i < ws->n; i++) {
+		if (ws->ref[i].kind == ENGINE_WREF_VECTOR)
+			continue;
+		struct weight *w = ws->ref[i].w;
+		for (int k = 0; k < n_w; k++)
+			if (w->data == sel[k]->data) {
+				w->n_x16 = sel[k]->n_out / KERN_X16_ROWS * KERN_X16_ROWS;
+				w->x16_seg = sel[k]->x16_seg;
+			}
+	}
+	info->n_x16_tensors = (uint32_t)n_w;
+	info->n_x16_segmented = 0;
+	for (int k = 0; k < n_w; k++)
+		info->n_x16_segmented += sel[k]->x16_seg < sel[k]->n_in / dtype_get(sel[k]->type)->blck;
+	info->x16_bytes = bytes;
+}
+
+int engine_repack(struct engine_weights *ws, const struct kern_ops *kern, struct pool *pool,
+		  int mode, int seg_bytes, struct engine_model_info *info, struct cm_err *err)
+{
+	struct weight **sel = cm_calloc((size_t)ws->n + 1, sizeof(*sel));
+	if (!sel)
+		return cm_err_set(err, -ENOMEM, "model: out of memory");
+	int r = 0, n_w = 0;
+	uint64_t bytes = 0;
+	size_t widest = 0;
+	/* the file's pages can be rewritten only when they are our private
+	 * mapping (gguf_open_mem callers own theirs) */
+	if (mode < 0 || !ws->file->mapped)
+		goto out;
+	n_w = select_matrices(ws, kern, seg_bytes, sel, &bytes, &widest);
 	if (n_w == 0)
 		goto out;
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
 	if (mode == 0 && pages > 0 && page > 0 && bytes > (uint64_t)pages * (uint64_t)page / 2)
 		goto out; /* auto: too large to keep a private copy of */
 
-	int nth = pool_size(m->pool);
+	int nth = pool_size(pool);
 	struct repack_job j = {.w = sel, .n_w = n_w};
 	j.first = cm_calloc((size_t)n_w + 1, sizeof(*j.first));
 	j.scratch = cm_calloc((size_t)nth, sizeof(*j.scratch));
@@ -261,46 +306,13 @@ int engine_model_repack(engine_model *m, int mode, int seg_bytes, struct cm_err 
 	for (int i = 0; i < n_w; i++)
 		j.first[i + 1] = j.first[i] + (sel[i]->n_out / KERN_X16_ROWS * KERN_X16_ROWS +
 					       ENGINE_X16_GROUP - 1) / ENGINE_X16_GROUP;
-	/* (a model relocated by its caller is rewritten where it lies) */
-	bool copied = copy_to_anon(m);
-	void *base = m->relocated ? m->relocated : (void *)m->file->base;
-	size_t size = m->own_copy ? m->own_copy_len : m->file->size;
-	if (mprotect(base, size, PROT_READ | PROT_WRITE) != 0) {
-		r = cm_err_set(err, -errno, "model: repacking: mprotect: %s", strerror(errno));
+	/* (views relocated by the model's caller are rewritten where they lie) */
+	bool copied = copy_to_anon(ws, pool);
+	if (copied)
+		info->weights_anon = true;
+	if ((r = repack_run(ws, pool, &j, copied, err)))
 		goto done;
-	}
-	/* On the file mapping, make the pages private and writable in one
-	 * sweep first: a write fault on a page already mapped from the page
-	 * cache replaces a live entry, which costs a TLB shootdown to every
-	 * thread of the process (measured: 40% of a TinyLlama load). Older
-	 * kernels lack the advice; the writes below then fault page by page. */
-	for (int i = 0; i < n_w && !copied; i++) {
-		uintptr_t a0 = (uintptr_t)sel[i]->data & ~(uintptr_t)(page - 1);
-		uintptr_t a1 = (uintptr_t)sel[i]->data + (size_t)sel[i]->n_out * sel[i]->row_bytes;
-		(void)madvise((void *)a0, a1 - a0, MADV_POPULATE_WRITE);
-	}
-	atomic_store_explicit(&j.next, 0, memory_order_relaxed);
-	pool_run(m->pool, repack_worker, &j);
-	/* back to read-only: a stray write into the weights faults */
-	(void)mprotect(base, size, PROT_READ);
-	/* every view of a repacked matrix reads the new layout, the token
-	 * embedding included when the output is tied to it */
-	for (int i = 0; i < n; i++)
-		for (int k = 0; k < n_w; k++)
-			if (mats[i]->data == sel[k]->data) {
-				mats[i]->n_x16 = sel[k]->n_out / KERN_X16_ROWS * KERN_X16_ROWS;
-				mats[i]->x16_seg = sel[k]->x16_seg;
-			}
-	if (m->tok_embd.data == m->output.data) {
-		m->tok_embd.n_x16 = m->output.n_x16;
-		m->tok_embd.x16_seg = m->output.x16_seg;
-	}
-	m->info.n_x16_tensors = (uint32_t)n_w;
-	m->info.n_x16_segmented = 0;
-	for (int k = 0; k < n_w; k++)
-		m->info.n_x16_segmented +=
-			sel[k]->x16_seg < sel[k]->n_in / dtype_get(sel[k]->type)->blck;
-	m->info.x16_bytes = bytes;
+	mark_repacked(ws, sel, n_w, bytes, info);
 done:
 	/* auto: a failure before the first write leaves the file's layout,
 	 * which is slower but right; on asked for it, it is an error */
@@ -313,6 +325,5 @@ done:
 	cm_free(j.first);
 out:
 	cm_free(sel);
-	cm_free(mats);
 	return r;
 }
