@@ -120,6 +120,10 @@ static int load_model(struct daemon *d, engine_model **ret_m, engine_ctx **ret_c
 		.isa = strcmp(c->isa, "auto") == 0 ? NULL : c->isa,
 	};
 	(void)engine_repack_parse(c->repack, &ep.repack); /* the config table checked it */
+	/* the kernels follow the ISA the report shows, from the same probe */
+	struct cm_cpu_isa isa;
+	if (tuning_cpu_engine_isa(&d->treport.cpu, &isa))
+		ep.cpu = &isa;
 	engine_model *m = NULL;
 	engine_ctx *cx = NULL;
 	if (c->tuning)

@@ -501,7 +501,7 @@ static void handle_info(struct daemon *d, ipc_call *call)
 	const struct engine_model_info *mi = &d->minfo;
 	for (uint32_t t = 0; t < CM_ARRAY_LEN(mi->type_counts) && nq < CM_ARRAY_LEN(qt); t++)
 		if (mi->type_counts[t])
-			qt[nq++] = dtype_name(t); /* static strings */
+			qt[nq++] = quant_dtype_name(t); /* static strings */
 	snprintf(arch, sizeof(arch), "%s", mi->arch);
 	snprintf(isa, sizeof(isa), "%s", mi->isa);
 	snprintf(model, sizeof(model), "%s", d->model_name);

@@ -179,7 +179,7 @@ int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ct
 	c->kv_seq_stride = c->kv_layer_stride * hp->n_layer;
 	size_t B = c->n_batch, E = hp->n_embd, QD = (size_t)hp->n_head * hp->head_dim;
 	size_t FF = hp->n_ff, maxd = CM_MAX(CM_MAX(E, QD), FF);
-	int nt = pool_size(m->pool);
+	int nt = engine_pool_size(m->pool);
 	c->act_cap = B * kern_act_row_size(ENGINE_DTYPE_F32, (int64_t)maxd);
 	/* the query heads of a KV head together over the F16 cache, where
 	 * the variant has kernels for that (attn_heads) */

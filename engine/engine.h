@@ -17,6 +17,7 @@
 #define EDGELM_ENGINE_H
 
 #include "common/common.h"
+#include "common/cpu.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -35,6 +36,9 @@ struct engine_params {
 	int n_cpus;
 	uint32_t ctx_max;     /* cap on the context length, 0 = the file's */
 	const char *isa;      /* force a kernel variant ("scalar", ...), NULL = best */
+	/* The instruction sets to choose kernels for (common/cpu.h), e.g. the
+	 * daemon's tuning report, so the two cannot disagree; NULL: probe. */
+	const struct cm_cpu_isa *cpu;
 	bool vocab_only;      /* load only the tokenizer (vocab GGUFs) */
 	/* Load-time repacking of Q4_0/Q8_0 weights into the kernels'
 	 * interleaved layout: 0 auto (when the kernel variant has kernels for

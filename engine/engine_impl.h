@@ -32,7 +32,7 @@ static inline void v4f_store(float *p, v4f v)
 }
 
 /* ---- thread pool (threadpool.c) -----------------------------------------
- * A fixed set of persistent workers. pool_run(fn, arg) opens a run of
+ * A fixed set of persistent workers. engine_pool_run(fn, arg) opens a run of
  * fn(arg, ith, nth): the caller (ith 0) and the workers that join while the
  * run is open; it returns once every participant is done. A descheduled
  * worker may miss a run entirely, so fn must take its work from a shared
@@ -41,10 +41,10 @@ static inline void v4f_store(float *p, v4f v)
  * allocates nothing. */
 struct pool;
 typedef void (*pool_fn)(void *arg, int ith, int nth);
-int pool_new(int n_threads, const int *cpus, int n_cpus, struct pool **ret_pool, struct cm_err *err);
-void pool_free(struct pool *p);
-int pool_size(const struct pool *p);
-void pool_run(struct pool *p, pool_fn fn, void *arg);
+int engine_pool_new(int n_threads, const int *cpus, int n_cpus, struct pool **ret_pool, struct cm_err *err);
+void engine_pool_free(struct pool *p);
+int engine_pool_size(const struct pool *p);
+void engine_pool_run(struct pool *p, pool_fn fn, void *arg);
 
 /* Ask for every cache line of n bytes at p before a serial pass reads
  * them: the rows a parallel run leaves behind sit partly in other cores'
@@ -57,7 +57,7 @@ static inline void prefetch_bytes(const void *p, size_t n)
 }
 
 /* Work items [0, total) cut into n contiguous ranges, one per participant:
- * pool_ranges_claim(r, ith) gives ith the front of its own range (ith % n),
+ * engine_pool_ranges_claim(r, ith) gives ith the front of its own range (ith % n),
  * front to back, and when that is empty the back of another's, so each
  * participant walks one long run of items (memory streams the prefetchers
  * follow) while a participant that never comes has its range finished by
@@ -72,8 +72,8 @@ struct pool_ranges {
 	} r[POOL_RANGES];
 };
 /* n is clamped to [1, POOL_RANGES] and to total; total < 2^32 */
-void pool_ranges_init(struct pool_ranges *r, int64_t total, int n);
-int64_t pool_ranges_claim(struct pool_ranges *r, int ith);
+void engine_pool_ranges_init(struct pool_ranges *r, int64_t total, int n);
+int64_t engine_pool_ranges_claim(struct pool_ranges *r, int ith);
 
 /* ---- model (model.c; reading a GGUF per architecture: model_load.c) ------ */
 
@@ -222,7 +222,7 @@ static inline const uint8_t *engine_x16_segment(const struct weight *w, int64_t 
 						int64_t b0)
 {
 	return (const uint8_t *)w->data + (size_t)r0 * w->row_bytes +
-	       (size_t)nr * (size_t)b0 * dtype_get(w->type)->size;
+	       (size_t)nr * (size_t)b0 * quant_dtype_get(w->type)->size;
 }
 /* Row r (< n_x16) of a repacked weight in the file's layout (the token
  * embedding lookup in an output tied to it), `row` row_bytes long. */

@@ -61,7 +61,7 @@ static void par_worker(void *varg, int ith, int nth)
 	struct par_job *j = varg;
 	(void)nth;
 	for (;;) {
-		int64_t k = pool_ranges_claim(&j->ranges, ith);
+		int64_t k = engine_pool_ranges_claim(&j->ranges, ith);
 		if (k < 0)
 			break;
 		int64_t i0 = k * j->chunk;
@@ -74,13 +74,13 @@ static void par_for(engine_ctx *c, int64_t n, int64_t chunk, int64_t weight,
 		    void (*fn)(engine_ctx *c, int64_t i0, int64_t i1, const void *arg),
 		    const void *arg)
 {
-	if (n * weight < PAR_MIN || pool_size(c->m->pool) < 2) {
+	if (n * weight < PAR_MIN || engine_pool_size(c->m->pool) < 2) {
 		fn(c, 0, n, arg);
 		return;
 	}
 	struct par_job j = {.c = c, .fn = fn, .arg = arg, .n = n, .chunk = chunk};
-	pool_ranges_init(&j.ranges, (n + chunk - 1) / chunk, pool_size(c->m->pool));
-	pool_run(c->m->pool, par_worker, &j);
+	engine_pool_ranges_init(&j.ranges, (n + chunk - 1) / chunk, engine_pool_size(c->m->pool));
+	engine_pool_run(c->m->pool, par_worker, &j);
 }
 
 struct norm_arg {
@@ -364,7 +364,7 @@ static int attn_split(const engine_ctx *c, int T)
 {
 	const struct hparams *hp = &c->m->hp;
 	int group = (int)(hp->n_head / hp->n_head_kv);
-	int tasks = T * (int)hp->n_head_kv, want = 2 * pool_size(c->m->pool);
+	int tasks = T * (int)hp->n_head_kv, want = 2 * engine_pool_size(c->m->pool);
 	return CM_MAX(1, CM_MIN(group, (want + tasks - 1) / tasks));
 }
 
@@ -477,7 +477,7 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 			engine_x16_row(te, tok, c->embd_row);
 			row = c->embd_row;
 		}
-		dequantize_row(te->type, row, c->x + (size_t)t * E, (int64_t)E);
+		quant_dequantize_row(te->type, row, c->x + (size_t)t * E, (int64_t)E);
 		if (hp->embd_scale != 1.0f) /* gemma */
 			for (size_t i = 0; i < E; i++)
 				c->x[(size_t)t * E + i] *= hp->embd_scale;
@@ -498,7 +498,7 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 		struct attn_task at = {c, (int)l, (int)CM_MIN(L->n_swa, (uint32_t)INT32_MAX),
 				       attn_split(c, T)};
 		atomic_store(&c->chunk, 0);
-		pool_run(m->pool, attn_worker, &at);
+		engine_pool_run(m->pool, attn_worker, &at);
 		if (L->post_attn_norm)
 			add_post_normed(c, &L->wo, c->att, QD, T, L->post_attn_norm);
 		else

@@ -803,7 +803,7 @@ const struct gguf_kv *gguf_find_kv(const struct gguf_file *f, const char *key)
 	return kv_lookup(f, key, strlen(key));
 }
 
-const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *f, const char *name)
+const struct gguf_tensor *gguf_tensor_by_name(const struct gguf_file *f, const char *name)
 {
 	if (!f || !name)
 		return NULL;

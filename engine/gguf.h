@@ -105,7 +105,7 @@ int gguf_open_mem(const void *buf, size_t size, struct gguf_file **ret_file, str
 void gguf_close(struct gguf_file *f); /* NULL-safe */
 
 const struct gguf_kv *gguf_find_kv(const struct gguf_file *f, const char *key);
-const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *f, const char *name);
+const struct gguf_tensor *gguf_tensor_by_name(const struct gguf_file *f, const char *name);
 
 /* Typed getters. They return 0, -ENOENT when the key is missing (err is then
  * left untouched so callers can apply a default), or -EPROTO with a message

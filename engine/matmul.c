@@ -6,11 +6,11 @@
  * and V; gate and up) as one job: the input is converted once per distinct
  * activation layout (kern_ops.t[type].act_type), and all the rows of all
  * the weights are split into chunks that the workers claim, in one
- * pool_run, so one barrier covers the group (cpu-kernels.md §1).
+ * engine_pool_run, so one barrier covers the group (cpu-kernels.md §1).
  *
  * Claiming: the chunks are cut into one contiguous range per worker; a
  * worker takes its own range's chunks front to back, then steals from the
- * back of the others' (pool_ranges_claim). Each worker thus streams one
+ * back of the others' (engine_pool_ranges_claim). Each worker thus streams one
  * long run of weights, which the prefetchers follow (TinyLlama Q4_0 decode
  * ~60 -> ~76 tok/s over chunks dealt alternately from one counter, where
  * every 64 rows a stream ended and another restarted cold), and a
@@ -142,7 +142,7 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 		float tmp[TILE_TOKENS * X16_ROWS];
 		int nr = (int)(p1 - r0);
 		bool direct = !m->bias && !m->accumulate;
-		const struct dtype_info *tw = dtype_get(w->type), *ta = dtype_get(a->type);
+		const struct dtype_info *tw = quant_dtype_get(w->type), *ta = quant_dtype_get(a->type);
 		int64_t nb = w->n_in / tw->blck, sb = w->x16_seg;
 		/* the group's first row and its rows (fewer in the last one) */
 		int64_t g0 = r0 / ENGINE_X16_GROUP * ENGINE_X16_GROUP;
@@ -163,7 +163,7 @@ static void run_x16(const struct mm_job *j, int i, int64_t r0, int64_t r1)
 				if (a->aux)
 					xr = a->aux + (size_t)t0 * a->aux_stride +
 					     kern_act_aux_len(a->type, ab * ta->blck);
-				size_t srs = dtype_row_size(w->type, n);
+				size_t srs = quant_dtype_row_size(w->type, n);
 				ko->gemm_x16(n, nr, nt,
 					     engine_x16_segment(w, g0, ng, b0) + (size_t)(r0 - g0) * srs,
 					     srs, ar, a->stride, xr, a->aux_stride, d, ds, b0 > 0);
@@ -245,7 +245,7 @@ static void mm_worker(void *arg, int ith, int nth)
 	struct mm_job *j = arg;
 	(void)nth;
 	for (;;) {
-		int64_t c = pool_ranges_claim(&j->ranges, ith);
+		int64_t c = engine_pool_ranges_claim(&j->ranges, ith);
 		if (c < 0)
 			break;
 		if (j->swiglu) {
@@ -295,7 +295,7 @@ static void quant_worker(void *arg, int ith, int nth)
 	struct quant_job *q = arg;
 	(void)nth;
 	for (;;) {
-		int64_t t = pool_ranges_claim(&q->ranges, ith);
+		int64_t t = engine_pool_ranges_claim(&q->ranges, ith);
 		if (t < 0)
 			break;
 		quant_one(q, (int)t);
@@ -335,8 +335,8 @@ static void make_act(engine_ctx *c, uint32_t type, bool want_aux, const float *x
 	struct quant_job q = {.fn = k->quant_act[type], .fn_aux = k->quant_act_aux[type], .x = x,
 			      .x_stride = x_stride, .a = a, .n = n, .n_tok = n_tok};
 	if (n_tok > 1) {
-		pool_ranges_init(&q.ranges, n_tok, pool_size(c->m->pool));
-		pool_run(c->m->pool, quant_worker, &q);
+		engine_pool_ranges_init(&q.ranges, n_tok, engine_pool_size(c->m->pool));
+		engine_pool_run(c->m->pool, quant_worker, &q);
 	} else {
 		prefetch_bytes(x, (size_t)n * sizeof(float)); /* engine_impl.h */
 		quant_one(&q, 0);
@@ -429,14 +429,14 @@ static void matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_t
 	if (swiglu)
 		j.swiglu = k->silu_mul_f32;
 	int64_t n_chunks = deal_chunks(&j);
-	if (x16_parts(n_tok, n_chunks, pool_size(c->m->pool))) {
+	if (x16_parts(n_tok, n_chunks, engine_pool_size(c->m->pool))) {
 		for (int i = 0; i < n; i++)
 			if (j.x16[i])
 				j.chunk_rows[i] = X16_BATCH_ROWS;
 		n_chunks = deal_chunks(&j);
 	}
-	pool_ranges_init(&j.ranges, n_chunks, pool_size(c->m->pool));
-	pool_run(c->m->pool, mm_worker, &j);
+	engine_pool_ranges_init(&j.ranges, n_chunks, engine_pool_size(c->m->pool));
+	engine_pool_run(c->m->pool, mm_worker, &j);
 }
 
 void engine_matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_tok,

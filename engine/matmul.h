@@ -16,7 +16,7 @@ struct engine_mm {
 };
 
 /* Run n matmuls that share the input x[n_tok][n_in] (x_stride floats
- * between rows; every w->n_in must be equal) in one pool_run: the input is
+ * between rows; every w->n_in must be equal) in one engine_pool_run: the input is
  * converted once per activation layout the weights need, and the workers
  * claim row chunks of all n weights from one counter. The outputs must not
  * overlap the input or each other. Equivalent, value for value, to n calls

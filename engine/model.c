@@ -28,7 +28,7 @@ static void fill_info(engine_model *m)
 	in->rope_base = hp->rope_base;
 	in->norm_eps = hp->eps;
 	in->isa = m->kern ? m->kern->name : "none";
-	in->n_threads = m->pool ? pool_size(m->pool) : 0;
+	in->n_threads = m->pool ? engine_pool_size(m->pool) : 0;
 	/* every matmul reads all of its weight per token; the embedding one row */
 	uint64_t per_tok = 0;
 	for (int i = 0; i < m->weights.n; i++) {
@@ -62,10 +62,17 @@ static int count_cpus(void)
 	return n > 0 ? (int)n : 1;
 }
 
-static int select_kernels(engine_model *m, const char *isa, struct cm_err *err)
+static int select_kernels(engine_model *m, const struct engine_params *p, struct cm_err *err)
 {
-	struct kern_caps caps;
-	kern_detect_caps(&caps);
+	const char *isa = p->isa;
+	struct cm_cpu probe;
+	struct cm_cpu_isa caps;
+	if (p->cpu) {
+		caps = *p->cpu;
+	} else {
+		cm_cpu_probe(&probe);
+		caps = probe.usable;
+	}
 	/* forcing the AMX variant asks for its permission (kern.h); the best
 	 * variant uses AMX only when the process already holds it */
 	if (isa && strcasecmp(isa, "amx") == 0 && caps.amx_int8)
@@ -105,13 +112,13 @@ int engine_model_load(const char *path, const struct engine_params *p, engine_mo
 		*ret_model = m;
 		return 0;
 	}
-	if ((r = select_kernels(m, p->isa, err)) || (r = engine_model_read_weights(m, err)))
+	if ((r = select_kernels(m, p, err)) || (r = engine_model_read_weights(m, err)))
 		goto fail;
 	m->n_ctx = m->hp.n_ctx_train;
 	if (p->ctx_max > 0 && p->ctx_max < m->n_ctx)
 		m->n_ctx = p->ctx_max;
 	int nt = p->n_threads > 0 ? p->n_threads : count_cpus();
-	if ((r = pool_new(nt, p->cpus, p->n_cpus, &m->pool, err)))
+	if ((r = engine_pool_new(nt, p->cpus, p->n_cpus, &m->pool, err)))
 		goto fail;
 	fill_info(m);
 	if ((r = engine_repack(&m->weights, m->kern, m->pool, p->repack, p->repack_segment,
@@ -128,7 +135,7 @@ void engine_model_free(engine_model *m)
 {
 	if (!m)
 		return;
-	pool_free(m->pool);
+	engine_pool_free(m->pool);
 	engine_tokenizer_free(m->tok);
 	for (int i = 0; i < m->n_owned; i++)
 		cm_free(m->owned[i]);

@@ -76,7 +76,7 @@ static int hp_f32(struct loader *L, const char *key, bool required, float def, f
 
 static const struct gguf_tensor *find_tensor(struct loader *L, const char *name, bool required)
 {
-	const struct gguf_tensor *t = gguf_find_tensor(L->f, name);
+	const struct gguf_tensor *t = gguf_tensor_by_name(L->f, name);
 	if (!t) {
 		if (required)
 			cm_err_set(L->err, -EPROTO, "model: missing tensor '%s'", name);
@@ -120,7 +120,7 @@ static int load_matrix(struct loader *L, const char *name, int64_t n_in, int64_t
 	if (t->type >= ENGINE_DTYPE_COUNT || !ko->vec_dot || !ko->dequant)
 		return cm_err_set(L->err, -ENOTSUP,
 				  "model: tensor '%s': type %s is not supported by this engine",
-				  t->name, dtype_name(t->type));
+				  t->name, quant_dtype_name(t->type));
 	w->data = t->data;
 	w->type = t->type;
 	w->n_in = n_in;
@@ -164,9 +164,9 @@ static int load_vector(struct loader *L, const char *name, int64_t n, bool requi
 		cm_free(v);
 		return cm_err_set(L->err, -ENOMEM, "model: out of memory");
 	}
-	if (dequantize_row(t->type, t->data, v, n) != 0)
+	if (quant_dequantize_row(t->type, t->data, v, n) != 0)
 		return cm_err_set(L->err, -ENOTSUP, "model: tensor '%s': type %s not supported",
-				  t->name, dtype_name(t->type));
+				  t->name, quant_dtype_name(t->type));
 	*ret = v;
 	return 0;
 }
@@ -544,7 +544,7 @@ static int load_layer(struct loader *L, uint32_t il)
 	struct layer *l = &L->m->layers[il];
 	char name[GGUF_MAX_NAME + 16];
 	snprintf(name, sizeof(name), "blk.%u.attn_q.weight", il);
-	int form = hp->arch == ARCH_PHI3 && !gguf_find_tensor(L->f, name) ? FUSED : SEPARATE;
+	int form = hp->arch == ARCH_PHI3 && !gguf_tensor_by_name(L->f, name) ? FUSED : SEPARATE;
 	for (size_t k = 0; k < CM_ARRAY_LEN(layer_specs); k++) {
 		const struct tensor_spec *s = &layer_specs[k];
 		uint8_t need = s->need[hp->arch];

@@ -88,7 +88,7 @@ static void repack_worker(void *arg, int ith, int nth)
 		while (c >= j->first[i + 1])
 			i++;
 		struct weight *w = j->w[i];
-		const struct dtype_info *ti = dtype_get(w->type);
+		const struct dtype_info *ti = quant_dtype_get(w->type);
 		int64_t r0 = (c - j->first[i]) * ENGINE_X16_GROUP, nb = w->n_in / ti->blck;
 		int64_t sb = w->x16_seg;
 		int nr = group_rows(w, r0);
@@ -98,7 +98,7 @@ static void repack_worker(void *arg, int ith, int nth)
 		for (int64_t b0 = 0; b0 < nb; b0 += sb) {
 			int64_t n = CM_MIN(sb, nb - b0) * ti->blck;
 			uint8_t *seg = (uint8_t *)engine_x16_segment(w, r0, nr, b0);
-			size_t srs = dtype_row_size(w->type, n);
+			size_t srs = quant_dtype_row_size(w->type, n);
 			const uint8_t *src = rows + (size_t)b0 * ti->size;
 			for (int p = 0; p < nr; p += KERN_X16_ROWS)
 				kern_x16_pack(w->type, src + (size_t)p * w->row_bytes,
@@ -109,14 +109,14 @@ static void repack_worker(void *arg, int ith, int nth)
 
 void engine_x16_row(const struct weight *w, int64_t r, void *row)
 {
-	const struct dtype_info *ti = dtype_get(w->type);
+	const struct dtype_info *ti = quant_dtype_get(w->type);
 	int64_t r0 = r / ENGINE_X16_GROUP * ENGINE_X16_GROUP, nb = w->n_in / ti->blck;
 	int64_t sb = w->x16_seg;
 	int nr = group_rows(w, r0);
 	int64_t p = (r - r0) / KERN_X16_ROWS;
 	for (int64_t b0 = 0; b0 < nb; b0 += sb) {
 		int64_t n = CM_MIN(sb, nb - b0) * ti->blck;
-		size_t srs = dtype_row_size(w->type, n);
+		size_t srs = quant_dtype_row_size(w->type, n);
 		const uint8_t *panel = engine_x16_segment(w, r0, nr, b0) +
 				       (size_t)p * KERN_X16_ROWS * srs;
 		kern_x16_unpack_row(w->type, panel, n, (int)(r % KERN_X16_ROWS),
@@ -182,7 +182,7 @@ static bool copy_to_anon(struct engine_weights *ws, struct pool *pool)
 	(void)madvise(a, len, MADV_HUGEPAGE); /* THP off or "never": 4 KiB pages */
 	struct copy_job j = {.dst = a, .src = f->base, .size = f->size};
 	atomic_store_explicit(&j.next, 0, memory_order_relaxed);
-	pool_run(pool, copy_worker, &j);
+	engine_pool_run(pool, copy_worker, &j);
 	/* the last page's tail too: the whole region is resident, as mlock
 	 * and the RSS figures count it */
 	memset(a + f->size, 0, len - f->size);
@@ -216,7 +216,7 @@ static int select_matrices(const struct engine_weights *ws, const struct kern_op
 		sel[n_w++] = w;
 		*ret_bytes += (uint64_t)(w->n_out / KERN_X16_ROWS) * KERN_X16_ROWS * w->row_bytes;
 		*ret_widest = CM_MAX(*ret_widest, ENGINE_X16_GROUP * w->row_bytes);
-		w->x16_seg = segment_blocks(w->type, w->n_in / dtype_get(w->type)->blck,
+		w->x16_seg = segment_blocks(w->type, w->n_in / quant_dtype_get(w->type)->blck,
 					    KERN_X16_ROWS * w->row_bytes, seg_bytes);
 	}
 	return n_w;
@@ -243,7 +243,7 @@ static int repack_run(struct engine_weights *ws, struct pool *pool, struct repac
 		(void)madvise((void *)a0, a1 - a0, MADV_POPULATE_WRITE);
 	}
 	atomic_store_explicit(&j->next, 0, memory_order_relaxed);
-	pool_run(pool, repack_worker, j);
+	engine_pool_run(pool, repack_worker, j);
 	(void)mprotect(base, size, PROT_READ);
 	return 0;
 }
@@ -266,7 +266,7 @@ static void mark_repacked(struct engine_weights *ws, struct weight **sel, int n_
 	info->n_x16_tensors = (uint32_t)n_w;
 	info->n_x16_segmented = 0;
 	for (int k = 0; k < n_w; k++)
-		info->n_x16_segmented += sel[k]->x16_seg < sel[k]->n_in / dtype_get(sel[k]->type)->blck;
+		info->n_x16_segmented += sel[k]->x16_seg < sel[k]->n_in / quant_dtype_get(sel[k]->type)->blck;
 	info->x16_bytes = bytes;
 }
 
@@ -290,7 +290,7 @@ int engine_repack(struct engine_weights *ws, const struct kern_ops *kern, struct
 	if (mode == 0 && pages > 0 && page > 0 && bytes > (uint64_t)pages * (uint64_t)page / 2)
 		goto out; /* auto: too large to keep a private copy of */
 
-	int nth = pool_size(pool);
+	int nth = engine_pool_size(pool);
 	struct repack_job j = {.w = sel, .n_w = n_w};
 	j.first = cm_calloc((size_t)n_w + 1, sizeof(*j.first));
 	j.scratch = cm_calloc((size_t)nth, sizeof(*j.scratch));

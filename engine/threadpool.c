@@ -1,7 +1,7 @@
 /* engine/threadpool.c: persistent worker pool, spin-then-sleep, and runs
  * that a descheduled worker cannot stall.
  *
- * pool_run(fn, arg) opens a run: it publishes (fn, arg), stamps a ticket
+ * engine_pool_run(fn, arg) opens a run: it publishes (fn, arg), stamps a ticket
  * with the run's generation, and bumps the generation the idle workers
  * watch. The caller then calls fn itself as worker 0. A worker joins the
  * run by raising the ticket's count of active workers, which it may do only
@@ -17,7 +17,7 @@
  * Waiting spins for a bounded time (a decode step issues a few hundred runs
  * per token, a few microseconds apart, so sleeping between them would cost
  * more than the work), then sleeps on a condition variable. Nothing here
- * allocates after pool_new(). */
+ * allocates after engine_pool_new(). */
 #include "engine/engine_impl.h"
 
 #include <pthread.h>
@@ -155,7 +155,7 @@ static void *worker_main(void *argp)
 	return NULL;
 }
 
-int pool_new(int n_threads, const int *cpus, int n_cpus, struct pool **ret_pool, struct cm_err *err)
+int engine_pool_new(int n_threads, const int *cpus, int n_cpus, struct pool **ret_pool, struct cm_err *err)
 {
 	if (n_threads < 1)
 		n_threads = 1;
@@ -168,7 +168,7 @@ int pool_new(int n_threads, const int *cpus, int n_cpus, struct pool **ret_pool,
 	pthread_cond_init(&p->done_cv, NULL);
 	p->w = cm_calloc((size_t)n_threads, sizeof(*p->w));
 	if (!p->w) {
-		pool_free(p);
+		engine_pool_free(p);
 		return cm_err_set(err, -ENOMEM, "threadpool: out of memory");
 	}
 	for (int i = 0; i < n_threads; i++) {
@@ -187,7 +187,7 @@ int pool_new(int n_threads, const int *cpus, int n_cpus, struct pool **ret_pool,
 		int r = pthread_create(&p->w[i].th, NULL, worker_main, &p->w[i]);
 		if (r != 0) {
 			p->n = i; /* only join the ones that started */
-			pool_free(p);
+			engine_pool_free(p);
 			return cm_err_set(err, -r, "threadpool: cannot start worker %d: %s", i,
 					  strerror(r));
 		}
@@ -196,7 +196,7 @@ int pool_new(int n_threads, const int *cpus, int n_cpus, struct pool **ret_pool,
 	return 0;
 }
 
-void pool_free(struct pool *p)
+void engine_pool_free(struct pool *p)
 {
 	if (!p)
 		return;
@@ -215,12 +215,12 @@ void pool_free(struct pool *p)
 	cm_free(p);
 }
 
-int pool_size(const struct pool *p)
+int engine_pool_size(const struct pool *p)
 {
 	return p->n;
 }
 
-void pool_run(struct pool *p, pool_fn fn, void *arg)
+void engine_pool_run(struct pool *p, pool_fn fn, void *arg)
 {
 	if (p->n == 1) {
 		fn(arg, 0, 1);
@@ -252,7 +252,7 @@ void pool_run(struct pool *p, pool_fn fn, void *arg)
 
 /* ---- ranges ---------------------------------------------------------------- */
 
-void pool_ranges_init(struct pool_ranges *r, int64_t total, int n)
+void engine_pool_ranges_init(struct pool_ranges *r, int64_t total, int n)
 {
 	n = CM_MAX(1, CM_MIN(n, POOL_RANGES));
 	if (total < n)
@@ -264,7 +264,7 @@ void pool_ranges_init(struct pool_ranges *r, int64_t total, int n)
 	}
 }
 
-int64_t pool_ranges_claim(struct pool_ranges *r, int ith)
+int64_t engine_pool_ranges_claim(struct pool_ranges *r, int ith)
 {
 	int own = ith % r->n;
 	for (int k = 0; k < r->n; k++) {
@@ -277,7 +277,7 @@ int64_t pool_ranges_claim(struct pool_ranges *r, int ith)
 			/* the owner takes the front, a thief the back */
 			uint64_t nv = k == 0 ? v + 1 : (uint64_t)(b - 1) << 32 | f;
 			/* relaxed: items are only distributed; the run's end
-			 * (pool_run) orders the work done on them */
+			 * (engine_pool_run) orders the work done on them */
 			if (atomic_compare_exchange_weak_explicit(p, &v, nv, memory_order_relaxed,
 								  memory_order_relaxed))
 				return k == 0 ? (int64_t)f : (int64_t)b - 1;

@@ -72,7 +72,7 @@ static uint32_t hash_text(const char *s, size_t n)
 	return (uint32_t)h;
 }
 
-int32_t tok_lookup(const engine_tokenizer *t, const char *s, size_t n)
+int32_t engine_tok_lookup(const engine_tokenizer *t, const char *s, size_t n)
 {
 	uint32_t h = hash_text(s, n);
 	for (size_t i = h & t->slot_mask;; i = (i + 1) & t->slot_mask) {
@@ -85,7 +85,7 @@ int32_t tok_lookup(const engine_tokenizer *t, const char *s, size_t n)
 }
 
 /* Grow an array to hold `need` elements; NULL (and p untouched) on failure. */
-void *tok_grow(void *p, size_t *cap, size_t need, size_t elem)
+void *engine_tok_grow(void *p, size_t *cap, size_t need, size_t elem)
 {
 	if (need <= *cap)
 		return p;
@@ -339,14 +339,14 @@ static int load_specials(engine_tokenizer *t, const struct gguf_file *f, struct 
 	    "<\357\275\234end\342\226\201of\342\226\201sentence\357\275\234>", /* DeepSeek */
 	};
 	for (size_t i = 0; t->eot < 0 && i < CM_ARRAY_LEN(eot_texts); i++) {
-		int32_t id = tok_lookup(t, eot_texts[i], strlen(eot_texts[i]));
+		int32_t id = engine_tok_lookup(t, eot_texts[i], strlen(eot_texts[i]));
 		if (id >= 0) {
 			t->eot = id;
 			t->attr[id] = ENGINE_TOKEN_CONTROL;
 		}
 	}
 	if (t->eom < 0) {
-		int32_t id = tok_lookup(t, "<|eom_id|>", 10);
+		int32_t id = engine_tok_lookup(t, "<|eom_id|>", 10);
 		if (id >= 0) {
 			t->eom = id;
 			t->attr[id] = ENGINE_TOKEN_CONTROL;
@@ -359,7 +359,7 @@ static int load_specials(engine_tokenizer *t, const struct gguf_file *f, struct 
 	    "<|endoftext|>", "<|eom_id|>", "<EOT>",
 	};
 	for (size_t i = 0; i < CM_ARRAY_LEN(eog_texts); i++) {
-		int32_t id = tok_lookup(t, eog_texts[i], strlen(eog_texts[i]));
+		int32_t id = engine_tok_lookup(t, eog_texts[i], strlen(eog_texts[i]));
 		if (id >= 0) {
 			t->flags[id] |= TOK_F_EOG;
 			t->attr[id] = ENGINE_TOKEN_CONTROL;
@@ -422,12 +422,12 @@ static int build_special_cache(engine_tokenizer *t, const struct gguf_file *f, s
 	    (contains_ci(name.ptr, name.len, "phi-3") || contains_ci(name.ptr, name.len, "phi3"))) {
 		for (int32_t i = 0; i < n; i++)
 			t->flags[t->special[i]] |= TOK_F_RSTRIP;
-		int32_t id = tok_lookup(t, "</s>", 4);
+		int32_t id = engine_tok_lookup(t, "</s>", 4);
 		if (id >= 0)
 			t->flags[id] |= TOK_F_RSTRIP;
 		static const char *const keep[] = {"<unk>", "<s>", "<|endoftext|>"};
 		for (size_t i = 0; i < CM_ARRAY_LEN(keep); i++) {
-			id = tok_lookup(t, keep[i], strlen(keep[i]));
+			id = engine_tok_lookup(t, keep[i], strlen(keep[i]));
 			if (id >= 0)
 				t->flags[id] &= (uint8_t)~TOK_F_RSTRIP;
 		}
@@ -454,9 +454,9 @@ static void spm_build_bytes(engine_tokenizer *t)
 	for (int b = 0; b < 256; b++) {
 		char s[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
 		char c = (char)b;
-		int32_t id = tok_lookup(t, s, 6);
+		int32_t id = engine_tok_lookup(t, s, 6);
 		if (id < 0)
-			id = tok_lookup(t, &c, 1);
+			id = engine_tok_lookup(t, &c, 1);
 		if (id < 0)
 			id = t->unk;
 		t->byte_tok[b] = id;
@@ -501,7 +501,7 @@ void engine_tokenizer_free(engine_tokenizer *t)
 	cm_free(t->flags);
 	cm_free(t->slots);
 	cm_free(t->special);
-	bpe_free(t->bpe);
+	engine_bpe_free(t->bpe);
 	cm_free(t);
 }
 
@@ -534,14 +534,14 @@ int engine_tokenizer_new(const struct gguf_file *f, engine_tokenizer **ret_tok, 
 	if (kind == TOK_MODEL_SPM)
 		spm_defaults(t);
 	else
-		bpe_defaults(t, f);
+		engine_bpe_defaults(t, f);
 	r = load_vocab(t, f, err);
 	if (!r)
 		r = load_specials(t, f, err);
 	if (!r)
 		r = build_special_cache(t, f, err);
 	if (!r && kind == TOK_MODEL_BPE)
-		r = bpe_build(t, f, err);
+		r = engine_bpe_build(t, f, err);
 	if (r) {
 		engine_tokenizer_free(t);
 		return r;
@@ -616,7 +616,7 @@ int32_t engine_tokenizer_find(const engine_tokenizer *t, const char *text, size_
 {
 	if (!text && len)
 		return -1;
-	return tok_lookup(t, text ? text : "", len);
+	return engine_tok_lookup(t, text ? text : "", len);
 }
 
 /* ---- tokenize: shared state ----------------------------------------------------- */
@@ -637,7 +637,7 @@ static void run_fini(struct tok_run *r)
 	cm_free(r->esc);
 	cm_free(r->sym);
 	cm_free(r->heap);
-	bpe_scratch_free(r->bs);
+	engine_bpe_scratch_free(r->bs);
 }
 
 /* ---- SPM model: tokenize ---------------------------------------------------------- */
@@ -658,7 +658,7 @@ static inline bool spm_pair_better(const struct spm_pair *a, const struct spm_pa
 static int spm_push(struct tok_run *r, struct spm_pair p)
 {
 	if (r->heap_n == r->heap_cap) {
-		void *q = tok_grow(r->heap, &r->heap_cap, r->heap_n + 1, sizeof(*r->heap));
+		void *q = engine_tok_grow(r->heap, &r->heap_cap, r->heap_n + 1, sizeof(*r->heap));
 		if (!q)
 			return cm_err_set(r->err, -ENOMEM, "tokenizer: out of memory");
 		r->heap = q;
@@ -711,7 +711,7 @@ static int spm_try_pair(struct tok_run *r, int32_t l, int32_t rr)
 		return 0;
 	const struct spm_sym *a = &r->sym[l], *b = &r->sym[rr];
 	int32_t size = a->n + b->n;
-	int32_t id = tok_lookup(r->t, r->esc + a->off, (size_t)size);
+	int32_t id = engine_tok_lookup(r->t, r->esc + a->off, (size_t)size);
 	if (id < 0)
 		return 0;
 	return spm_push(r, (struct spm_pair){r->t->score[id], l, size});
@@ -760,7 +760,7 @@ static int spm_merge(struct tok_run *r, int32_t a0, int32_t b0)
 	}
 
 	for (int32_t i = a0; i >= 0; i = sym[i].next) {
-		int32_t id = tok_lookup(t, e + sym[i].off, (size_t)sym[i].n);
+		int32_t id = engine_tok_lookup(t, e + sym[i].off, (size_t)sym[i].n);
 		if (id >= 0) {
 			emit(r, id);
 			continue;
@@ -787,11 +787,11 @@ static int spm_tokenize_raw(struct tok_run *r, const char *s, size_t n, bool pre
 	for (size_t i = 0; i < n; i++)
 		spaces += s[i] == ' ';
 	size_t elen = n + 2 * spaces + (prefix ? 3 : 0);
-	void *q = tok_grow(r->esc, &r->esc_cap, elen, 1);
+	void *q = engine_tok_grow(r->esc, &r->esc_cap, elen, 1);
 	if (!q)
 		return cm_err_set(r->err, -ENOMEM, "tokenizer: out of memory");
 	r->esc = q;
-	q = tok_grow(r->sym, &r->sym_cap, elen, sizeof(*r->sym));
+	q = engine_tok_grow(r->sym, &r->sym_cap, elen, sizeof(*r->sym));
 	if (!q)
 		return cm_err_set(r->err, -ENOMEM, "tokenizer: out of memory");
 	r->sym = q;
@@ -856,7 +856,7 @@ static int run_fragment(struct tok_run *r, const char *s, size_t n, int32_t id)
 	case TOK_MODEL_SPM:
 		return spm_tokenize_raw(r, s, n, r->t->add_space_prefix && first_or_after_token);
 	case TOK_MODEL_BPE:
-		return bpe_tokenize_raw(r, s, n);
+		return engine_bpe_tokenize_raw(r, s, n);
 	}
 	return -EINVAL;
 }
@@ -1089,7 +1089,7 @@ static void piece_init(const engine_tokenizer *t, int32_t id, bool special, stru
 		spm_piece(t, id, special, pc);
 		break;
 	case TOK_MODEL_BPE:
-		bpe_piece(t, id, special, pc);
+		engine_bpe_piece(t, id, special, pc);
 		break;
 	}
 }
@@ -1323,7 +1323,7 @@ int engine_detokenize(const engine_tokenizer *t, const int32_t *ids, int n, bool
 	}
 	used += (size_t)k;
 	if (t->clean_spaces)
-		used = bpe_clean_spaces(buf, used);
+		used = engine_bpe_clean_spaces(buf, used);
 	buf[used] = '\0';
 	*ret_text = buf;
 	return 0;

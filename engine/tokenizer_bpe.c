@@ -240,7 +240,7 @@ static inline const struct merge_slot *merge_find(const struct bpe *b, int32_t l
 
 /* ---- building --------------------------------------------------------------- */
 
-void bpe_defaults(engine_tokenizer *t, const struct gguf_file *f)
+void engine_bpe_defaults(engine_tokenizer *t, const struct gguf_file *f)
 {
 	t->bos = 11;
 	t->eos = 11;
@@ -371,11 +371,11 @@ static int build_merges(engine_tokenizer *t, struct bpe *b, const struct gguf_fi
 		if (!sp)
 			continue; /* llama.cpp would refuse the file; a merge less is harmless */
 		size_t la = (size_t)(sp - s), lb = len - la - 1;
-		int32_t ia = tok_lookup(t, s, la), ib = tok_lookup(t, sp + 1, lb);
+		int32_t ia = engine_tok_lookup(t, s, la), ib = engine_tok_lookup(t, sp + 1, lb);
 		if (ia < 0 || ib < 0)
 			continue;
 		if (la + lb > cat_cap) {
-			void *q = tok_grow(cat, &cat_cap, la + lb, 1);
+			void *q = engine_tok_grow(cat, &cat_cap, la + lb, 1);
 			if (!q) {
 				cm_free(cat);
 				cm_free(strs);
@@ -385,7 +385,7 @@ static int build_merges(engine_tokenizer *t, struct bpe *b, const struct gguf_fi
 		}
 		memcpy(cat, s, la);
 		memcpy(cat + la, sp + 1, lb);
-		int32_t id = tok_lookup(t, cat, la + lb);
+		int32_t id = engine_tok_lookup(t, cat, la + lb);
 		if (id < 0)
 			continue;
 		uint64_t k = merge_key(ia, ib);
@@ -457,7 +457,7 @@ static int build_regexes(struct bpe *b, struct cm_err *err)
 	return 0;
 }
 
-int bpe_build(engine_tokenizer *t, const struct gguf_file *f, struct cm_err *err)
+int engine_bpe_build(engine_tokenizer *t, const struct gguf_file *f, struct cm_err *err)
 {
 	struct gguf_str pre = {0};
 	const char *name = "default";
@@ -484,7 +484,7 @@ int bpe_build(engine_tokenizer *t, const struct gguf_file *f, struct cm_err *err
 	b->ignore_merges = d->ignore_merges;
 	build_byte_map(b);
 	for (int c = 0; c < 256; c++)
-		b->byte_id[c] = tok_lookup(t, (const char *)b->enc[c], b->enc_len[c]);
+		b->byte_id[c] = engine_tok_lookup(t, (const char *)b->enc[c], b->enc_len[c]);
 	r = build_regexes(b, err);
 	if (!r)
 		r = build_merges(t, b, f, err);
@@ -493,7 +493,7 @@ int bpe_build(engine_tokenizer *t, const struct gguf_file *f, struct cm_err *err
 	return r; /* on failure the caller frees t, and t->bpe with it */
 }
 
-void bpe_free(struct bpe *b)
+void engine_bpe_free(struct bpe *b)
 {
 	if (!b)
 		return;
@@ -505,14 +505,14 @@ void bpe_free(struct bpe *b)
 	cm_free(b);
 }
 
-const char *bpe_pre_name(const engine_tokenizer *t)
+const char *engine_bpe_pre_name(const engine_tokenizer *t)
 {
 	return t->bpe ? t->bpe->pre_name : NULL;
 }
 
 /* ---- tokenize ----------------------------------------------------------------- */
 
-void bpe_scratch_free(struct bpe_scratch *bs)
+void engine_bpe_scratch_free(struct bpe_scratch *bs)
 {
 	if (!bs)
 		return;
@@ -541,7 +541,7 @@ static int heap_push(struct tok_run *r, struct bpe_cand c)
 {
 	struct bpe_scratch *bs = r->bs;
 	if (bs->heap_n == bs->heap_cap) {
-		void *q = tok_grow(bs->heap, &bs->heap_cap, bs->heap_n + 1, sizeof(*bs->heap));
+		void *q = engine_tok_grow(bs->heap, &bs->heap_cap, bs->heap_n + 1, sizeof(*bs->heap));
 		if (!q)
 			return oom(r);
 		bs->heap = q;
@@ -601,7 +601,7 @@ static void emit_unknown(struct tok_run *r, uint8_t byte)
 {
 	const struct bpe *b = r->t->bpe;
 	for (int i = 0; i < b->enc_len[byte]; i++) {
-		int32_t id = tok_lookup(r->t, (const char *)&b->enc[byte][i], 1);
+		int32_t id = engine_tok_lookup(r->t, (const char *)&b->enc[byte][i], 1);
 		if (id >= 0)
 			emit(r, id);
 	}
@@ -620,7 +620,7 @@ static int bpe_segment(struct tok_run *r, const uint8_t *s, size_t n)
 		return 0;
 	}
 	if (b->ignore_merges) {
-		void *q = tok_grow(bs->enc, &bs->enc_cap, 2 * n, 1);
+		void *q = engine_tok_grow(bs->enc, &bs->enc_cap, 2 * n, 1);
 		if (!q)
 			return oom(r);
 		bs->enc = q;
@@ -629,13 +629,13 @@ static int bpe_segment(struct tok_run *r, const uint8_t *s, size_t n)
 			memcpy(bs->enc + k, b->enc[s[i]], b->enc_len[s[i]]);
 			k += b->enc_len[s[i]];
 		}
-		int32_t id = tok_lookup(r->t, bs->enc, k);
+		int32_t id = engine_tok_lookup(r->t, bs->enc, k);
 		if (id >= 0) {
 			emit(r, id);
 			return 0;
 		}
 	}
-	void *q = tok_grow(bs->sym, &bs->sym_cap, n, sizeof(*bs->sym));
+	void *q = engine_tok_grow(bs->sym, &bs->sym_cap, n, sizeof(*bs->sym));
 	if (!q)
 		return oom(r);
 	bs->sym = q;
@@ -735,7 +735,7 @@ static int find(struct bpe_scratch *bs, const pcre2_code *re, const uint8_t *sub
 static int seg_add(struct tok_run *r, uint32_t **v, size_t *cap, size_t *n, size_t a, size_t e)
 {
 	if (*n + 2 > *cap) {
-		void *q = tok_grow(*v, cap, *n + 2, sizeof(**v));
+		void *q = engine_tok_grow(*v, cap, *n + 2, sizeof(**v));
 		if (!q)
 			return oom(r);
 		*v = q;
@@ -753,7 +753,7 @@ static inline size_t u8_len_at(const uint8_t *u, size_t i, size_t n)
 	return k;
 }
 
-int bpe_tokenize_raw(struct tok_run *r, const char *s, size_t n)
+int engine_bpe_tokenize_raw(struct tok_run *r, const char *s, size_t n)
 {
 	const struct bpe *b = r->t->bpe;
 	int rc;
@@ -762,7 +762,7 @@ int bpe_tokenize_raw(struct tok_run *r, const char *s, size_t n)
 	struct bpe_scratch *bs = r->bs;
 	if (n > (UINT32_MAX - 16) / 3)
 		return cm_err_set(r->err, -EINVAL, "tokenizer: fragment of %zu bytes too long", n);
-	void *q = tok_grow(bs->u, &bs->u_cap, 3 * n + 1, 1);
+	void *q = engine_tok_grow(bs->u, &bs->u_cap, 3 * n + 1, 1);
 	if (!q)
 		return oom(r);
 	bs->u = q;
@@ -811,7 +811,7 @@ int bpe_tokenize_raw(struct tok_run *r, const char *s, size_t n)
 
 /* ---- detokenize (§5.6) ---------------------------------------------------------- */
 
-void bpe_piece(const engine_tokenizer *t, int32_t id, bool special, struct piece *pc)
+void engine_bpe_piece(const engine_tokenizer *t, int32_t id, bool special, struct piece *pc)
 {
 	uint32_t a = t->attr[id];
 	pc->i = 0;
@@ -830,7 +830,7 @@ void bpe_piece(const engine_tokenizer *t, int32_t id, bool special, struct piece
 	}
 }
 
-size_t bpe_clean_spaces(char *s, size_t n)
+size_t engine_bpe_clean_spaces(char *s, size_t n)
 {
 	/* " ?", " !", " .", " ," lose the space */
 	size_t o = 0;

@@ -57,7 +57,7 @@ static inline const char *tok_text(const engine_tokenizer *t, int32_t id)
 }
 
 /* Exact text -> id, -1 if absent. */
-int32_t tok_lookup(const engine_tokenizer *t, const char *s, size_t n);
+int32_t engine_tok_lookup(const engine_tokenizer *t, const char *s, size_t n);
 
 /* ---- one tokenize call ---------------------------------------------------- */
 
@@ -90,7 +90,7 @@ static inline void emit(struct tok_run *r, int32_t id)
 }
 
 /* Grow an array to hold `need` elements; NULL (and p untouched) on failure. */
-void *tok_grow(void *p, size_t *cap, size_t need, size_t elem);
+void *engine_tok_grow(void *p, size_t *cap, size_t need, size_t elem);
 
 /* ---- detokenization: the bytes of one token's piece ------------------------ */
 
@@ -105,18 +105,18 @@ struct piece {
 
 /* Defaults, merges, the pre-tokenizer of tokenizer.ggml.pre and the decoded
  * pieces. Called after the vocabulary and the special ids are loaded; the
- * defaults are applied before by bpe_defaults(). */
-void bpe_defaults(engine_tokenizer *t, const struct gguf_file *f);
-int bpe_build(engine_tokenizer *t, const struct gguf_file *f, struct cm_err *err);
-void bpe_free(struct bpe *b); /* NULL-safe */
+ * defaults are applied before by engine_bpe_defaults(). */
+void engine_bpe_defaults(engine_tokenizer *t, const struct gguf_file *f);
+int engine_bpe_build(engine_tokenizer *t, const struct gguf_file *f, struct cm_err *err);
+void engine_bpe_free(struct bpe *b); /* NULL-safe */
 /* One raw fragment of the special-token partition -> ids. */
-int bpe_tokenize_raw(struct tok_run *r, const char *s, size_t n);
-void bpe_scratch_free(struct bpe_scratch *bs); /* NULL-safe */
-void bpe_piece(const engine_tokenizer *t, int32_t id, bool special, struct piece *pc);
+int engine_bpe_tokenize_raw(struct tok_run *r, const char *s, size_t n);
+void engine_bpe_scratch_free(struct bpe_scratch *bs); /* NULL-safe */
+void engine_bpe_piece(const engine_tokenizer *t, int32_t id, bool special, struct piece *pc);
 /* clean_spaces post-processing of a whole detokenized text, in place;
  * returns the new length. */
-size_t bpe_clean_spaces(char *s, size_t n);
+size_t engine_bpe_clean_spaces(char *s, size_t n);
 /* The pre-tokenizer's name in force (for messages and tests). */
-const char *bpe_pre_name(const engine_tokenizer *t);
+const char *engine_bpe_pre_name(const engine_tokenizer *t);
 
 #endif

@@ -306,7 +306,7 @@ static void info_text(const char *path, const struct gguf_file *f, const struct 
 		printf("  %5" PRIu64 "  ", i);
 		int w = put_name(t->name, strlen(t->name), GGUF_MAX_NAME);
 		printf("%*s %-8s %-24s %12" PRIu64 " %12" PRIu64 "\n", w < 40 ? 40 - w : 0, "",
-		       dtype_name(t->type), dims, t->offset, t->nbytes);
+		       quant_dtype_name(t->type), dims, t->offset, t->nbytes);
 	}
 
 	printf("\ntotals:\n");
@@ -315,7 +315,7 @@ static void info_text(const char *path, const struct gguf_file *f, const struct 
 		if (!tot[ty].tensors)
 			continue;
 		printf("  %-8s %8" PRIu64 " tensors %16" PRIu64 " elements %16" PRIu64 " bytes\n",
-		       dtype_name(ty), tot[ty].tensors, tot[ty].elements, tot[ty].bytes);
+		       quant_dtype_name(ty), tot[ty].tensors, tot[ty].elements, tot[ty].bytes);
 		all_t += tot[ty].tensors;
 		all_e += tot[ty].elements;
 		all_b += tot[ty].bytes;
@@ -351,7 +351,7 @@ static void info_json(const char *path, const struct gguf_file *f, const struct 
 		const struct gguf_tensor *t = &f->tensors[i];
 		fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", stdout);
 		put_str(t->name, strlen(t->name), 0, true);
-		printf(", \"type\": \"%s\", \"dims\": [", dtype_name(t->type));
+		printf(", \"type\": \"%s\", \"dims\": [", quant_dtype_name(t->type));
 		for (uint32_t d = 0; d < t->n_dims; d++)
 			printf("%s%" PRId64, d ? ", " : "", t->ne[d]);
 		printf("], \"offset\": %" PRIu64 ", \"bytes\": %" PRIu64 "}", t->offset, t->nbytes);
@@ -363,7 +363,7 @@ static void info_json(const char *path, const struct gguf_file *f, const struct 
 			continue;
 		printf("%s\"%s\": {\"tensors\": %" PRIu64 ", \"elements\": %" PRIu64
 		       ", \"bytes\": %" PRIu64 "}",
-		       first ? "" : ", ", dtype_name(ty), tot[ty].tensors, tot[ty].elements,
+		       first ? "" : ", ", quant_dtype_name(ty), tot[ty].tensors, tot[ty].elements,
 		       tot[ty].bytes);
 		first = false;
 	}

@@ -74,7 +74,7 @@ static void usage(FILE *o)
 /* Source types we can read rows of (every computable type dequantizes). */
 static bool can_read(uint32_t type)
 {
-	const struct dtype_info *ti = dtype_get(type);
+	const struct dtype_info *ti = quant_dtype_get(type);
 	return ti && ti->computable;
 }
 
@@ -143,8 +143,8 @@ static void *convert_rows(void *arg)
 	}
 	const uint8_t *src = w->t->data;
 	for (int64_t r = w->r0; r < w->r1; r++) {
-		if (dequantize_row(w->t->type, src + (uint64_t)r * w->t->row_bytes, tmp, ne0) ||
-		    quantize_row(w->out_type, tmp, w->out + (uint64_t)r * w->out_row, ne0)) {
+		if (quant_dequantize_row(w->t->type, src + (uint64_t)r * w->t->row_bytes, tmp, ne0) ||
+		    quant_quantize_row(w->out_type, tmp, w->out + (uint64_t)r * w->out_row, ne0)) {
 			w->rc = -EINVAL;
 			break;
 		}
@@ -278,7 +278,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 
-	const bool has_output = gguf_find_tensor(f, "output.weight") != NULL;
+	const bool has_output = gguf_tensor_by_name(f, "output.weight") != NULL;
 	const int n_layer = count_layers(f), gqa = model_gqa(f);
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
 		const struct gguf_tensor *t = &f->tensors[i];
@@ -302,11 +302,11 @@ int main(int argc, char **argv)
 		if (out_type != t->type) {
 			if (!can_read(t->type)) {
 				fprintf(stderr, "edgelm-quantize: %s: cannot convert from %s\n",
-					t->name, dtype_name(t->type));
+					t->name, quant_dtype_name(t->type));
 				ret = EXIT_INPUT;
 				goto out;
 			}
-			size_t out_row = dtype_row_size(out_type, t->ne[0]);
+			size_t out_row = quant_dtype_row_size(out_type, t->ne[0]);
 			uint64_t rows = (uint64_t)(t->ne[1] * t->ne[2] * t->ne[3]), nbytes;
 			if (!out_row || cm_mul_overflow_u64(rows, out_row, &nbytes) ||
 			    nbytes > SIZE_MAX) {
@@ -334,7 +334,7 @@ int main(int argc, char **argv)
 		}
 		n_by_type[out_type]++;
 		in_bytes += t->nbytes;
-		out_bytes += dtype_row_size(out_type, t->ne[0]) *
+		out_bytes += quant_dtype_row_size(out_type, t->ne[0]) *
 			     (uint64_t)(t->ne[1] * t->ne[2] * t->ne[3]);
 	}
 
@@ -348,7 +348,7 @@ int main(int argc, char **argv)
 	const char *sep = " ";
 	for (uint32_t t = 0; t < ENGINE_DTYPE_COUNT; t++) {
 		if (n_by_type[t]) {
-			printf("%s%s %u", sep, dtype_name(t), n_by_type[t]);
+			printf("%s%s %u", sep, quant_dtype_name(t), n_by_type[t]);
 			sep = ", ";
 		}
 	}

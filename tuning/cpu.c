@@ -293,14 +293,15 @@ int tuning_cpu_amx_request(struct tuning_cpu *cpu, struct cm_err *err)
 	return 0;
 }
 
-void tuning_cpu_engine_isa(const struct tuning_cpu *cpu, struct cm_cpu_isa *ret)
+bool tuning_cpu_engine_isa(const struct tuning_cpu *cpu, struct cm_cpu_isa *ret)
 {
 	*ret = cpu->isa;
 	/* Only the live CPU can have the permission; a report read from a fake
 	 * tree never grants AMX to the engine. */
-	bool ok = strcmp(cpu->source, "cpuid+xgetbv") == 0 && ret->amx_tile && cm_amx_permitted();
-	if (!ok)
+	bool live = strcmp(cpu->source, "cpuid+xgetbv") == 0;
+	if (!(live && ret->amx_tile && cm_amx_permitted()))
 		ret->amx_tile = ret->amx_int8 = ret->amx_bf16 = false;
+	return live;
 }
 
 #else
@@ -310,10 +311,11 @@ int tuning_cpu_amx_request(struct tuning_cpu *cpu, struct cm_err *err)
 	return cm_err_set(err, -EOPNOTSUPP, "amx: not an x86 CPU");
 }
 
-void tuning_cpu_engine_isa(const struct tuning_cpu *cpu, struct cm_cpu_isa *ret)
+bool tuning_cpu_engine_isa(const struct tuning_cpu *cpu, struct cm_cpu_isa *ret)
 {
 	*ret = cpu->isa;
 	ret->amx_tile = ret->amx_int8 = ret->amx_bf16 = false;
+	return strcmp(cpu->source, "hwcap") == 0;
 }
 
 #endif

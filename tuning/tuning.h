@@ -137,9 +137,11 @@ int tuning_cpu_parse_cpuinfo(const char *text, struct tuning_cpu *cpu);
 /* Ask the kernel for AMX (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA).
  * Process-wide and permanent. -EOPNOTSUPP when the CPU/OS lacks AMX. */
 int tuning_cpu_amx_request(struct tuning_cpu *cpu, struct cm_err *err);
-/* The caps to hand to the engine: cpu->isa, with AMX cleared unless the
- * kernel has granted permission (checked now, on x86). */
-void tuning_cpu_engine_isa(const struct tuning_cpu *cpu, struct cm_cpu_isa *ret);
+/* The instruction sets to hand to the engine (engine_params.cpu): cpu->isa,
+ * with AMX cleared unless the kernel has granted permission (checked now, on
+ * x86). True when the report is the live CPU's (common/cpu.h's probe); a
+ * fake tree's is for reports only, never for choosing kernels. */
+bool tuning_cpu_engine_isa(const struct tuning_cpu *cpu, struct cm_cpu_isa *ret);
 /* "avx2 fma f16c avx512f ..." of the set flags (kern_caps fields first). */
 void tuning_isa_format(const struct cm_cpu_isa *isa, char *buf, size_t len);
 

@@ -13,6 +13,7 @@
 #ifndef EDGELM_KERN_H
 #define EDGELM_KERN_H
 
+#include "common/cpu.h"
 #include "engine/kernels/formats.h"
 
 #include <stddef.h>
@@ -108,15 +109,6 @@ struct kern_type_ops {
 	kern_gemm_x16_fn gemm_x16;
 };
 
-/* CPU features the dispatcher looks at (filled by tuning/ or by
- * kern_detect_caps() when the engine runs standalone). */
-struct kern_caps {
-	bool avx2, fma, f16c;
-	bool avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avx512bf16;
-	bool avxvnni;
-	bool amx_tile, amx_int8, amx_bf16;
-	bool neon, dotprod, i8mm;
-};
 
 struct kern_ops {
 	const char *name; /* "scalar", "avx2", "avx512", ... */
@@ -269,15 +261,15 @@ void kern_gemm_x16_ref(uint32_t type, int64_t n, int nr, int nt, const void *w,
 /* Portable streaming read (8 independent 64-bit lanes). */
 uint64_t kern_read_stream_generic(const void *p, size_t n);
 
-/* Pick the best variant the caps allow, or the one named by `force`
- * ("scalar", "avx2", ...; NULL or "" or "auto" for the best). Returns NULL and
- * sets *ret_missing (if not NULL) when `force` names a variant that is not
- * compiled in or not supported by the CPU. */
-const struct kern_ops *kern_select(const struct kern_caps *caps, const char *force);
+/* Pick the best variant the instruction sets allow (common/cpu.h's usable
+ * set; NULL: probe now), or the one named by `force` ("scalar", "avx2", ...;
+ * NULL or "" or "auto" for the best). Returns NULL when `force` names a
+ * variant that is not compiled in or not supported by the CPU. */
+const struct kern_ops *kern_select(const struct cm_cpu_isa *caps, const char *force);
 /* List the names of compiled-in variants, best first (NULL-terminated). */
 const char *const *kern_variant_names(void);
-/* Minimal CPUID/XGETBV detection for standalone use (edgelm-run, tests). */
-void kern_detect_caps(struct kern_caps *caps);
+/* The usable set of the common probe (cm_cpu_probe), for tests. */
+void kern_detect_caps(struct cm_cpu_isa *caps);
 /* Ask Linux for the AMX tile state for this process
  * (arch_prctl(ARCH_REQ_XCOMP_PERM); process-wide, no way back). The "amx"
  * variant is offered only while the permission is held: edgelmd's tuning

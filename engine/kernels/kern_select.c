@@ -1,10 +1,10 @@
 /* engine/kernels/kern_select.c: CPU feature detection and the choice of
  * kernel variant.
  *
- * Built without ISA flags and without <immintrin.h>: it only asks the CPU
- * what it has. A variant is usable when the CPU implements its instructions
- * AND the OS saves the registers they use (XCR0), otherwise the first vector
- * instruction would fault. */
+ * Built without ISA flags and without <immintrin.h>. A variant is usable
+ * when the CPU implements its instructions AND the OS saves the registers
+ * they use (XCR0), otherwise the first vector instruction would fault: the
+ * usable set of common/cpu.h's probe, which tuning reports too. */
 #include "engine/kernels/kern.h"
 
 #include "common/common.h"
@@ -12,12 +12,6 @@
 #include <pthread.h>
 #include <string.h>
 #include <strings.h>
-
-#if defined(__x86_64__)
-#include <cpuid.h>
-#elif defined(__aarch64__) && defined(__linux__)
-#include <sys/auxv.h>
-#endif
 
 /* ---- AMX permission ---------------------------------------------------------- */
 
@@ -35,29 +29,29 @@ bool kern_amx_request(void)
 extern const struct kern_ops kern_amx_ops, kern_avx512vnni_ops, kern_avx512_ops,
 	kern_avxvnni_ops, kern_avx2_ops, kern_neon_dotprod_ops, kern_neon_ops;
 
-static bool caps_none(const struct kern_caps *c)
+static bool caps_none(const struct cm_cpu_isa *c)
 {
 	(void)c;
 	return true;
 }
 
 #if !defined(EDGELM_NO_ISA_VARIANTS) && defined(__x86_64__)
-static bool caps_avx2(const struct kern_caps *c)
+static bool caps_avx2(const struct cm_cpu_isa *c)
 {
 	return c->avx2 && c->fma && c->f16c;
 }
 
-static bool caps_avxvnni(const struct kern_caps *c)
+static bool caps_avxvnni(const struct cm_cpu_isa *c)
 {
 	return caps_avx2(c) && c->avxvnni;
 }
 
-static bool caps_avx512(const struct kern_caps *c)
+static bool caps_avx512(const struct cm_cpu_isa *c)
 {
 	return caps_avx2(c) && c->avx512f && c->avx512bw && c->avx512vl && c->avx512dq;
 }
 
-static bool caps_avx512vnni(const struct kern_caps *c)
+static bool caps_avx512vnni(const struct cm_cpu_isa *c)
 {
 	return caps_avx512(c) && c->avx512vnni;
 }
@@ -67,7 +61,7 @@ static bool caps_avx512vnni(const struct kern_caps *c)
  * first tile instruction raises SIGILL. The engine does not ask on its own,
  * so that `amx off` keeps AMX off: it uses the tiles when the permission is
  * already held. */
-static bool caps_amx(const struct kern_caps *c)
+static bool caps_amx(const struct cm_cpu_isa *c)
 {
 	return caps_avx512vnni(c) && c->amx_tile && c->amx_int8 && cm_amx_permitted();
 }
@@ -79,12 +73,12 @@ static bool caps_amx(const struct kern_caps *c)
 	X("avxvnni", &kern_avxvnni_ops, caps_avxvnni, "avx2")               \
 	X("avx2", &kern_avx2_ops, caps_avx2, "scalar")
 #elif !defined(EDGELM_NO_ISA_VARIANTS) && defined(__aarch64__)
-static bool caps_neon(const struct kern_caps *c)
+static bool caps_neon(const struct cm_cpu_isa *c)
 {
 	return c->neon;
 }
 
-static bool caps_dotprod(const struct kern_caps *c)
+static bool caps_dotprod(const struct cm_cpu_isa *c)
 {
 	return c->neon && c->dotprod;
 }
@@ -104,7 +98,7 @@ static bool caps_dotprod(const struct kern_caps *c)
 static const struct variant {
 	const char *name;
 	const struct kern_ops *ops;
-	bool (*supported)(const struct kern_caps *caps);
+	bool (*supported)(const struct cm_cpu_isa *caps);
 	const char *under;
 } variants[] = {
 #define VARIANT_ENTRY(n, o, p, u) { n, o, p, u },
@@ -203,9 +197,9 @@ const char *const *kern_variant_names(void)
 	return variant_names;
 }
 
-const struct kern_ops *kern_select(const struct kern_caps *caps, const char *force)
+const struct kern_ops *kern_select(const struct cm_cpu_isa *caps, const char *force)
 {
-	struct kern_caps detected;
+	struct cm_cpu_isa detected;
 	bool any = !force || !*force || strcasecmp(force, "auto") == 0;
 
 	if (!caps) {
@@ -264,93 +258,9 @@ uint64_t kern_read_stream_generic(const void *p, size_t n)
 
 /* ---- detection -------------------------------------------------------------- */
 
-#if defined(__x86_64__)
-
-static uint64_t read_xcr0(void)
+void kern_detect_caps(struct cm_cpu_isa *caps)
 {
-	uint32_t lo, hi;
-	/* xgetbv with ecx = 0; only valid when CPUID.1:ECX.OSXSAVE is set. */
-	__asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-	return ((uint64_t)hi << 32) | lo;
+	struct cm_cpu p;
+	cm_cpu_probe(&p);
+	*caps = p.usable;
 }
-
-#define BIT(r, n) (((r) >> (n)) & 1u)
-
-void kern_detect_caps(struct kern_caps *caps)
-{
-	unsigned a, b, c, d;
-	unsigned c1 = 0, b7 = 0, c7 = 0, d7 = 0, a71 = 0;
-	uint64_t xcr0 = 0;
-
-	memset(caps, 0, sizeof(*caps));
-	if (!__get_cpuid_count(1, 0, &a, &b, &c, &d))
-		return;
-	c1 = c;
-	if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
-		unsigned max_sub = a;
-		b7 = b;
-		c7 = c;
-		d7 = d;
-		if (max_sub >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d))
-			a71 = a;
-	}
-	if (BIT(c1, 27)) /* OSXSAVE: xgetbv is available */
-		xcr0 = read_xcr0();
-
-	/* XCR0: 1 SSE, 2 AVX (upper YMM); 5 opmask, 6 ZMM0-15 upper, 7 ZMM16-31;
-	 * 17 XTILECFG, 18 XTILEDATA. (On Linux, AMX also needs a per-process
-	 * arch_prctl(ARCH_REQ_XCOMP_PERM) before first use; that belongs to
-	 * the AMX variant.) */
-	bool ymm = (xcr0 & 0x6) == 0x6;
-	bool zmm = ymm && (xcr0 & 0xe0) == 0xe0;
-	bool tmm = (xcr0 & 0x60000) == 0x60000;
-	bool avx = ymm && BIT(c1, 28);
-
-	caps->fma = avx && BIT(c1, 12);
-	caps->f16c = avx && BIT(c1, 29);
-	caps->avx2 = avx && BIT(b7, 5);
-	caps->avxvnni = caps->avx2 && BIT(a71, 4);
-
-	caps->avx512f = zmm && BIT(b7, 16);
-	caps->avx512dq = caps->avx512f && BIT(b7, 17);
-	caps->avx512bw = caps->avx512f && BIT(b7, 30);
-	caps->avx512vl = caps->avx512f && BIT(b7, 31);
-	caps->avx512vnni = caps->avx512f && BIT(c7, 11);
-	caps->avx512bf16 = caps->avx512f && BIT(a71, 5);
-
-	caps->amx_bf16 = tmm && BIT(d7, 22);
-	caps->amx_tile = tmm && BIT(d7, 24);
-	caps->amx_int8 = tmm && BIT(d7, 25);
-}
-
-#elif defined(__aarch64__) && defined(__linux__)
-
-/* Values from the arm64 ABI (asm/hwcap.h), for older headers. */
-#ifndef HWCAP_ASIMD
-#define HWCAP_ASIMD (1ul << 1)
-#endif
-#ifndef HWCAP_ASIMDDP
-#define HWCAP_ASIMDDP (1ul << 20)
-#endif
-#ifndef HWCAP2_I8MM
-#define HWCAP2_I8MM (1ul << 13)
-#endif
-
-void kern_detect_caps(struct kern_caps *caps)
-{
-	unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
-
-	memset(caps, 0, sizeof(*caps));
-	caps->neon = (hw & HWCAP_ASIMD) != 0;
-	caps->dotprod = caps->neon && (hw & HWCAP_ASIMDDP) != 0;
-	caps->i8mm = caps->neon && (hw2 & HWCAP2_I8MM) != 0;
-}
-
-#else
-
-void kern_detect_caps(struct kern_caps *caps)
-{
-	memset(caps, 0, sizeof(*caps));
-}
-
-#endif

@@ -78,7 +78,7 @@ static void exercise(const struct gguf_file *f)
 	}
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
 		const struct gguf_tensor *t = &f->tensors[i];
-		REQUIRE(gguf_find_tensor(f, t->name) == t);
+		REQUIRE(gguf_tensor_by_name(f, t->name) == t);
 		REQUIRE(t->nbytes > 0);
 		REQUIRE((const uint8_t *)t->data >= f->base + f->data_start);
 		REQUIRE((const uint8_t *)t->data + t->nbytes <= f->base + f->size);

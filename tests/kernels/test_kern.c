@@ -273,7 +273,7 @@ static void ref_decode(uint32_t type, const void *src, int64_t n, double *out)
 	ref_decode2(type, src, n, out, NULL);
 }
 
-/* Elements and bytes per block, from the §2.1 table (not from dtype_get). */
+/* Elements and bytes per block, from the §2.1 table (not from quant_dtype_get). */
 static void ref_block(uint32_t type, int *blck, int *size)
 {
 	static const struct {
@@ -301,7 +301,7 @@ static void ref_block(uint32_t type, int *blck, int *size)
 	*size = 0;
 }
 
-/* Bytes of n elements, from the §2.1 sizes (not from dtype_row_size). */
+/* Bytes of n elements, from the §2.1 sizes (not from quant_dtype_row_size). */
 static size_t ref_bytes(uint32_t type, int64_t n)
 {
 	int blck, size;
@@ -354,7 +354,7 @@ static void test_fp16_decode_exhaustive(void)
 	quant_init();
 	quant_init(); /* idempotent */
 	for (uint32_t h = 0; h < 65536; h++) {
-		float f = fp16_to_f32((uint16_t)h);
+		float f = quant_fp16_to_f32((uint16_t)h);
 		double r = ref_f16((uint16_t)h);
 		if (isnan(r)) {
 			CHECK_MSG(isnan(f) && !!signbit(f) == !!(h & 0x8000), "half 0x%04x", h);
@@ -372,7 +372,7 @@ static void test_fp16_roundtrip_exhaustive(void)
 {
 	for (uint32_t h = 0; h < 65536; h++) {
 		float f = (float)ref_f16((uint16_t)h);
-		uint16_t r = fp32_to_fp16(f);
+		uint16_t r = quant_fp32_to_fp16(f);
 		if (isnan(f)) {
 			/* Payload aside, a NaN must stay a NaN of the same sign. */
 			CHECK_MSG((r & 0x7c00) == 0x7c00 && (r & 0x3ff) &&
@@ -396,12 +396,12 @@ static void test_fp16_rne_midpoints(void)
 		CHECK_MSG((double)mid == (lo + hi) / 2, "midpoint of 0x%04x not exact", h);
 		uint16_t even = (h & 1) ? (uint16_t)(h + 1) : (uint16_t)h;
 		float up = nextafterf(mid, INFINITY), down = nextafterf(mid, 0.0f);
-		CHECK_MSG(fp32_to_fp16(mid) == even, "tie above 0x%04x -> 0x%04x", h,
-			  fp32_to_fp16(mid));
-		CHECK_MSG(fp32_to_fp16(up) == h + 1, "above mid of 0x%04x", h);
-		CHECK_MSG(fp32_to_fp16(down) == h, "below mid of 0x%04x", h);
-		CHECK_MSG(fp32_to_fp16(-mid) == (even | 0x8000), "negative tie 0x%04x", h);
-		CHECK_MSG(fp32_to_fp16(-up) == ((h + 1) | 0x8000), "negative above 0x%04x", h);
+		CHECK_MSG(quant_fp32_to_fp16(mid) == even, "tie above 0x%04x -> 0x%04x", h,
+			  quant_fp32_to_fp16(mid));
+		CHECK_MSG(quant_fp32_to_fp16(up) == h + 1, "above mid of 0x%04x", h);
+		CHECK_MSG(quant_fp32_to_fp16(down) == h, "below mid of 0x%04x", h);
+		CHECK_MSG(quant_fp32_to_fp16(-mid) == (even | 0x8000), "negative tie 0x%04x", h);
+		CHECK_MSG(quant_fp32_to_fp16(-up) == ((h + 1) | 0x8000), "negative above 0x%04x", h);
 		if (test_cur_failed > 10)
 			return;
 	}
@@ -445,14 +445,14 @@ static void test_fp16_known_values(void)
 		{ -INFINITY, 0xfc00 },
 	};
 	for (size_t i = 0; i < sizeof(kv) / sizeof(kv[0]); i++)
-		CHECK_MSG(fp32_to_fp16(kv[i].f) == kv[i].h, "%.9g -> 0x%04x, expected 0x%04x",
-			  kv[i].f, fp32_to_fp16(kv[i].f), kv[i].h);
+		CHECK_MSG(quant_fp32_to_fp16(kv[i].f) == kv[i].h, "%.9g -> 0x%04x, expected 0x%04x",
+			  kv[i].f, quant_fp32_to_fp16(kv[i].f), kv[i].h);
 
 	/* NaNs: a payload only in the low 13 bits must not turn into inf. */
 	static const uint32_t nans[] = { 0x7fc00000u, 0x7f800001u, 0xff800001u, 0x7fbfffffu,
 					 0xffffffffu };
 	for (size_t i = 0; i < sizeof(nans) / sizeof(nans[0]); i++) {
-		uint16_t r = fp32_to_fp16(u2f(nans[i]));
+		uint16_t r = quant_fp32_to_fp16(u2f(nans[i]));
 		CHECK_MSG((r & 0x7c00) == 0x7c00 && (r & 0x3ff) != 0, "nan 0x%08x -> 0x%04x",
 			  nans[i], r);
 		CHECK_EQ_INT(r >> 15, nans[i] >> 31);
@@ -466,7 +466,7 @@ static void test_fp16_random_nearest(void)
 		float f = u2f((uint32_t)kt_rng_u64());
 		if (isnan(f))
 			continue;
-		uint16_t h = fp32_to_fp16(f);
+		uint16_t h = quant_fp32_to_fp16(f);
 		double err = fabs(ref_f16(h) - f);
 		double af = fabs((double)f);
 		if (af >= 65520.0) {
@@ -496,8 +496,8 @@ static void test_bf16(void)
 	/* Exhaustive round trip; NaNs stay NaN and come back quiet. */
 	for (uint32_t b = 0; b < 65536; b++) {
 		double r = ref_bf16((uint16_t)b);
-		float f = bf16_to_f32((uint16_t)b);
-		uint16_t back = fp32_to_bf16(f);
+		float f = quant_bf16_to_f32((uint16_t)b);
+		uint16_t back = quant_fp32_to_bf16(f);
 		if (isnan(r)) {
 			CHECK_MSG(isnan(f), "0x%04x", b);
 			CHECK_MSG((back & 0x7f80) == 0x7f80 && (back & 0x40) &&
@@ -514,26 +514,26 @@ static void test_bf16(void)
 	for (uint32_t b = 0; b < 0x7f80; b++) {
 		uint32_t mid = (b << 16) | 0x8000;
 		uint16_t even = (b & 1) ? (uint16_t)(b + 1) : (uint16_t)b;
-		CHECK_MSG(fp32_to_bf16(u2f(mid)) == even, "tie at 0x%08x", mid);
-		CHECK_MSG(fp32_to_bf16(u2f(mid + 1)) == b + 1, "above 0x%08x", mid);
-		CHECK_MSG(fp32_to_bf16(u2f(mid - 1)) == b, "below 0x%08x", mid);
-		CHECK_MSG(fp32_to_bf16(u2f(mid | 0x80000000u)) == (even | 0x8000), "neg tie 0x%08x",
+		CHECK_MSG(quant_fp32_to_bf16(u2f(mid)) == even, "tie at 0x%08x", mid);
+		CHECK_MSG(quant_fp32_to_bf16(u2f(mid + 1)) == b + 1, "above 0x%08x", mid);
+		CHECK_MSG(quant_fp32_to_bf16(u2f(mid - 1)) == b, "below 0x%08x", mid);
+		CHECK_MSG(quant_fp32_to_bf16(u2f(mid | 0x80000000u)) == (even | 0x8000), "neg tie 0x%08x",
 			  mid);
 		if (test_cur_failed > 10)
 			return;
 	}
-	CHECK_EQ_INT(fp32_to_bf16(1.0f), 0x3f80);
-	CHECK_EQ_INT(fp32_to_bf16(-2.0f), 0xc000);
-	CHECK_EQ_INT(fp32_to_bf16(u2f(0x3f808000u)), 0x3f80); /* tie -> even */
-	CHECK_EQ_INT(fp32_to_bf16(u2f(0x3f818000u)), 0x3f82); /* tie -> even */
-	CHECK_EQ_INT(fp32_to_bf16(u2f(0x3f808001u)), 0x3f81);
-	CHECK_EQ_INT(fp32_to_bf16(u2f(0x7f7fffffu)), 0x7f80); /* FLT_MAX rounds to inf */
-	CHECK_EQ_INT(fp32_to_bf16(u2f(0x7f7f7fffu)), 0x7f7f);
-	CHECK_EQ_INT(fp32_to_bf16(INFINITY), 0x7f80);
-	CHECK_EQ_INT(fp32_to_bf16(-INFINITY), 0xff80);
-	CHECK_EQ_INT(fp32_to_bf16(u2f(0x00000001u)), 0x0000); /* tiny subnormal */
-	CHECK_EQ_INT(fp32_to_bf16(u2f(0x80018000u)), 0x8002);
-	uint16_t qn = fp32_to_bf16(u2f(0x7f800001u)); /* signalling, low payload */
+	CHECK_EQ_INT(quant_fp32_to_bf16(1.0f), 0x3f80);
+	CHECK_EQ_INT(quant_fp32_to_bf16(-2.0f), 0xc000);
+	CHECK_EQ_INT(quant_fp32_to_bf16(u2f(0x3f808000u)), 0x3f80); /* tie -> even */
+	CHECK_EQ_INT(quant_fp32_to_bf16(u2f(0x3f818000u)), 0x3f82); /* tie -> even */
+	CHECK_EQ_INT(quant_fp32_to_bf16(u2f(0x3f808001u)), 0x3f81);
+	CHECK_EQ_INT(quant_fp32_to_bf16(u2f(0x7f7fffffu)), 0x7f80); /* FLT_MAX rounds to inf */
+	CHECK_EQ_INT(quant_fp32_to_bf16(u2f(0x7f7f7fffu)), 0x7f7f);
+	CHECK_EQ_INT(quant_fp32_to_bf16(INFINITY), 0x7f80);
+	CHECK_EQ_INT(quant_fp32_to_bf16(-INFINITY), 0xff80);
+	CHECK_EQ_INT(quant_fp32_to_bf16(u2f(0x00000001u)), 0x0000); /* tiny subnormal */
+	CHECK_EQ_INT(quant_fp32_to_bf16(u2f(0x80018000u)), 0x8002);
+	uint16_t qn = quant_fp32_to_bf16(u2f(0x7f800001u)); /* signalling, low payload */
 	CHECK_MSG((qn & 0x7f80) == 0x7f80 && (qn & 0x7f), "nan -> 0x%04x", qn);
 }
 
@@ -553,13 +553,13 @@ static void test_q8_0_known_answer(void)
 		13.5f, 14.5f, 15.5f, 16.5f, 17.5f, 18.5f, 19.5f, 20.5f, 21.5f, -63.5f,
 	};
 	float y[32];
-	CHECK_OK(dequantize_row(ENGINE_DTYPE_Q8_0, blk, y, 32));
+	CHECK_OK(quant_dequantize_row(ENGINE_DTYPE_Q8_0, blk, y, 32));
 	for (int j = 0; j < 32; j++)
 		CHECK_MSG(y[j] == want[j], "elem %d: %g, expected %g", j, y[j], want[j]);
 
 	/* Subnormal scale 2^-24 (0x0001), q = 127 and -128. */
 	uint8_t sub[34] = { 0x01, 0x00, 0x7f, 0x80 };
-	CHECK_OK(dequantize_row(ENGINE_DTYPE_Q8_0, sub, y, 32));
+	CHECK_OK(quant_dequantize_row(ENGINE_DTYPE_Q8_0, sub, y, 32));
 	CHECK(y[0] == 127.0f * 0x1p-24f && y[1] == -128.0f * 0x1p-24f && y[2] == 0.0f);
 
 	/* Quantize: amax = 127 makes d = 1 exactly; roundf() rounds halves
@@ -574,7 +574,7 @@ static void test_q8_0_known_answer(void)
 		8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, -23,
 	};
 	uint8_t out[34];
-	quantize_row_q8_0_ref(x, out, 32);
+	quant_quantize_row_q8_0_ref(x, out, 32);
 	CHECK(out[0] == 0x00 && out[1] == 0x3c);
 	for (int j = 0; j < 32; j++)
 		CHECK_MSG((int8_t)out[2 + j] == q[j], "q[%d] = %d, expected %d", j,
@@ -582,7 +582,7 @@ static void test_q8_0_known_answer(void)
 
 	/* amax = 63.5: d = 0.5 (0x3800), 1/d = 2. */
 	float x2[32] = { 63.5f, 0.25f, -0.75f, -63.5f, 0.2f };
-	quantize_row_q8_0_ref(x2, out, 32);
+	quant_quantize_row_q8_0_ref(x2, out, 32);
 	CHECK(out[0] == 0x00 && out[1] == 0x38);
 	CHECK((int8_t)out[2] == 127 && (int8_t)out[3] == 1 && (int8_t)out[4] == -2);
 	CHECK((int8_t)out[5] == -127 && (int8_t)out[6] == 0 && (int8_t)out[7] == 0);
@@ -591,7 +591,7 @@ static void test_q8_0_known_answer(void)
 	float z[64] = { 0 };
 	uint8_t out2[68];
 	memset(out2, 0x55, sizeof(out2));
-	quantize_row_q8_0_ref(z, out2, 64);
+	quant_quantize_row_q8_0_ref(z, out2, 64);
 	for (int j = 0; j < 68; j++)
 		CHECK_MSG(out2[j] == 0, "byte %d = 0x%02x", j, out2[j]);
 }
@@ -610,7 +610,7 @@ static void test_q4_0_known_answer(void)
 		0x75, 0x8a, 0x97, 0xac, 0xb0, 0xca, 0xd6, 0xef, 0xf2,
 	};
 	uint8_t out[18];
-	quantize_row_q4_0_ref(x, out, 32);
+	quant_quantize_row_q4_0_ref(x, out, 32);
 	for (int j = 0; j < 18; j++)
 		CHECK_MSG(out[j] == want[j], "byte %d = 0x%02x, expected 0x%02x", j, out[j],
 			  want[j]);
@@ -621,7 +621,7 @@ static void test_q4_0_known_answer(void)
 		-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7,
 	};
 	float y[32];
-	CHECK_OK(dequantize_row(ENGINE_DTYPE_Q4_0, want, y, 32));
+	CHECK_OK(quant_dequantize_row(ENGINE_DTYPE_Q4_0, want, y, 32));
 	for (int j = 0; j < 32; j++)
 		CHECK_MSG(y[j] == deq[j], "elem %d: %g, expected %g", j, y[j], deq[j]);
 
@@ -634,14 +634,14 @@ static void test_q4_0_known_answer(void)
 		0x00, 0xb8, 0x80, 0x8f, 0x86, 0x8a, 0x88, 0x89, 0x88,
 		0x81, 0x8f, 0x87, 0x89, 0x84, 0x8c, 0x80, 0x8f, 0x85,
 	};
-	quantize_row_q4_0_ref(x2, out, 32);
+	quant_quantize_row_q4_0_ref(x2, out, 32);
 	for (int j = 0; j < 18; j++)
 		CHECK_MSG(out[j] == want2[j], "byte %d = 0x%02x, expected 0x%02x", j, out[j],
 			  want2[j]);
 
 	/* Dequantize with d = 2 (0x4000): 0x9f -> lo 7*2, hi 1*2. */
 	uint8_t blk[18] = { 0x00, 0x40, 0x9f, 0x0f, 0xf0 };
-	CHECK_OK(dequantize_row(ENGINE_DTYPE_Q4_0, blk, y, 32));
+	CHECK_OK(quant_dequantize_row(ENGINE_DTYPE_Q4_0, blk, y, 32));
 	CHECK(y[0] == 14.0f && y[16] == 2.0f);
 	CHECK(y[1] == 14.0f && y[17] == -16.0f);
 	CHECK(y[2] == -16.0f && y[18] == 14.0f);
@@ -650,7 +650,7 @@ static void test_q4_0_known_answer(void)
 	/* All zeros: every q = 8 (the zero code) and d = 0 / -8 = -0, stored as
 	 * 0x8000 -- ggml writes the same bytes. */
 	float z[32] = { 0 };
-	quantize_row_q4_0_ref(z, out, 32);
+	quant_quantize_row_q4_0_ref(z, out, 32);
 	CHECK(out[0] == 0x00 && out[1] == 0x80);
 	for (int j = 2; j < 18; j++)
 		CHECK_MSG(out[j] == 0x88, "byte %d = 0x%02x", j, out[j]);
@@ -834,7 +834,7 @@ static void test_q8_0_roundtrip_bound(void)
 		uint8_t *y = kt_xmalloc(ref_bytes(ENGINE_DTYPE_Q8_0, n));
 		for (int rep = 0; rep < 20; rep++) {
 			fill_input(x, n, (rep & 1) ? 1e6f : 0.0f);
-			CHECK_OK(quantize_row(ENGINE_DTYPE_Q8_0, x, y, n));
+			CHECK_OK(quant_quantize_row(ENGINE_DTYPE_Q8_0, x, y, n));
 			CHECK_EQ_INT(check_q8_0_bound(x, y, n, "q8_0"), 0);
 		}
 		free(x);
@@ -868,7 +868,7 @@ static void test_q4_0_roundtrip_bound(void)
 			/* Put the far side of the range in some blocks: x = -max. */
 			if (rep % 3 == 0)
 				put_opposite_max(x, n);
-			CHECK_OK(quantize_row(ENGINE_DTYPE_Q4_0, x, y, n));
+			CHECK_OK(quant_quantize_row(ENGINE_DTYPE_Q4_0, x, y, n));
 			CHECK_EQ_INT(check_q4_0_bound(x, y, n, "q4_0"), 0);
 		}
 		free(x);
@@ -924,7 +924,7 @@ static void test_roundtrip_budget(void)
 				for (int j = 0; j < 256; j++)
 					x[256 * b + j] = (float)(rng_normal() * sc);
 			}
-			CHECK_OK(quantize_row(type, x, y, n));
+			CHECK_OK(quant_quantize_row(type, x, y, n));
 			ref_decode(type, y, n, r);
 			for (int64_t b = 0; b < n / 256; b++, spans++) {
 				double amax = 0, emax = 0, ss = 0, ee = 0;
@@ -941,20 +941,20 @@ static void test_roundtrip_budget(void)
 		}
 		double rms = sqrt(sum_rel / spans);
 		if (getenv("TEST_VERBOSE"))
-			fprintf(stderr, "%-7s rel rms %.5f, max %.5f\n", dtype_name(type), rms,
+			fprintf(stderr, "%-7s rel rms %.5f, max %.5f\n", quant_dtype_name(type), rms,
 				worst);
 		CHECK_MSG(rms <= rt_budget[ti].rel_rms, "%s: relative rms error %.5f > %.5f",
-			  dtype_name(type), rms, rt_budget[ti].rel_rms);
+			  quant_dtype_name(type), rms, rt_budget[ti].rel_rms);
 		CHECK_MSG(worst <= rt_budget[ti].max_rel, "%s: max error %.5f of amax > %.5f",
-			  dtype_name(type), worst, rt_budget[ti].max_rel);
+			  quant_dtype_name(type), worst, rt_budget[ti].max_rel);
 		/* Zeros stay zeros, with no NaN anywhere. */
 		memset(x, 0, (size_t)n * sizeof(float));
-		CHECK_OK(quantize_row(type, x, y, n));
+		CHECK_OK(quant_quantize_row(type, x, y, n));
 		ref_decode(type, y, n, r);
 		int bad = 0;
 		for (int64_t i = 0; i < n; i++)
 			bad += r[i] != 0;
-		CHECK_MSG(!bad, "%s: %d non-zero elements from zeros", dtype_name(type), bad);
+		CHECK_MSG(!bad, "%s: %d non-zero elements from zeros", quant_dtype_name(type), bad);
 	}
 	free(x);
 	free(y);
@@ -973,7 +973,7 @@ static void test_act_quantizers(void)
 	double *r = kt_xmalloc((size_t)n * sizeof(double));
 	for (int rep = 0; rep < 10; rep++) {
 		fill_input(x, n, (rep & 1) ? -1e6f : 0.0f);
-		CHECK_OK(quantize_row(ENGINE_DTYPE_Q8_K, x, y, n));
+		CHECK_OK(quant_quantize_row(ENGINE_DTYPE_Q8_K, x, y, n));
 		ref_decode(ENGINE_DTYPE_Q8_K, y, n, r);
 		int bad = 0;
 		for (int64_t b = 0; b < n / 256; b++) {
@@ -1007,9 +1007,9 @@ static void test_act_quantizers(void)
 		}
 		CHECK_MSG(!bad, "q8_K: %d violations", bad);
 
-		CHECK_OK(quantize_row(ENGINE_DTYPE_Q8_1, x, y, n));
+		CHECK_OK(quant_quantize_row(ENGINE_DTYPE_Q8_1, x, y, n));
 		uint8_t *q8 = kt_xmalloc(ref_bytes(ENGINE_DTYPE_Q8_0, n));
-		quantize_row_q8_0_ref(x, q8, n);
+		quant_quantize_row_q8_0_ref(x, q8, n);
 		bad = 0;
 		for (int64_t b = 0; b < n / 32; b++) {
 			const uint8_t *blk = y + 36 * b, *ref = q8 + 34 * b;
@@ -1021,7 +1021,7 @@ static void test_act_quantizers(void)
 				amax = fmaxf(amax, fabsf(x[32 * b + j]));
 			}
 			/* s uses the float scale, before its rounding to f16. */
-			bad += kt_rd16(blk + 2) != fp32_to_fp16((float)sum * (amax / 127.0f));
+			bad += kt_rd16(blk + 2) != quant_fp32_to_fp16((float)sum * (amax / 127.0f));
 		}
 		CHECK_MSG(!bad, "q8_1: %d blocks differ from Q8_0 + s", bad);
 		free(q8);
@@ -1037,9 +1037,9 @@ static void check_elems(uint32_t type, const uint8_t *blk, int n, const int *idx
 			const float *want, int count)
 {
 	float *y = kt_xmalloc((size_t)n * sizeof(float));
-	CHECK_OK(dequantize_row(type, blk, y, n));
+	CHECK_OK(quant_dequantize_row(type, blk, y, n));
 	for (int i = 0; i < count; i++)
-		CHECK_MSG(y[idx[i]] == want[i], "%s elem %d: %g, expected %g", dtype_name(type),
+		CHECK_MSG(y[idx[i]] == want[i], "%s elem %d: %g, expected %g", quant_dtype_name(type),
 			  idx[i], y[idx[i]], want[i]);
 	free(y);
 }
@@ -1143,13 +1143,13 @@ static void test_kquant_known_answer(void)
 	float cst[256];
 	for (int j = 0; j < 256; j++)
 		cst[j] = -3.0f;
-	CHECK_OK(quantize_row(ENGINE_DTYPE_Q6_K, cst, b, 256));
+	CHECK_OK(quant_quantize_row(ENGINE_DTYPE_Q6_K, cst, b, 256));
 	float yy[256];
-	CHECK_OK(dequantize_row(ENGINE_DTYPE_Q6_K, b, yy, 256));
+	CHECK_OK(quant_dequantize_row(ENGINE_DTYPE_Q6_K, b, yy, 256));
 	CHECK_MSG(fabsf(yy[7] + 3.0f) <= 3.0f * 0x1p-10f, "Q6_K constant: %g", yy[7]);
 }
 
-/* quantize_row / dequantize_row dispatch for the float types and errors. */
+/* quant_quantize_row / quant_dequantize_row dispatch for the float types and errors. */
 static void test_row_dispatch(void)
 {
 	float x[64], y[64];
@@ -1157,36 +1157,36 @@ static void test_row_dispatch(void)
 	for (int i = 0; i < 64; i++)
 		x[i] = (float)(rng_normal() * 1000);
 
-	CHECK_OK(quantize_row(ENGINE_DTYPE_F32, x, buf, 64));
+	CHECK_OK(quant_quantize_row(ENGINE_DTYPE_F32, x, buf, 64));
 	CHECK(memcmp(buf, x, sizeof(x)) == 0);
-	CHECK_OK(dequantize_row(ENGINE_DTYPE_F32, buf, y, 64));
+	CHECK_OK(quant_dequantize_row(ENGINE_DTYPE_F32, buf, y, 64));
 	CHECK(memcmp(y, x, sizeof(x)) == 0);
 
-	CHECK_OK(quantize_row(ENGINE_DTYPE_F16, x, buf, 63));
-	CHECK_OK(dequantize_row(ENGINE_DTYPE_F16, buf, y, 63));
+	CHECK_OK(quant_quantize_row(ENGINE_DTYPE_F16, x, buf, 63));
+	CHECK_OK(quant_dequantize_row(ENGINE_DTYPE_F16, buf, y, 63));
 	for (int i = 0; i < 63; i++) {
-		CHECK(kt_rd16(buf + 2 * i) == fp32_to_fp16(x[i]));
+		CHECK(kt_rd16(buf + 2 * i) == quant_fp32_to_fp16(x[i]));
 		CHECK(y[i] == ref_f16(kt_rd16(buf + 2 * i)));
 		/* nearest half: relative error <= 2^-11 */
 		CHECK(fabs(y[i] - x[i]) <= ldexp(fabs(x[i]), -11));
 	}
-	CHECK_OK(quantize_row(ENGINE_DTYPE_BF16, x, buf, 63));
-	CHECK_OK(dequantize_row(ENGINE_DTYPE_BF16, buf, y, 63));
+	CHECK_OK(quant_quantize_row(ENGINE_DTYPE_BF16, x, buf, 63));
+	CHECK_OK(quant_dequantize_row(ENGINE_DTYPE_BF16, buf, y, 63));
 	for (int i = 0; i < 63; i++) {
 		CHECK(y[i] == ref_bf16(kt_rd16(buf + 2 * i)));
 		CHECK(fabs(y[i] - x[i]) <= ldexp(fabs(x[i]), -8));
 	}
 
 	/* Types without (de)quantizers, bad lengths, removed ids. */
-	CHECK(quantize_row(ENGINE_DTYPE_IQ2_XXS, x, buf, 256) < 0);
-	CHECK(dequantize_row(ENGINE_DTYPE_TQ1_0, buf, y, 256) < 0);
-	CHECK(quantize_row(ENGINE_DTYPE_Q4_K, x, buf, 32) < 0);
-	CHECK(quantize_row(ENGINE_DTYPE_Q8_0, x, buf, 33) < 0);
-	CHECK(dequantize_row(ENGINE_DTYPE_Q4_0, buf, y, 48) < 0);
-	CHECK(dequantize_row(4, buf, y, 32) < 0);
-	CHECK(dequantize_row(1000, buf, y, 32) < 0);
-	CHECK(quantize_row(ENGINE_DTYPE_F16, x, buf, -1) < 0);
-	CHECK_OK(quantize_row(ENGINE_DTYPE_Q8_0, x, buf, 0));
+	CHECK(quant_quantize_row(ENGINE_DTYPE_IQ2_XXS, x, buf, 256) < 0);
+	CHECK(quant_dequantize_row(ENGINE_DTYPE_TQ1_0, buf, y, 256) < 0);
+	CHECK(quant_quantize_row(ENGINE_DTYPE_Q4_K, x, buf, 32) < 0);
+	CHECK(quant_quantize_row(ENGINE_DTYPE_Q8_0, x, buf, 33) < 0);
+	CHECK(quant_dequantize_row(ENGINE_DTYPE_Q4_0, buf, y, 48) < 0);
+	CHECK(quant_dequantize_row(4, buf, y, 32) < 0);
+	CHECK(quant_dequantize_row(1000, buf, y, 32) < 0);
+	CHECK(quant_quantize_row(ENGINE_DTYPE_F16, x, buf, -1) < 0);
+	CHECK_OK(quant_quantize_row(ENGINE_DTYPE_Q8_0, x, buf, 0));
 }
 
 /* ---- variants ------------------------------------------------------------------- */
@@ -1396,9 +1396,9 @@ static void check_dot(uint32_t type, int64_t n, const uint8_t *w, const uint8_t 
 	float s = NAN;
 	to->vec_dot(n, &s, w, a);
 	CHECK_MSG(fabs(s - ref) <= tol, "%s %s n=%lld %s: %.9g vs f64 %.9g (tol %.3g)", V_name,
-		  dtype_name(type), (long long)n, label, s, ref, tol);
+		  quant_dtype_name(type), (long long)n, label, s, ref, tol);
 	if (S == 0)
-		CHECK_MSG(s == 0, "%s %s %s: %g, expected exactly 0", V_name, dtype_name(type),
+		CHECK_MSG(s == 0, "%s %s %s: %g, expected exactly 0", V_name, quant_dtype_name(type),
 			  label, s);
 
 	/* Same inputs through the oracle, when it reads the same layout. */
@@ -1407,7 +1407,7 @@ static void check_dot(uint32_t type, int64_t n, const uint8_t *w, const uint8_t 
 		float sg = NAN;
 		go->vec_dot(n, &sg, w, a);
 		CHECK_MSG(fabs(s - sg) <= 2 * tol, "%s %s n=%lld %s: %.9g vs generic %.9g", V_name,
-			  dtype_name(type), (long long)n, label, s, sg);
+			  quant_dtype_name(type), (long long)n, label, s, sg);
 	}
 	free(dw);
 	free(da);
@@ -1450,14 +1450,14 @@ static void test_variant_table(void)
 	for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++) {
 		const struct kern_type_ops *to = &V->t[wtypes[ti]];
 		CHECK_MSG(to->vec_dot && to->dequant, "%s: %s missing", V_name,
-			  dtype_name(wtypes[ti]));
+			  quant_dtype_name(wtypes[ti]));
 		CHECK_MSG(to->act_type < ENGINE_DTYPE_COUNT && V->quant_act[to->act_type],
-			  "%s: %s: no quantizer for act type %u", V_name, dtype_name(wtypes[ti]),
+			  "%s: %s: no quantizer for act type %u", V_name, quant_dtype_name(wtypes[ti]),
 			  to->act_type);
 	}
 	for (size_t ti = 0; ti < sizeof(wtypes) / sizeof(wtypes[0]); ti++)
 		CHECK_MSG(V->t[wtypes[ti]].act_type == want_act(wtypes[ti]), "%s: %s act type %u",
-			  V_name, dtype_name(wtypes[ti]), V->t[wtypes[ti]].act_type);
+			  V_name, quant_dtype_name(wtypes[ti]), V->t[wtypes[ti]].act_type);
 	CHECK(V->dot_f32 && V->axpy_f32);
 }
 
@@ -1492,7 +1492,7 @@ static void test_variant_dequant(void)
 				}
 				free(mg);
 				CHECK_MSG(!bad, "%s %s n=%lld %s: %d elements differ", V_name,
-					  dtype_name(type), (long long)n, wmode_names[m], bad);
+					  quant_dtype_name(type), (long long)n, wmode_names[m], bad);
 			}
 			free(w);
 			free(y);
@@ -1592,7 +1592,7 @@ static void check_x16_segments(uint32_t type, int64_t n, int64_t k, const uint8_
 		}
 		CHECK_MSG(memcmp(got, whole, sizeof(float) * (size_t)nr * (size_t)nt) == 0,
 			  "%s %s %s: n %lld cut at %lld differs from the whole rows", V_name,
-			  pass ? "gemm_x16" : "x16 reference", dtype_name(type), (long long)n,
+			  pass ? "gemm_x16" : "x16 reference", quant_dtype_name(type), (long long)n,
 			  (long long)k);
 	}
 	free(seg[0]);
@@ -1642,7 +1642,7 @@ static void test_variant_x16(void)
 				kern_x16_unpack(type, panel + p * KERN_X16_ROWS * wrs, n,
 						back + p * KERN_X16_ROWS * wrs, wrs);
 			CHECK_MSG(memcmp(w, back, wrs * NR) == 0, "%s x16 pack/unpack n %lld",
-				  dtype_name(type), (long long)n);
+				  quant_dtype_name(type), (long long)n);
 			for (int i = 0; i < NR * NT; i++)
 				ref[i] = -12345.678f;
 			kern_gemm_x16_ref(type, n, NR, NT, panel, wrs, a, ars, al ? aux : NULL, al,
@@ -1669,7 +1669,7 @@ static void test_variant_x16(void)
 					CHECK_MSG(k ? memcmp(&d[i], &ref[i], sizeof(float)) == 0
 						    : fabs((double)d[i] - ref[i]) <= 1e-4 * big,
 						  "%s x16 reference n %lld [%d]: %.9g vs vec_dot %.9g",
-						  dtype_name(type), (long long)n, i, ref[i], d[i]);
+						  quant_dtype_name(type), (long long)n, i, ref[i], d[i]);
 				free(d);
 			} else {
 				/* every token count 1..17, so that every remainder of
@@ -1684,7 +1684,7 @@ static void test_variant_x16(void)
 							    al, got, NR, false);
 					CHECK_MSG(memcmp(got, ref, sizeof(float) * NR * nt) == 0,
 						  "%s %s gemm_x16 n %lld nt %d differs from the reference",
-						  V_name, dtype_name(type), (long long)n, nt);
+						  V_name, quant_dtype_name(type), (long long)n, nt);
 				}
 			}
 			free(w);
@@ -1714,7 +1714,7 @@ static void test_variant_quant_act(void)
 			fill_input(x, n, (rep & 1) ? 1e6f : 0.0f);
 			V->quant_act[ENGINE_DTYPE_Q8_0](x, a, n);
 			CHECK_EQ_INT(check_q8_0_bound(x, a, n, V_name), 0);
-			quantize_row_q8_0_ref(x, g, n);
+			quant_quantize_row_q8_0_ref(x, g, n);
 			int bad = 0;
 			for (int64_t b = 0; b < n / 32; b++) {
 				bad += kt_rd16(a + 34 * b) != kt_rd16(g + 34 * b);
@@ -1743,7 +1743,7 @@ static void test_variant_quant_act(void)
 		for (uint32_t at = 0; at < ENGINE_DTYPE_COUNT; at++) {
 			const struct kern_ops *G = &kern_generic_ops;
 			if (at == ENGINE_DTYPE_F32 || !V->quant_act[at] || !G->quant_act[at] ||
-			    n % dtype_get(at)->blck)
+			    n % quant_dtype_get(at)->blck)
 				continue;
 			size_t rs = kern_act_row_size(at, n), al = kern_act_aux_len(at, n);
 			uint8_t *r = kt_xcalloc(rs), *q = kt_xcalloc(rs);
@@ -1755,7 +1755,7 @@ static void test_variant_quant_act(void)
 				G->quant_act[at](x, r, n);
 				V->quant_act[at](x, q, n);
 				CHECK_MSG(memcmp(r, q, rs) == 0, "%s: %s activations, n %lld, rep %d",
-					  V_name, dtype_name(at), (long long)n, rep);
+					  V_name, quant_dtype_name(at), (long long)n, rep);
 				if (V->quant_act_aux[at] && al) {
 					memset(q, 0x5a, rs);
 					kern_act_aux(at, r, n, ra);
@@ -1763,7 +1763,7 @@ static void test_variant_quant_act(void)
 					CHECK_MSG(memcmp(r, q, rs) == 0 &&
 						  memcmp(ra, qa, al * sizeof(float)) == 0,
 						  "%s: fused %s activations, n %lld, rep %d", V_name,
-						  dtype_name(at), (long long)n, rep);
+						  quant_dtype_name(at), (long long)n, rep);
 				}
 			}
 			free(r);
@@ -1874,7 +1874,7 @@ static void test_variant_f32_helpers(void)
 
 static void test_select(void)
 {
-	struct kern_caps caps, none;
+	struct cm_cpu_isa caps, none;
 	memset(&none, 0, sizeof(none));
 	kern_detect_caps(&caps);
 
@@ -1913,7 +1913,7 @@ static void test_select(void)
 	 * the bits claimed, it is offered exactly when the request succeeds
 	 * (here, without AMX, never; on an AMX box the request grants it, and
 	 * the variant loop in main then tests the real tile kernels) */
-	struct kern_caps ac = caps;
+	struct cm_cpu_isa ac = caps;
 	ac.amx_tile = ac.amx_int8 = true;
 	bool perm = kern_amx_request();
 	const struct kern_ops *ao = kern_select(&ac, "amx");
@@ -1927,7 +1927,7 @@ static void test_select(void)
 
 static void test_detect_caps(void)
 {
-	struct kern_caps c;
+	struct cm_cpu_isa c;
 	memset(&c, 0xff, sizeof(c));
 	kern_detect_caps(&c);
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -1983,7 +1983,7 @@ static void run_variant_test(void (*fn)(void), const char *test)
  * tile used unconfigured, shapes that do not fit). */
 extern const struct kern_ops kern_amx_emu_ops, kern_amx_emu16_ops;
 
-static void test_amx_emulated_one(const struct kern_caps *caps, const struct kern_ops *amx,
+static void test_amx_emulated_one(const struct cm_cpu_isa *caps, const struct kern_ops *amx,
 				  const char *name)
 {
 	static const uint32_t types[] = { ENGINE_DTYPE_Q4_0, ENGINE_DTYPE_Q8_0 };
@@ -2000,7 +2000,7 @@ static void test_amx_emulated_one(const struct kern_caps *caps, const struct ker
 		uint32_t t = types[i];
 		CHECK_MSG(amx->t[t].act_type == under->t[t].act_type &&
 				  amx->t[t].gemm_x16 != NULL && !amx->t[t].vec_dot,
-			  "%s table: %s", name, dtype_name(t));
+			  "%s table: %s", name, quant_dtype_name(t));
 		emu.t[t].gemm_x16 = amx->t[t].gemm_x16;
 	}
 	V = &emu;
@@ -2008,7 +2008,7 @@ static void test_amx_emulated_one(const struct kern_caps *caps, const struct ker
 	run_variant_test(test_variant_x16, "x16");
 }
 
-static void test_amx_emulated(const struct kern_caps *caps)
+static void test_amx_emulated(const struct cm_cpu_isa *caps)
 {
 	test_amx_emulated_one(caps, &kern_amx_emu_ops, "amx (emulated, tiles from 1 token)");
 	test_amx_emulated_one(caps, &kern_amx_emu16_ops, "amx (emulated, as built)");
@@ -2037,7 +2037,7 @@ int main(void)
 	TEST_RUN(test_detect_caps);
 	TEST_RUN(test_act_row_size);
 
-	struct kern_caps caps;
+	struct cm_cpu_isa caps;
 	kern_detect_caps(&caps);
 	for (const char *const *nm = kern_variant_names(); *nm; nm++) {
 		V = kern_select(&caps, *nm);

@@ -101,7 +101,7 @@ static void fill_f16(struct cache *c, int mode)
 {
 	for (int i = 0; i < c->n; i++)
 		for (int j = 0; j < c->hd; j++) {
-			uint16_t h = fp32_to_fp16(value(mode + i));
+			uint16_t h = quant_fp32_to_fp16(value(mode + i));
 			memcpy(row(c, i) + 2 * j, &h, 2);
 		}
 }
@@ -117,7 +117,7 @@ static void fill_q8(struct cache *c, int mode)
 		if (mode == 5) {
 			struct block_q8_0 *b = (struct block_q8_0 *)row(c, i);
 			for (int k = 0; k < nb; k++) {
-				b[k].d = fp32_to_fp16((float)(kt_rng_unit() * 0.1));
+				b[k].d = quant_fp32_to_fp16((float)(kt_rng_unit() * 0.1));
 				for (int j = 0; j < QK8_0; j++)
 					b[k].qs[j] = k * QK8_0 + j < c->hd
 							? (int8_t)((int)(kt_rng_u64() % 255) - 127)
@@ -127,7 +127,7 @@ static void fill_q8(struct cache *c, int mode)
 		}
 		for (int j = 0; j < c->hd; j++)
 			x[j] = value(mode + i);
-		quantize_row_q8_0_ref(x, row(c, i), (int64_t)nb * QK8_0);
+		quant_quantize_row_q8_0_ref(x, row(c, i), (int64_t)nb * QK8_0);
 	}
 	free(x);
 }
@@ -300,7 +300,7 @@ static void test_variant_f16(void)
 				double m = 0;
 				for (int j = 0; j < hd; j++)
 					m += fabs((double)q[j] *
-						  fp16_to_f32(kt_rd16(row(&c, i) + 2 * j)));
+						  quant_fp16_to_f32(kt_rd16(row(&c, i) + 2 * j)));
 				double tol = (hd + 8) * 0x1p-24 * scale * m + 1e-38;
 				if (!(fabs((double)s1[i] - s0[i]) <= tol) && bad++ < 5)
 					fprintf(stderr, "%s score_f16 hd %d n %d row %d: %.9g vs %.9g\n",
@@ -477,7 +477,7 @@ static void test_variant_empty(void)
 
 static void test_tables(void)
 {
-	struct kern_caps caps;
+	struct cm_cpu_isa caps;
 	kern_detect_caps(&caps);
 	for (const char *const *nm = kern_variant_names(); *nm; nm++) {
 		const struct kern_ops *k = kern_select(&caps, *nm);
@@ -504,7 +504,7 @@ int main(void)
 	TEST_RUN(test_reference_f16);
 	TEST_RUN(test_reference_q8_0);
 
-	struct kern_caps caps;
+	struct cm_cpu_isa caps;
 	kern_detect_caps(&caps);
 	for (const char *const *nm = kern_variant_names(); *nm; nm++) {
 		V = kern_select(&caps, *nm);

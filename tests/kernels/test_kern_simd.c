@@ -76,7 +76,7 @@ static void fill(float *x, int64_t n, int mode, int64_t blck)
 /* Variants this CPU runs, other than the scalar one. */
 static int variants(const struct kern_ops **out, int max)
 {
-	struct kern_caps caps;
+	struct cm_cpu_isa caps;
 	kern_detect_caps(&caps);
 	int n = 0;
 	for (const char *const *v = kern_variant_names(); *v && n < max; v++) {
@@ -113,7 +113,7 @@ static void test_quant_act_exact(void)
 		for (uint32_t at = 0; at < ENGINE_DTYPE_COUNT; at++) {
 			if (!G->quant_act[at] || at == ENGINE_DTYPE_F32)
 				continue;
-			const struct dtype_info *di = dtype_get(at);
+			const struct dtype_info *di = quant_dtype_get(at);
 			for (int mode = 0; mode < 7; mode++)
 				for (size_t bi = 0; bi < CM_ARRAY_LEN(blocks_list); bi++) {
 					int64_t n = (int64_t)blocks_list[bi] * di->blck;
@@ -128,7 +128,7 @@ static void test_quant_act_exact(void)
 					G->quant_act[at](x, r, n);
 					v[vi]->quant_act[at](x, q, n);
 					CHECK_MSG(memcmp(r, q, rs) == 0, "%s: %s activations, n %lld, mode %d",
-						  v[vi]->name, dtype_name(at), (long long)n, mode);
+						  v[vi]->name, quant_dtype_name(at), (long long)n, mode);
 					/* the fused converter: the same bytes, and
 					 * kern_act_aux()'s floats bit for bit */
 					size_t al = kern_act_aux_len(at, n);
@@ -141,7 +141,7 @@ static void test_quant_act_exact(void)
 						CHECK_MSG(memcmp(r, q, rs) == 0 &&
 							  memcmp(ra, qa, al * sizeof(float)) == 0,
 							  "%s: fused %s activations and aux, n %lld, mode %d",
-							  v[vi]->name, dtype_name(at), (long long)n, mode);
+							  v[vi]->name, quant_dtype_name(at), (long long)n, mode);
 						free(ra);
 						free(qa);
 					}
@@ -153,7 +153,7 @@ static void test_quant_act_exact(void)
 	}
 }
 
-/* The F16 row converter (the F16 KV cache) against fp32_to_fp16 on a sweep
+/* The F16 row converter (the F16 KV cache) against quant_fp32_to_fp16 on a sweep
  * of bit patterns: every exponent (subnormal outputs, the overflow edge,
  * inf, NaNs with payloads) with mantissas stepped finely, at every length
  * 1..40 so that the vector loop and its tail both run. */
@@ -224,14 +224,14 @@ static void check_x16(const struct kern_ops *k, uint32_t type, int64_t n, const 
 	kern_x16_pack(type, w, wrs, n, panel);
 	kern_x16_unpack(type, panel, n, back, wrs);
 	CHECK_MSG(memcmp(back, w, wrs * P) == 0, "%s x16 pack/unpack not lossless (n %lld)",
-		  dtype_name(type), (long long)n);
+		  quant_dtype_name(type), (long long)n);
 	kern_gemm_x16_ref(type, n, P, nt, panel, wrs, a, ars, aux, aux_len, ref, P, false);
 	for (int t = 0; t < nt; t++)
 		for (int r = 0; r < P; r++)
 			CHECK_MSG(fabs((double)ref[t * P + r] - (double)dots[t * nr + r]) <=
 					  2 * bound[t * nr + r],
 				  "%s x16 reference n %lld row %d tok %d: %.9g vs vec_dot %.9g",
-				  dtype_name(type), (long long)n, r, t, ref[t * P + r],
+				  quant_dtype_name(type), (long long)n, r, t, ref[t * P + r],
 				  dots[t * nr + r]);
 	if (k->t[type].gemm_x16) {
 		for (int i = 0; i < P * nt; i++)
@@ -239,7 +239,7 @@ static void check_x16(const struct kern_ops *k, uint32_t type, int64_t n, const 
 		k->t[type].gemm_x16(n, P, nt, panel, wrs, a, ars, aux, aux_len, got, P, false);
 		CHECK_MSG(memcmp(ref, got, sizeof(float) * P * nt) == 0,
 			  "%s %s gemm_x16 differs from the reference (n %lld)", k->name,
-			  dtype_name(type), (long long)n);
+			  quant_dtype_name(type), (long long)n);
 		for (int t = 0; t < nt; t++) {
 			for (int r = 0; r < P; r++)
 				one[r] = -12345.678f;
@@ -247,7 +247,7 @@ static void check_x16(const struct kern_ops *k, uint32_t type, int64_t n, const 
 					    aux + t * aux_len, aux_len, one, P, false);
 			CHECK_MSG(memcmp(one, got + t * P, sizeof(one)) == 0,
 				  "%s %s gemm_x16: token %d alone differs from its batch", k->name,
-				  dtype_name(type), t);
+				  quant_dtype_name(type), t);
 		}
 	}
 	free(panel);
@@ -260,11 +260,11 @@ static void check_x16(const struct kern_ops *k, uint32_t type, int64_t n, const 
  * and the tile kernel (if any) against the variant's vec_dot. */
 static void check_type(const struct kern_ops *k, uint32_t type, int64_t nblocks, int mode)
 {
-	const struct dtype_info *di = dtype_get(type);
+	const struct dtype_info *di = quant_dtype_get(type);
 	uint32_t at = G->t[type].act_type;
 	int64_t n = nblocks * di->blck;
 	const int nr = 19, nt = 11; /* odd, past one tile of rows, tokens */
-	size_t wrs = dtype_row_size(type, n), ars = kern_act_row_size(at, n);
+	size_t wrs = quant_dtype_row_size(type, n), ars = kern_act_row_size(at, n);
 	float *wf = kt_xcalloc((size_t)n * sizeof(float));
 	float *af = kt_xcalloc((size_t)n * sizeof(float));
 	float *wd = kt_xcalloc((size_t)n * sizeof(float));
@@ -277,7 +277,7 @@ static void check_type(const struct kern_ops *k, uint32_t type, int64_t nblocks,
 
 	for (int r = 0; r < nr; r++) {
 		fill(wf, n, mode + r, di->blck);
-		if (quantize_row(type, wf, w + r * wrs, n) != 0)
+		if (quant_quantize_row(type, wf, w + r * wrs, n) != 0)
 			goto out; /* no quantizer for this type: nothing to feed it */
 	}
 	for (int t = 0; t < nt; t++) {
@@ -294,7 +294,7 @@ static void check_type(const struct kern_ops *k, uint32_t type, int64_t nblocks,
 			if (at == ENGINE_DTYPE_F32)
 				memcpy(ad, a + t * ars, (size_t)n * sizeof(float));
 			else
-				(void)dequantize_row(at, a + t * ars, ad, n);
+				(void)quant_dequantize_row(at, a + t * ars, ad, n);
 			double sap = sum_abs_prod(wd, ad, n);
 			double tol = at == ENGINE_DTYPE_F32 ? 0x1p-22 * sap
 							    : (double)(nblocks + 4) * 0x1p-22 * sap;
@@ -396,9 +396,9 @@ static void test_vec_dot_all_types(void)
 				continue;
 			for (size_t bi = 0; bi < CM_ARRAY_LEN(blocks_list); bi++) {
 				int64_t nb = blocks_list[bi];
-				if (dtype_get(t)->blck == 1)
+				if (quant_dtype_get(t)->blck == 1)
 					nb *= 3; /* float types: n = 3, 6, ... odd tails */
-				if (dtype_get(t)->blck == QK_K && nb > 17)
+				if (quant_dtype_get(t)->blck == QK_K && nb > 17)
 					continue; /* keep the K-quants fast */
 				check_type(v[vi], t, nb, (int)bi);
 				tried++;

@@ -228,7 +228,7 @@ static void test_roundtrip(void)
 	};
 	uint64_t expect_off = 0;
 	for (size_t i = 0; i < CM_ARRAY_LEN(want); i++) {
-		const struct gguf_tensor *t = gguf_find_tensor(f, want[i].name);
+		const struct gguf_tensor *t = gguf_tensor_by_name(f, want[i].name);
 		CHECK(t == &f->tensors[i]);
 		if (!t)
 			continue;
@@ -245,10 +245,10 @@ static void test_roundtrip(void)
 		expect_off += cm_align_up(want[i].nbytes, 32);
 	}
 	CHECK_EQ_INT(f->size, f->data_start + expect_off);
-	CHECK(gguf_find_tensor(f, "t.f3") == NULL);
-	CHECK(gguf_find_tensor(f, "nope") == NULL);
-	CHECK(gguf_find_tensor(f, "") == NULL);
-	CHECK(gguf_find_tensor(f, NULL) == NULL);
+	CHECK(gguf_tensor_by_name(f, "t.f3") == NULL);
+	CHECK(gguf_tensor_by_name(f, "nope") == NULL);
+	CHECK(gguf_tensor_by_name(f, "") == NULL);
+	CHECK(gguf_tensor_by_name(f, NULL) == NULL);
 	CHECK(gguf_find_kv(f, "t.u3") == NULL);
 	CHECK(gguf_find_kv(f, "") == NULL);
 	CHECK(gguf_find_kv(NULL, "t.u8") == NULL);
@@ -505,17 +505,17 @@ static void test_many_lookups(void)
 	}
 	for (int i = 0; i < NT; i++) {
 		snprintf(key, sizeof(key), "blk.%d.attn_q.weight", i);
-		const struct gguf_tensor *t = gguf_find_tensor(f, key);
+		const struct gguf_tensor *t = gguf_tensor_by_name(f, key);
 		CHECK(t == &f->tensors[i]);
 		CHECK(t && t->ne[0] == 1 + i % 7);
 		snprintf(key, sizeof(key), "blk.%d.attn_k.weight", i);
-		CHECK(gguf_find_tensor(f, key) == NULL);
+		CHECK(gguf_tensor_by_name(f, key) == NULL);
 	}
-	CHECK(gguf_find_tensor(f, longname) == &f->tensors[NT]);
+	CHECK(gguf_tensor_by_name(f, longname) == &f->tensors[NT]);
 	char toolong[GGUF_MAX_NAME + 1];
 	memset(toolong, 'n', GGUF_MAX_NAME);
 	toolong[GGUF_MAX_NAME] = '\0';
-	CHECK(gguf_find_tensor(f, toolong) == NULL);
+	CHECK(gguf_tensor_by_name(f, toolong) == NULL);
 out:
 	gguf_close(f);
 	cm_free(buf);
@@ -686,7 +686,7 @@ static void test_file_io(void)
 		CHECK(f->mapped);
 		CHECK_EQ_INT(f->size, size);
 		CHECK(memcmp(f->base, buf, size) == 0);
-		CHECK(gguf_find_tensor(f, "t.q4_0") != NULL);
+		CHECK(gguf_tensor_by_name(f, "t.q4_0") != NULL);
 	}
 	gguf_close(f);
 	f = NULL;

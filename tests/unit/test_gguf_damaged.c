@@ -539,7 +539,7 @@ static void exercise(const struct gguf_file *f)
 	}
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
 		const struct gguf_tensor *t = &f->tensors[i];
-		CHECK(gguf_find_tensor(f, t->name) == t);
+		CHECK(gguf_tensor_by_name(f, t->name) == t);
 		touch(t->data, t->nbytes);
 		CHECK((const uint8_t *)t->data + t->nbytes <= f->base + f->size);
 	}

@@ -19,49 +19,49 @@ static void test_alone(void)
 {
 	struct pool_ranges r;
 	/* 10 items, 2 ranges: [0, 5) and [5, 10) */
-	pool_ranges_init(&r, 10, 2);
+	engine_pool_ranges_init(&r, 10, 2);
 	const int64_t want[] = {0, 1, 2, 3, 4, 9, 8, 7, 6, 5};
 	for (size_t i = 0; i < CM_ARRAY_LEN(want); i++)
-		CHECK_EQ_INT(pool_ranges_claim(&r, 0), want[i]);
-	CHECK_EQ_INT(pool_ranges_claim(&r, 0), -1);
-	CHECK_EQ_INT(pool_ranges_claim(&r, 1), -1);
+		CHECK_EQ_INT(engine_pool_ranges_claim(&r, 0), want[i]);
+	CHECK_EQ_INT(engine_pool_ranges_claim(&r, 0), -1);
+	CHECK_EQ_INT(engine_pool_ranges_claim(&r, 1), -1);
 
 	/* participant 1 first: its own range, then range 0 from the back */
-	pool_ranges_init(&r, 5, 2);
+	engine_pool_ranges_init(&r, 5, 2);
 	const int64_t want1[] = {2, 3, 4, 1, 0};
 	for (size_t i = 0; i < CM_ARRAY_LEN(want1); i++)
-		CHECK_EQ_INT(pool_ranges_claim(&r, 1), want1[i]);
-	CHECK_EQ_INT(pool_ranges_claim(&r, 1), -1);
+		CHECK_EQ_INT(engine_pool_ranges_claim(&r, 1), want1[i]);
+	CHECK_EQ_INT(engine_pool_ranges_claim(&r, 1), -1);
 }
 
 static void test_edges(void)
 {
 	struct pool_ranges r;
-	pool_ranges_init(&r, 0, 4);
-	CHECK_EQ_INT(pool_ranges_claim(&r, 0), -1);
-	CHECK_EQ_INT(pool_ranges_claim(&r, 3), -1);
+	engine_pool_ranges_init(&r, 0, 4);
+	CHECK_EQ_INT(engine_pool_ranges_claim(&r, 0), -1);
+	CHECK_EQ_INT(engine_pool_ranges_claim(&r, 3), -1);
 
 	/* fewer items than ranges: one item per range, nothing lost */
-	pool_ranges_init(&r, 3, 8);
+	engine_pool_ranges_init(&r, 3, 8);
 	CHECK_EQ_INT(r.n, 3);
 	int seen[3] = {0};
 	int64_t c;
 	for (int k = 0; k < 3; k++) {
-		c = pool_ranges_claim(&r, 7); /* 7 % 3: range 1 */
+		c = engine_pool_ranges_claim(&r, 7); /* 7 % 3: range 1 */
 		CHECK(c >= 0 && c < 3);
 		if (c >= 0 && c < 3)
 			seen[c]++;
 	}
-	CHECK_EQ_INT(pool_ranges_claim(&r, 7), -1);
+	CHECK_EQ_INT(engine_pool_ranges_claim(&r, 7), -1);
 	CHECK(seen[0] == 1 && seen[1] == 1 && seen[2] == 1);
 
 	/* more participants than POOL_RANGES, and n <= 0 */
-	pool_ranges_init(&r, 1000, 1000);
+	engine_pool_ranges_init(&r, 1000, 1000);
 	CHECK_EQ_INT(r.n, POOL_RANGES);
-	pool_ranges_init(&r, 1000, 0);
+	engine_pool_ranges_init(&r, 1000, 0);
 	CHECK_EQ_INT(r.n, 1);
 	int64_t sum = 0, n = 0;
-	while ((c = pool_ranges_claim(&r, 5)) >= 0) {
+	while ((c = engine_pool_ranges_claim(&r, 5)) >= 0) {
 		sum += c;
 		n++;
 	}
@@ -90,7 +90,7 @@ static void *worker(void *arg)
 		nanosleep(&(struct timespec){0, w->delay_ms * 1000000L}, NULL);
 	int64_t lo = (int64_t)TOTAL * w->ith / THREADS, hi = (int64_t)TOTAL * (w->ith + 1) / THREADS;
 	int64_t last_own = -1, c;
-	while ((c = pool_ranges_claim(w->r, w->ith)) >= 0) {
+	while ((c = engine_pool_ranges_claim(w->r, w->ith)) >= 0) {
 		atomic_fetch_add(&w->count[c], 1);
 		w->got++;
 		if (c >= lo && c < hi) {
@@ -116,7 +116,7 @@ static int64_t run_threads(const int delays[THREADS])
 	CHECK(count != NULL);
 	if (!count)
 		return -1;
-	pool_ranges_init(&r, TOTAL, THREADS);
+	engine_pool_ranges_init(&r, TOTAL, THREADS);
 	pthread_barrier_t bar;
 	pthread_barrier_init(&bar, NULL, THREADS);
 	pthread_t th[THREADS];

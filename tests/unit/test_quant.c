@@ -37,7 +37,7 @@ static const uint32_t removed[] = { 4, 5, 31, 32, 33, 36, 37, 38 };
 static void test_table_sizes(void)
 {
 	for (size_t i = 0; i < CM_ARRAY_LEN(spec); i++) {
-		const struct dtype_info *ti = dtype_get(spec[i].id);
+		const struct dtype_info *ti = quant_dtype_get(spec[i].id);
 		CHECK_MSG(ti != NULL, "type %u missing", spec[i].id);
 		if (!ti)
 			continue;
@@ -45,7 +45,7 @@ static void test_table_sizes(void)
 		CHECK_MSG(ti->blck == spec[i].blck && ti->size == spec[i].size,
 			  "%s: %u/%u, expected %u/%u", spec[i].name, ti->blck, ti->size,
 			  spec[i].blck, spec[i].size);
-		CHECK_STREQ(dtype_name(spec[i].id), spec[i].name);
+		CHECK_STREQ(quant_dtype_name(spec[i].id), spec[i].name);
 	}
 	CHECK_EQ_INT(CM_ARRAY_LEN(spec) + CM_ARRAY_LEN(removed), ENGINE_DTYPE_COUNT);
 }
@@ -53,21 +53,21 @@ static void test_table_sizes(void)
 static void test_table_invalid(void)
 {
 	for (size_t i = 0; i < CM_ARRAY_LEN(removed); i++) {
-		CHECK_MSG(dtype_get(removed[i]) == NULL, "removed id %u", removed[i]);
-		CHECK_STREQ(dtype_name(removed[i]), "?");
-		CHECK_EQ_INT(dtype_row_size(removed[i], 32), 0);
+		CHECK_MSG(quant_dtype_get(removed[i]) == NULL, "removed id %u", removed[i]);
+		CHECK_STREQ(quant_dtype_name(removed[i]), "?");
+		CHECK_EQ_INT(quant_dtype_row_size(removed[i], 32), 0);
 	}
-	CHECK(dtype_get(ENGINE_DTYPE_COUNT) == NULL);
-	CHECK(dtype_get(39) == NULL); /* MXFP4 in later ggml */
-	CHECK(dtype_get(133) == NULL);
-	CHECK(dtype_get(UINT32_MAX) == NULL);
-	CHECK_STREQ(dtype_name(UINT32_MAX), "?");
+	CHECK(quant_dtype_get(ENGINE_DTYPE_COUNT) == NULL);
+	CHECK(quant_dtype_get(39) == NULL); /* MXFP4 in later ggml */
+	CHECK(quant_dtype_get(133) == NULL);
+	CHECK(quant_dtype_get(UINT32_MAX) == NULL);
+	CHECK_STREQ(quant_dtype_name(UINT32_MAX), "?");
 }
 
 static void test_computable(void)
 {
 	for (uint32_t t = 0; t < ENGINE_DTYPE_COUNT; t++) {
-		const struct dtype_info *ti = dtype_get(t);
+		const struct dtype_info *ti = quant_dtype_get(t);
 		if (!ti)
 			continue;
 		/* Weight types with kernels; Q8_1/Q8_K are activation-only. */
@@ -84,72 +84,72 @@ static void test_computable(void)
 static void test_from_name(void)
 {
 	for (size_t i = 0; i < CM_ARRAY_LEN(spec); i++)
-		CHECK_EQ_INT(dtype_from_name(spec[i].name), spec[i].id);
-	CHECK_EQ_INT(dtype_from_name("q4_0"), ENGINE_DTYPE_Q4_0);
-	CHECK_EQ_INT(dtype_from_name("q8_0"), ENGINE_DTYPE_Q8_0);
-	CHECK_EQ_INT(dtype_from_name("f16"), ENGINE_DTYPE_F16);
-	CHECK_EQ_INT(dtype_from_name("Bf16"), ENGINE_DTYPE_BF16);
-	CHECK_EQ_INT(dtype_from_name("iq4_nl"), ENGINE_DTYPE_IQ4_NL);
-	CHECK_EQ_INT(dtype_from_name("q6_k"), ENGINE_DTYPE_Q6_K);
-	CHECK_EQ_INT(dtype_from_name("Q4_K_M"), -1); /* a file type, not a tensor type */
-	CHECK_EQ_INT(dtype_from_name("Q4_"), -1);
-	CHECK_EQ_INT(dtype_from_name("Q4_00"), -1);
-	CHECK_EQ_INT(dtype_from_name(" Q4_0"), -1);
-	CHECK_EQ_INT(dtype_from_name(""), -1);
-	CHECK_EQ_INT(dtype_from_name("?"), -1);
-	CHECK_EQ_INT(dtype_from_name(NULL), -1);
+		CHECK_EQ_INT(quant_dtype_from_name(spec[i].name), spec[i].id);
+	CHECK_EQ_INT(quant_dtype_from_name("q4_0"), ENGINE_DTYPE_Q4_0);
+	CHECK_EQ_INT(quant_dtype_from_name("q8_0"), ENGINE_DTYPE_Q8_0);
+	CHECK_EQ_INT(quant_dtype_from_name("f16"), ENGINE_DTYPE_F16);
+	CHECK_EQ_INT(quant_dtype_from_name("Bf16"), ENGINE_DTYPE_BF16);
+	CHECK_EQ_INT(quant_dtype_from_name("iq4_nl"), ENGINE_DTYPE_IQ4_NL);
+	CHECK_EQ_INT(quant_dtype_from_name("q6_k"), ENGINE_DTYPE_Q6_K);
+	CHECK_EQ_INT(quant_dtype_from_name("Q4_K_M"), -ENOENT); /* a file type, not a tensor type */
+	CHECK_EQ_INT(quant_dtype_from_name("Q4_"), -ENOENT);
+	CHECK_EQ_INT(quant_dtype_from_name("Q4_00"), -ENOENT);
+	CHECK_EQ_INT(quant_dtype_from_name(" Q4_0"), -ENOENT);
+	CHECK_EQ_INT(quant_dtype_from_name(""), -ENOENT);
+	CHECK_EQ_INT(quant_dtype_from_name("?"), -ENOENT);
+	CHECK_EQ_INT(quant_dtype_from_name(NULL), -ENOENT);
 }
 
 static void test_row_size(void)
 {
-	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_F32, 5), 20);
-	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_F16, 7), 14);
-	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_BF16, 1), 2);
-	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_Q4_0, 64), 36);
-	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_Q4_0, 4096), 2304);
-	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_Q8_0, 4096), 4352);
-	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_Q8_0, 172), 0); /* stories260K's FFN */
-	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_Q4_0, 33), 0);
-	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_Q6_K, 768), 3 * 210);
-	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_Q4_K, 896), 0); /* 3.5 super-blocks */
-	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_IQ4_NL, 896), 28 * 18);
-	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_F32, 0), 0);
-	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_F32, -4), 0);
-	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_Q8_0, -32), 0);
-	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_COUNT, 32), 0);
+	CHECK_EQ_INT(quant_dtype_row_size(ENGINE_DTYPE_F32, 5), 20);
+	CHECK_EQ_INT(quant_dtype_row_size(ENGINE_DTYPE_F16, 7), 14);
+	CHECK_EQ_INT(quant_dtype_row_size(ENGINE_DTYPE_BF16, 1), 2);
+	CHECK_EQ_INT(quant_dtype_row_size(ENGINE_DTYPE_Q4_0, 64), 36);
+	CHECK_EQ_INT(quant_dtype_row_size(ENGINE_DTYPE_Q4_0, 4096), 2304);
+	CHECK_EQ_INT(quant_dtype_row_size(ENGINE_DTYPE_Q8_0, 4096), 4352);
+	CHECK_EQ_INT(quant_dtype_row_size(ENGINE_DTYPE_Q8_0, 172), 0); /* stories260K's FFN */
+	CHECK_EQ_INT(quant_dtype_row_size(ENGINE_DTYPE_Q4_0, 33), 0);
+	CHECK_EQ_INT(quant_dtype_row_size(ENGINE_DTYPE_Q6_K, 768), 3 * 210);
+	CHECK_EQ_INT(quant_dtype_row_size(ENGINE_DTYPE_Q4_K, 896), 0); /* 3.5 super-blocks */
+	CHECK_EQ_INT(quant_dtype_row_size(ENGINE_DTYPE_IQ4_NL, 896), 28 * 18);
+	CHECK_EQ_INT(quant_dtype_row_size(ENGINE_DTYPE_F32, 0), 0);
+	CHECK_EQ_INT(quant_dtype_row_size(ENGINE_DTYPE_F32, -4), 0);
+	CHECK_EQ_INT(quant_dtype_row_size(ENGINE_DTYPE_Q8_0, -32), 0);
+	CHECK_EQ_INT(quant_dtype_row_size(ENGINE_DTYPE_COUNT, 32), 0);
 	/* Overflow of n / blck * size is refused, not wrapped. */
-	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_F64, INT64_MAX - 7), 0);
-	CHECK(dtype_row_size(ENGINE_DTYPE_Q8_0, (INT64_MAX / 32) * 32) ==
+	CHECK_EQ_INT(quant_dtype_row_size(ENGINE_DTYPE_F64, INT64_MAX - 7), 0);
+	CHECK(quant_dtype_row_size(ENGINE_DTYPE_Q8_0, (INT64_MAX / 32) * 32) ==
 	      (uint64_t)(INT64_MAX / 32) * 34); /* large but representable */
-	CHECK_EQ_INT(dtype_row_size(ENGINE_DTYPE_I8, INT64_MAX),
+	CHECK_EQ_INT(quant_dtype_row_size(ENGINE_DTYPE_I8, INT64_MAX),
 		     (uint64_t)INT64_MAX <= SIZE_MAX ? (long long)INT64_MAX : 0);
 	/* Every valid type: one block is `size` bytes, one element short is 0. */
 	for (size_t i = 0; i < CM_ARRAY_LEN(spec); i++) {
-		CHECK_EQ_INT(dtype_row_size(spec[i].id, spec[i].blck), spec[i].size);
-		CHECK_EQ_INT(dtype_row_size(spec[i].id, 3 * (int64_t)spec[i].blck),
+		CHECK_EQ_INT(quant_dtype_row_size(spec[i].id, spec[i].blck), spec[i].size);
+		CHECK_EQ_INT(quant_dtype_row_size(spec[i].id, 3 * (int64_t)spec[i].blck),
 			     3 * spec[i].size);
 		if (spec[i].blck > 1)
-			CHECK_EQ_INT(dtype_row_size(spec[i].id, spec[i].blck - 1), 0);
+			CHECK_EQ_INT(quant_dtype_row_size(spec[i].id, spec[i].blck - 1), 0);
 	}
 }
 
 /* The block structs match the table. */
 static void test_block_structs(void)
 {
-	CHECK_EQ_INT(sizeof(struct block_q4_0), dtype_get(ENGINE_DTYPE_Q4_0)->size);
-	CHECK_EQ_INT(sizeof(struct block_q8_0), dtype_get(ENGINE_DTYPE_Q8_0)->size);
-	CHECK_EQ_INT(sizeof(struct block_q4_1), dtype_get(ENGINE_DTYPE_Q4_1)->size);
-	CHECK_EQ_INT(sizeof(struct block_q5_0), dtype_get(ENGINE_DTYPE_Q5_0)->size);
-	CHECK_EQ_INT(sizeof(struct block_q5_1), dtype_get(ENGINE_DTYPE_Q5_1)->size);
-	CHECK_EQ_INT(sizeof(struct block_q8_1), dtype_get(ENGINE_DTYPE_Q8_1)->size);
-	CHECK_EQ_INT(sizeof(struct block_q2_K), dtype_get(ENGINE_DTYPE_Q2_K)->size);
-	CHECK_EQ_INT(sizeof(struct block_q3_K), dtype_get(ENGINE_DTYPE_Q3_K)->size);
-	CHECK_EQ_INT(sizeof(struct block_q4_K), dtype_get(ENGINE_DTYPE_Q4_K)->size);
-	CHECK_EQ_INT(sizeof(struct block_q5_K), dtype_get(ENGINE_DTYPE_Q5_K)->size);
-	CHECK_EQ_INT(sizeof(struct block_q6_K), dtype_get(ENGINE_DTYPE_Q6_K)->size);
-	CHECK_EQ_INT(sizeof(struct block_q8_K), dtype_get(ENGINE_DTYPE_Q8_K)->size);
-	CHECK_EQ_INT(sizeof(struct block_iq4_nl), dtype_get(ENGINE_DTYPE_IQ4_NL)->size);
-	CHECK_EQ_INT(sizeof(struct block_iq4_xs), dtype_get(ENGINE_DTYPE_IQ4_XS)->size);
+	CHECK_EQ_INT(sizeof(struct block_q4_0), quant_dtype_get(ENGINE_DTYPE_Q4_0)->size);
+	CHECK_EQ_INT(sizeof(struct block_q8_0), quant_dtype_get(ENGINE_DTYPE_Q8_0)->size);
+	CHECK_EQ_INT(sizeof(struct block_q4_1), quant_dtype_get(ENGINE_DTYPE_Q4_1)->size);
+	CHECK_EQ_INT(sizeof(struct block_q5_0), quant_dtype_get(ENGINE_DTYPE_Q5_0)->size);
+	CHECK_EQ_INT(sizeof(struct block_q5_1), quant_dtype_get(ENGINE_DTYPE_Q5_1)->size);
+	CHECK_EQ_INT(sizeof(struct block_q8_1), quant_dtype_get(ENGINE_DTYPE_Q8_1)->size);
+	CHECK_EQ_INT(sizeof(struct block_q2_K), quant_dtype_get(ENGINE_DTYPE_Q2_K)->size);
+	CHECK_EQ_INT(sizeof(struct block_q3_K), quant_dtype_get(ENGINE_DTYPE_Q3_K)->size);
+	CHECK_EQ_INT(sizeof(struct block_q4_K), quant_dtype_get(ENGINE_DTYPE_Q4_K)->size);
+	CHECK_EQ_INT(sizeof(struct block_q5_K), quant_dtype_get(ENGINE_DTYPE_Q5_K)->size);
+	CHECK_EQ_INT(sizeof(struct block_q6_K), quant_dtype_get(ENGINE_DTYPE_Q6_K)->size);
+	CHECK_EQ_INT(sizeof(struct block_q8_K), quant_dtype_get(ENGINE_DTYPE_Q8_K)->size);
+	CHECK_EQ_INT(sizeof(struct block_iq4_nl), quant_dtype_get(ENGINE_DTYPE_IQ4_NL)->size);
+	CHECK_EQ_INT(sizeof(struct block_iq4_xs), quant_dtype_get(ENGINE_DTYPE_IQ4_XS)->size);
 	/* Field offsets that the formats fix (§2.3-2.5). */
 	CHECK_EQ_INT(offsetof(struct block_q2_K, d), 80);
 	CHECK_EQ_INT(offsetof(struct block_q3_K, scales), 96);
@@ -158,9 +158,9 @@ static void test_block_structs(void)
 	CHECK_EQ_INT(offsetof(struct block_q6_K, scales), 192);
 	CHECK_EQ_INT(offsetof(struct block_q8_K, bsums), 260);
 	CHECK_EQ_INT(offsetof(struct block_iq4_xs, qs), 8);
-	CHECK_EQ_INT(QK4_0, dtype_get(ENGINE_DTYPE_Q4_0)->blck);
-	CHECK_EQ_INT(QK8_0, dtype_get(ENGINE_DTYPE_Q8_0)->blck);
-	CHECK_EQ_INT(QK_K, dtype_get(ENGINE_DTYPE_Q4_K)->blck);
+	CHECK_EQ_INT(QK4_0, quant_dtype_get(ENGINE_DTYPE_Q4_0)->blck);
+	CHECK_EQ_INT(QK8_0, quant_dtype_get(ENGINE_DTYPE_Q8_0)->blck);
+	CHECK_EQ_INT(QK_K, quant_dtype_get(ENGINE_DTYPE_Q4_K)->blck);
 }
 
 /* quant_init from many threads at once: every thread sees a full table. */
@@ -223,7 +223,7 @@ static void check_llama_cpp_file(const char *qfile, uint32_t qtype, int min_tens
 		const struct gguf_tensor *tq = &q->tensors[i];
 		if (tq->type != qtype)
 			continue;
-		const struct gguf_tensor *ts = gguf_find_tensor(src, tq->name);
+		const struct gguf_tensor *ts = gguf_tensor_by_name(src, tq->name);
 		int64_t ne0 = tq->ne[0], rows = tq->ne[1] * tq->ne[2] * tq->ne[3];
 		bool match = ts && ts->type == ENGINE_DTYPE_F32 && ts->ne[0] == ne0 &&
 			     ts->nbytes == (uint64_t)(ne0 * rows) * 4;
@@ -238,12 +238,12 @@ static void check_llama_cpp_file(const char *qfile, uint32_t qtype, int min_tens
 			const uint8_t *theirs = (const uint8_t *)tq->data + r * tq->row_bytes;
 			memcpy(row, (const uint8_t *)ts->data + r * ts->row_bytes,
 			       (size_t)ne0 * sizeof(float));
-			CHECK_OK(quantize_row(qtype, row, out, ne0));
+			CHECK_OK(quant_quantize_row(qtype, row, out, ne0));
 			bad_rows += memcmp(out, theirs, tq->row_bytes) != 0;
-			CHECK_OK(dequantize_row(qtype, theirs, deq, ne0));
+			CHECK_OK(quant_dequantize_row(qtype, theirs, deq, ne0));
 			for (int64_t j = 0; j < ne0; j++)
 				se_theirs += ((double)deq[j] - row[j]) * ((double)deq[j] - row[j]);
-			CHECK_OK(dequantize_row(qtype, out, deq, ne0));
+			CHECK_OK(quant_dequantize_row(qtype, out, deq, ne0));
 			for (int64_t j = 0; j < ne0; j++) {
 				se_ours += ((double)deq[j] - row[j]) * ((double)deq[j] - row[j]);
 				sx2 += (double)row[j] * row[j];
@@ -257,9 +257,9 @@ static void check_llama_cpp_file(const char *qfile, uint32_t qtype, int min_tens
 		n_checked++;
 	}
 	CHECK_MSG(n_checked >= min_tensors, "only %d %s tensors compared", n_checked,
-		  dtype_name(qtype));
+		  quant_dtype_name(qtype));
 	fprintf(stderr, "%s: %d %s tensors, relative squared error ours %.4g, llama.cpp's %.4g\n",
-		qfile, n_checked, dtype_name(qtype), se_ours / sx2, se_theirs / sx2);
+		qfile, n_checked, quant_dtype_name(qtype), se_ours / sx2, se_theirs / sx2);
 	gguf_close(src);
 	gguf_close(q);
 }

@@ -186,7 +186,7 @@ static int write_model(const char *path, uint32_t type, bool dequant)
 	}
 	for (int i = 0; !r && i < n_mats; i++) {
 		const struct mat *m = &mats[i];
-		size_t qrow = dtype_row_size(type, m->ne[0]);
+		size_t qrow = quant_dtype_row_size(type, m->ne[0]);
 		uint8_t *q = malloc(qrow * (size_t)m->ne[1]);
 		float *d = dequant ? malloc(sizeof(float) * (size_t)(m->ne[0] * m->ne[1])) : NULL;
 		bufs[i] = dequant ? (void *)d : (void *)q;
@@ -197,9 +197,9 @@ static int write_model(const char *path, uint32_t type, bool dequant)
 		}
 		for (int64_t row = 0; row < m->ne[1]; row++) {
 			uint8_t *qr = q + (size_t)row * qrow;
-			r = quantize_row(type, m->f + row * m->ne[0], qr, m->ne[0]);
+			r = quant_quantize_row(type, m->f + row * m->ne[0], qr, m->ne[0]);
 			if (!r && dequant)
-				r = dequantize_row(type, qr, d + row * m->ne[0], m->ne[0]);
+				r = quant_dequantize_row(type, qr, d + row * m->ne[0], m->ne[0]);
 			if (r)
 				break;
 		}
@@ -282,7 +282,7 @@ static double top_gap(const float *l)
 static void check_type(const struct bound *bd)
 {
 	char qpath[4096], dpath[4096];
-	const char *tn = dtype_name(bd->type);
+	const char *tn = quant_dtype_name(bd->type);
 	snprintf(qpath, sizeof(qpath), "%s/bounds-%d-%s.gguf", test_tmpdir(), (int)getpid(), tn);
 	snprintf(dpath, sizeof(dpath), "%s/bounds-%d-%s-deq.gguf", test_tmpdir(), (int)getpid(),
 		 tn);
@@ -334,7 +334,7 @@ static void test_bounds(void)
 static void test_bounds_cover_types(void)
 {
 	for (uint32_t t = 0; t < ENGINE_DTYPE_COUNT; t++) {
-		const struct dtype_info *ti = dtype_get(t);
+		const struct dtype_info *ti = quant_dtype_get(t);
 		if (!ti || !ti->computable || t == ENGINE_DTYPE_F32)
 			continue;
 		bool found = false;

@@ -296,7 +296,7 @@ static void test_clean_spaces(void)
 		char buf[128];
 		size_t n = strlen(cases[i].in);
 		memcpy(buf, cases[i].in, n);
-		n = bpe_clean_spaces(buf, n);
+		n = engine_bpe_clean_spaces(buf, n);
 		buf[n] = '\0';
 		CHECK_STREQ(buf, cases[i].out);
 	}
@@ -330,7 +330,7 @@ static void test_llama3_pretokenizer(void)
 		TEST_SKIP_DATA("no llama-bpe vocab");
 		return;
 	}
-	CHECK_STREQ(bpe_pre_name(t), "llama-bpe");
+	CHECK_STREQ(engine_bpe_pre_name(t), "llama-bpe");
 	CHECK(engine_tokenizer_add_bos(t));
 	char buf[512];
 	split_str(t, "Hello world", buf, sizeof(buf));

@@ -168,7 +168,7 @@ static void gen_one(struct gen_tensor *t, uint64_t seed, float *row)
 		else
 			for (int64_t i = 0; i < t->ne[0]; i++)
 				row[i] = t->value;
-		quantize_row(t->type, row, t->data + (size_t)r * t->row_bytes, t->ne[0]);
+		quant_quantize_row(t->type, row, t->data + (size_t)r * t->row_bytes, t->ne[0]);
 	}
 }
 
@@ -520,7 +520,7 @@ static int fill_tensors(const struct mkmodel_opts *o, struct mkmodel *m)
 {
 	for (int i = 0; i < m->nt; i++) {
 		struct gen_tensor *t = &m->ts[i];
-		t->row_bytes = dtype_row_size(t->type, t->ne[0]);
+		t->row_bytes = quant_dtype_row_size(t->type, t->ne[0]);
 		t->data = malloc(t->row_bytes * (size_t)t->ne[1]);
 		if (!t->data)
 			return -ENOMEM;

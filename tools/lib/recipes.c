@@ -165,13 +165,13 @@ uint32_t tools_recipe_type(const struct tools_recipe *r, const struct tools_tens
 	uint32_t want = choose(r, t), type = want;
 	if (note && note_len)
 		note[0] = '\0';
-	if (t->ne0 % dtype_get(want)->blck == 0)
+	if (t->ne0 % quant_dtype_get(want)->blck == 0)
 		return want;
-	while (t->ne0 % dtype_get(type)->blck != 0 && type != ENGINE_DTYPE_F16)
+	while (t->ne0 % quant_dtype_get(type)->blck != 0 && type != ENGINE_DTYPE_F16)
 		type = fallback_of(type);
 	if (note && note_len)
 		snprintf(note, note_len, "row %lld not a multiple of %u, %s -> %s",
-			 (long long)t->ne0, dtype_get(want)->blck, dtype_name(want),
-			 dtype_name(type));
+			 (long long)t->ne0, quant_dtype_get(want)->blck, quant_dtype_name(want),
+			 quant_dtype_name(type));
 	return type;
 }
