@@ -11,9 +11,8 @@
  * Claiming: the chunks are cut into one contiguous range per worker; a
  * worker takes its own range's chunks front to back, then steals from the
  * back of the others' (engine_pool_ranges_claim). Each worker thus streams one
- * long run of weights, which the prefetchers follow (TinyLlama Q4_0 decode
- * ~60 -> ~76 tok/s over chunks dealt alternately from one counter, where
- * every 64 rows a stream ended and another restarted cold), and a
+ * long run of weights, which the prefetchers follow (chunks dealt from one
+ * counter ended a stream every 64 rows and restarted another cold), and a
  * descheduled worker's range is still finished by the others, chunk by
  * chunk.
  *
@@ -91,8 +90,7 @@ static void store(const struct engine_mm *m, int t, int64_t r, float s)
 }
 
 /* out[0..nr) (+)= s[0..nr) (+ bias[r0..]): store() for a row of results,
- * four at a time (engine_impl.h's v4f: the plain loop stayed scalar, ~5 %
- * of a Qwen2.5 0.5B prefill). */
+ * four at a time (engine_impl.h's v4f: the plain loop stayed scalar). */
 static void store_row(const struct engine_mm *m, float *out, const float *s, int64_t r0, int nr)
 {
 	const float *b = m->bias ? m->bias + r0 : NULL;
@@ -363,12 +361,10 @@ static int64_t deal_chunks(struct mm_job *j)
 }
 
 /* Whether a batch's repacked matmuls go in X16_BATCH_ROWS parts of groups
- * (n_chunks: the chunks the pool deals, repacked weights in whole
- * groups). Paired prefill runs: from 128 tokens the parts win on every
- * shape (Qwen2.5 0.5B +4.5 %, TinyLlama +2-3 %); at 64 only where whole
- * groups split unevenly between the workers (Qwen2.5 +3 %, TinyLlama,
- * whose jobs split evenly, -2.6 %); below that they lose (4 tokens -27 %,
- * 16 -8 %, 32 -5 %: batched decode is still reading weights). */
+ * (n_chunks: the chunks the pool deals, repacked weights in whole groups):
+ * from 128 tokens, or from 64 where whole groups split unevenly between the
+ * workers; smaller batches still read weights and keep whole groups
+ * (docs/performance.md §4). */
 static bool x16_parts(int n_tok, int64_t n_chunks, int nth)
 {
 	if (n_tok >= 128)

@@ -29,7 +29,7 @@ void engine_matmul_multi(engine_ctx *c, const float *x, size_t x_stride, int n_t
  * and are overwritten. With a batch, a chunk of the job is the same rows
  * of both matrices, and its worker takes their product right away, while
  * both tiles are in its cache: a separate pass over the two T x n_ff
- * outputs read them back from memory (~5 % of a Qwen2.5 0.5B prefill).
+ * outputs would read them back from memory.
  * The results are the same either way (element-wise). */
 void engine_matmul_swiglu(engine_ctx *c, const float *x, size_t x_stride, int n_tok,
 			  const struct engine_mm gu[2]);

@@ -143,8 +143,8 @@ struct kern_ops {
 	uint64_t (*read_stream)(const void *p, size_t n);
 	/* The same read as one chain of single loads, one per iteration (NULL:
 	 * none). Fewer loads in flight can let the hardware prefetchers run
-	 * further ahead: on this project's Zen 5 VM it read 20-30 % more than
-	 * read_stream. edgelm-bench keeps the better of the two. */
+	 * further ahead on some CPUs (docs/performance.md); edgelm-bench keeps
+	 * the better of the two. */
 	uint64_t (*read_stream_chain)(const void *p, size_t n);
 	/* Attention over F16 and Q8_0 KV caches (contract above; the F32 cache
 	 * uses dot_f32 and axpy_f32). */
@@ -203,7 +203,7 @@ void kern_act_aux(uint32_t act_type, const void *a, int64_t n, float *aux);
  * so that a panel is one forward stream (an odd last block: codes, then
  * metadata). With the whole panel's metadata at its end (the first layout)
  * a kernel read two streams per thread, which the hardware prefetcher
- * served at ~60 % of one stream's rate (docs/performance.md §4).
+ * served much slower than one (docs/performance.md §4).
  * A panel is exactly 16 native rows long, so a matrix is repacked in place
  * panel by panel; rows past the last full group of 16 stay native. */
 #define KERN_X16_ROWS 16

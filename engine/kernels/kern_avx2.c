@@ -798,14 +798,9 @@ static void attn_vsum_q8_0(int hd, int n, const float *w, const void *v, size_t 
  * memory streams while the compute runs); more walk each half in turn for
  * up to 4 tokens. */
 #define X16A_TOKENS 4
-/* One token's panel stream prefetched this far ahead: 8 KiB, with the rows
- * cut into K-segments, against 2 KiB before them (TinyLlama, paired runs
- * of 12-20 reps, tools/dev/kernel-ab.sh): Q4_0 decode +10-24 % in four
- * runs, equal in two; Q8_0 +16-20 % in three, -7 % in two. Each run's
- * reps agreed closely while runs disagreed: the VM's memory latency moves
- * between runs, and a longer distance is what holds up when it is high.
- * Q4_0 12 and 16 KiB +20-24 %, Q8_0 12 and 16 KiB +11-14 % (one run
- * each). */
+/* One token's panel stream prefetched this far ahead (rows cut into
+ * K-segments): a longer distance holds up when the memory latency is high
+ * (paired runs with tools/dev/kernel-ab.sh, docs/performance.md §4). */
 #ifndef X16A_PREFETCH
 #define X16A_PREFETCH 8192
 #endif
@@ -873,8 +868,7 @@ x16a_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const floa
 	const size_t cb = q4 ? 256 : 512;
 	__m256 acc0 = from_s ? _mm256_loadu_ps(s) : _mm256_setzero_ps();
 	__m256 acc1 = from_s ? _mm256_loadu_ps(s + 8) : _mm256_setzero_ps();
-	/* two blocks per iteration: decode +3 % (Q4_0, Q8_0; paired runs,
-	 * tools/dev/kernel-ab.sh), as on avx512vnni */
+	/* two blocks per iteration, as on avx512vnni (§4) */
 	_Pragma("GCC unroll 2") for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 		const uint8_t *sb = KERN_X16_META(panel, nb, cb, 32, b);
@@ -923,9 +917,8 @@ KERN_X16_HALVES_GEMM(x16a_gemm, x16a_one, x16a_half, X16A_TOKENS)
 /* A super-block's code lines are asked for a few at a time as the first
  * half-panel pass consumes them (Q4_K 8 per 512 bytes, Q6_K 12 per step),
  * not all 32 or 48 at its start: a burst outran the miss buffers (as on
- * avx512vnni). `--isa avx2` Q4_K_M decode +10-12 % (paired runs,
- * tools/dev/kernel-ab.sh). KERN_PF_LINES and KERN_X16_PREFETCH_META are
- * kern.h's. */
+ * avx512vnni; docs/performance.md §4). KERN_PF_LINES and
+ * KERN_X16_PREFETCH_META are kern.h's. */
 
 static inline __attribute__((always_inline)) __m256i dot_u8i8(__m256i acc, __m256i c,
 							      const int8_t *a4)

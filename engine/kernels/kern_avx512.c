@@ -703,21 +703,10 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
 #ifndef X16_HI_TOKENS
 #define X16_HI_TOKENS 2 /* Q4_0: up to this many tokens, high nibbles unshifted */
 #endif
-/* Software prefetch of the panel stream (docs/performance.md §4), each
- * setting from paired runs in one process (decode steps alternating
- * between two builds of this file, tools/dev/kernel-ab.sh): Q4_0 4 KiB
- * ahead (2, 3, 6, 8 KiB: within 2 %); the K-quants 8 KiB ahead (32 KiB
- * before: +11-15 % Q4_K_M decode; 4, 6, 12, 64 KiB in between); Q8_0 4
- * KiB from two tokens on (without it, batches of 2 and 4 lost 13-22 %)
- * and 6 KiB for one token. With the rows cut into K-segments, 16 KiB had
- * given +7 % TinyLlama Q8_0 and +5-6 % Qwen2.5 (its Q8_0 output) decode
- * against none (12, 24, 32 KiB: +2-4 %; before the segments, 4 KiB had
- * lost 5-12 % against none); re-measured in the tenth session against 16
- * KiB (medians of 16-20): 4 KiB +5.5-6.6 %, 6 KiB +6.9 %, 8 KiB +1.7-5.2
- * %, 12 KiB -1.8 % on TinyLlama Q8_0, 6 KiB +3.6 % on Qwen2.5; the other
- * way round (16 KiB against 6) 0.956 and 0.986. The box's memory moves
- * under these settings: re-measure before trusting either. Q4_0 at 8 or
- * 16 KiB lost 3-7 %. */
+/* Software prefetch of the panel stream: how far ahead each type reads,
+ * chosen by paired runs (tools/dev/kernel-ab.sh); the distances follow the
+ * box's memory latency, so re-measure on another (docs/performance.md §4
+ * has the settings tried and what each gave). */
 #ifndef X16_PREFETCH
 #define X16_PREFETCH 4096 /* bytes ahead; 0: none */
 #endif
@@ -728,10 +717,9 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
 #define X16K_PREFETCH 8192
 #endif
 /* A K-quant super-block starts with its scales, which sit after the pair's
- * codes: the stream prefetch reached them only ~2 KiB of codes before use
- * (`perf annotate`: 18 % of Q6_K's samples on the first scale load). Each
- * block also asks for the scales of the block this many ahead: Q4_K_M
- * decode +2-3 % (paired runs, medians of 14). */
+ * codes: the stream prefetch reached them only ~2 KiB of codes before use,
+ * so each block also asks for the scales of the block this many ahead
+ * (docs/performance.md §4). */
 #ifndef X16K_META_AHEAD
 #define X16K_META_AHEAD 4
 #endif
@@ -748,10 +736,7 @@ static VNNI void gemm_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_st
 /* The K-quant kernels ask for a super-block's code lines a few at a time
  * as they consume it (Q4_K 8 per 512 bytes, Q6_K 3 per 192), not 32 or 48
  * in a burst at its start: a burst outran the core's miss buffers and
- * lines came late. One token from DRAM, one thread, a clean stream (the
- * kernel alone): Q6_K 22-23 -> 27-29 GB/s, Q4_K 29-31 -> 33 GB/s, against
- * 32-35 for plain loads; Q4_K_M decode +18 % (paired runs, median of 12),
- * TinyLlama Q4_0 +2 % (its Q6_K output). KERN_PF_LINES is kern.h's. */
+ * lines came late (docs/performance.md §4). KERN_PF_LINES is kern.h's. */
 #ifndef X16_Q8_PF_NT
 #define X16_Q8_PF_NT 2 /* Q8_0: tokens per panel pass from which to prefetch */
 #endif
@@ -781,10 +766,8 @@ x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, s
 	__m512 acc[X16_TOKENS];
 	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
 		acc[t] = from_s ? _mm512_loadu_ps(s + (size_t)t * s_stride) : _mm512_setzero_ps();
-	/* two blocks (a pair: codes, codes, metadata) per iteration: decode
-	 * +8-13 % (Q4_0, Q8_0), prefill and batches of 4 within the noise or
-	 * better (paired runs in one process); the K-quant loops gained
-	 * nothing from it */
+	/* two blocks (a pair: codes, codes, metadata) per iteration: it
+	 * paid for Q4_0/Q8_0 decode, not for the K-quant loops (§4) */
 	_Pragma("GCC unroll 2") for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
 		__m512i c[8];
@@ -845,12 +828,11 @@ x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, s
  * block's codes in two halves of four vectors per panel so that the two
  * panels' codes, the tile's integer and float accumulators and the
  * broadcast fit the 32 registers. Per (row, token, block) the steps of
- * x16_panel, so the results are its bits (kern_gemm_x16_ref's). Paired
- * prefill runs, TinyLlama Q8_0: 128 tokens +4-6 %, 512 +12 %; from fewer
- * tokens per call it loses (32: 0.91, 64: 1.01; batched decode of 16:
- * 0.86, its weights coming from memory), and Q4_0, whose nibbles would be
- * unpacked for every 4 tokens instead of 8, lost 0-4 %: Q8_0 only, from
- * X16_PAIR_MIN_NT tokens per call. */
+ * x16_panel, so the results are its bits (kern_gemm_x16_ref's). It pays
+ * only for large calls (fewer tokens per call still read weights from
+ * memory) and not for Q4_0, whose nibbles would be unpacked for every 4
+ * tokens instead of 8: Q8_0 only, from X16_PAIR_MIN_NT tokens per call
+ * (docs/performance.md §4). */
 #define X16_PAIR_TOKENS 4
 #ifndef X16_PAIR_MIN_NT
 #define X16_PAIR_MIN_NT 64

@@ -398,8 +398,8 @@ static void axpy_f32(int64_t n, float a, const float *x, float *y)
 /* ---- attention over F16 / Q8_0 KV caches (contract in kern.h) ------------- */
 
 /* The f16 kernels look halves up in quant_fp16_table (the same values as
- * quant_fp16_to_f32, without its branches: 3x faster here, and these run on
- * every cached position); quant_init() is a no-op after its first call. */
+ * quant_fp16_to_f32, without its branches, and these run on every cached
+ * position); quant_init() is a no-op after its first call. */
 static void attn_score_f16(int hd, int n, const void *vq, const void *k, size_t stride,
 			   float scale, float *s)
 {
