@@ -12,7 +12,6 @@
  * one that never existed. Ids the daemon makes are 128 random bits. */
 #include "daemon/log.h"
 #include "daemon/serve.h"
-#include "engine/quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -492,7 +491,7 @@ static void handle_info(struct daemon *d, ipc_call *call)
 {
 	/* copied under the lock, encoded after it */
 	char arch[32], isa[32], kernels[160], model[256];
-	const char *qt[ENGINE_DTYPE_COUNT];
+	const char *qt[ENGINE_TYPE_SLOTS];
 	size_t nq = 0;
 	char *tuning = NULL;
 	struct ipc_reply rep = {.op = IPC_OP_INFO, .retry_after_ms = -1};
@@ -501,7 +500,7 @@ static void handle_info(struct daemon *d, ipc_call *call)
 	const struct engine_model_info *mi = &d->minfo;
 	for (uint32_t t = 0; t < CM_ARRAY_LEN(mi->type_counts) && nq < CM_ARRAY_LEN(qt); t++)
 		if (mi->type_counts[t])
-			qt[nq++] = quant_dtype_name(t); /* static strings */
+			qt[nq++] = engine_dtype_name(t); /* static strings */
 	snprintf(arch, sizeof(arch), "%s", mi->arch);
 	snprintf(isa, sizeof(isa), "%s", mi->isa);
 	snprintf(model, sizeof(model), "%s", d->model_name);

@@ -30,6 +30,9 @@ typedef struct engine_sampler engine_sampler;
 
 /* ---- model ------------------------------------------------------------- */
 
+/* Slots for ggml tensor type ids (0..39, engine_dtype_name). */
+#define ENGINE_TYPE_SLOTS 40
+
 struct engine_params {
 	int n_threads;        /* workers, 0 = one per online CPU */
 	const int *cpus;      /* optional CPU list to pin worker i to cpus[i % n_cpus] */
@@ -62,7 +65,7 @@ struct engine_model_info {
 	uint64_t weight_bytes_token; /* bytes read per decoded token (matmuls) */
 	const char *isa;             /* kernel variant chosen */
 	int n_threads;
-	uint32_t type_counts[40];    /* tensors per ggml type */
+	uint32_t type_counts[ENGINE_TYPE_SLOTS]; /* tensors per ggml type id */
 	int n_fallback;              /* tensors kept wider than requested (quantizer) */
 	uint32_t n_x16_tensors;      /* tensors repacked at load (engine_params.repack) */
 	uint64_t x16_bytes;          /* their bytes, now private memory */
@@ -81,6 +84,8 @@ int engine_repack_parse(const char *s, int *ret_mode);
 int engine_model_load(const char *path, const struct engine_params *p, engine_model **ret_model,
 		      struct cm_err *err);
 void engine_model_free(engine_model *m); /* NULL-safe */
+/* A ggml tensor type's name ("Q4_0", "F16", ...), "?" for an unknown id. */
+const char *engine_dtype_name(uint32_t type);
 void engine_model_get_info(const engine_model *m, struct engine_model_info *ret_info);
 const engine_tokenizer *engine_model_tokenizer(const engine_model *m);
 

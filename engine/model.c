@@ -146,6 +146,13 @@ void engine_model_free(engine_model *m)
 	cm_free(m);
 }
 
+_Static_assert(ENGINE_DTYPE_COUNT <= ENGINE_TYPE_SLOTS, "type_counts has a slot per type id");
+
+const char *engine_dtype_name(uint32_t type)
+{
+	return quant_dtype_name(type);
+}
+
 void engine_model_get_info(const engine_model *m, struct engine_model_info *ret_info)
 {
 	*ret_info = m->info;

@@ -113,6 +113,7 @@ expect fail engine/gguf.c '#include "ipc/ipc.h"'
 expect fail common/common.c '#include "engine/engine.h"'
 expect fail "$(first 'daemon/*.c')" '#include "tools/lib/tools.h"'
 expect pass "$(first 'daemon/*.c')" '#include "engine/engine.h"'
+expect fail "$(first 'daemon/*.c')" '#include "engine/quant.h"'
 # the engine uses no nng, JSON or systemd
 expect fail engine/model.c '#include <nng/nng.h>'
 expect fail engine/tokenizer.c '#include <jansson.h>'
