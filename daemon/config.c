@@ -525,6 +525,16 @@ int daemon_config_set(struct daemon_config *c, const char *key, const char *valu
 	return opt_set(c, o, value, false, err);
 }
 
+int daemon_config_append(struct daemon_config *c, const char *key, const char *value,
+                         struct cm_err *err)
+{
+	const struct opt *o = opt_find(key);
+
+	if (!o)
+		return unknown_key(key, err);
+	return opt_set(c, o, value, o->type == OPT_LIST, err);
+}
+
 /* Split one line into key and value (both point into `line`, which is
  * modified). Returns 1 for a key line, 0 for a blank or comment line, or a
  * negative errno with a message. */

@@ -92,6 +92,9 @@ int daemon_config_load(struct daemon_config *c, const char *path, struct cm_err 
 /* Set one key from text ("threads", "4"), validating type and range. */
 int daemon_config_set(struct daemon_config *c, const char *key, const char *value,
 		      struct cm_err *err);
+/* The same, but a list key (listen) gets the value added to its list. */
+int daemon_config_append(struct daemon_config *c, const char *key, const char *value,
+			 struct cm_err *err);
 /* Whole-config checks that single keys cannot do (e.g. model set). */
 int daemon_config_validate(const struct daemon_config *c, struct cm_err *err);
 /* `key value` lines with comments (default marked), loadable again. With

@@ -310,12 +310,12 @@ static int config_build(struct daemon_config *c, const char *path, bool must_exi
 	if (env_isa && *env_isa && daemon_config_set(c, "isa", env_isa, err) != 0)
 		return cm_err_set(err, -EINVAL, "EDGELM_ISA: %s", err->msg);
 	for (int i = 0; i < ov->n; i++) {
-		const char *key = ov->key[i];
-		if (strcmp(key, "listen+") == 0)
-			key = "listen"; /* daemon_config_set appends after the first */
-		else if (strcmp(key, "listen") == 0)
-			c->n_listen = 0; /* the command line replaces the file's list */
-		if ((r = daemon_config_set(c, key, ov->val[i], err)) != 0)
+		/* the first --listen replaces the file's list, the next ones add */
+		if (strcmp(ov->key[i], "listen+") == 0)
+			r = daemon_config_append(c, "listen", ov->val[i], err);
+		else
+			r = daemon_config_set(c, ov->key[i], ov->val[i], err);
+		if (r)
 			return r;
 	}
 	return 0;
@@ -555,10 +555,23 @@ static int start_detect(struct daemon *d)
 	return 0;
 }
 
+/* A clear message before anything is mapped: errno, or what the path is. */
 static int start_model_file(struct daemon *d)
 {
-	if (file_size(d->cfg.model) == 0) {
-		log_err("cannot read model %s: %s", d->cfg.model, strerror(errno));
+	struct stat st;
+	const char *why = NULL;
+	if (stat(d->cfg.model, &st) != 0)
+		why = strerror(errno);
+	else if (S_ISDIR(st.st_mode))
+		why = "a directory, not a GGUF file";
+	else if (!S_ISREG(st.st_mode))
+		why = "not a regular file (a device, FIFO or socket cannot be mapped)";
+	else if (st.st_size == 0)
+		why = "the file is empty";
+	else if (access(d->cfg.model, R_OK) != 0)
+		why = strerror(errno);
+	if (why) {
+		log_err("cannot read model %s: %s", d->cfg.model, why);
 		return EXIT_MODEL;
 	}
 	daemon_notify_init();
