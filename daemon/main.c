@@ -46,6 +46,7 @@ static void usage(FILE *o)
 		"  --set KEY=VALUE        any configuration key (repeatable)\n"
 		"  --foreground           accepted for systemd units (edgelmd never forks)\n"
 		"  --check                print the CPU report and what tuning would change, then exit\n"
+		"  --check-config         check the configuration and the model file, then exit\n"
 		"  --print-config         print the effective configuration and exit\n"
 		"  --print-config-doc     print the configuration reference (Markdown) and exit\n"
 		"  --restore-tuning       undo tuning left by a crashed daemon (state file), then exit\n"
@@ -379,7 +380,10 @@ static void reload(struct daemon *d)
 
 /* ---- the command line ---------------------------------------------------------- */
 
-enum mode { MODE_SERVE, MODE_CHECK, MODE_PRINT, MODE_PRINT_DOC, MODE_RESTORE, MODE_TUNE_CPUFREQ };
+enum mode {
+	MODE_SERVE, MODE_CHECK, MODE_CHECK_CONFIG, MODE_PRINT, MODE_PRINT_DOC, MODE_RESTORE,
+	MODE_TUNE_CPUFREQ
+};
 
 struct cmdline {
 	const char *config_path;
@@ -393,7 +397,7 @@ static int parse_args(int argc, char **argv, struct cmdline *cl, struct override
 	enum {
 		OPT_CONFIG = 256, OPT_MODEL, OPT_LISTEN, OPT_MLISTEN, OPT_THREADS, OPT_CTX,
 		OPT_PARALLEL, OPT_ISA, OPT_SET, OPT_FG, OPT_CHECK, OPT_PRINT, OPT_PRINTDOC,
-		OPT_RESTORE, OPT_TUNE_CPUFREQ, OPT_NO_CPUFREQ, OPT_VERSION,
+		OPT_RESTORE, OPT_TUNE_CPUFREQ, OPT_NO_CPUFREQ, OPT_VERSION, OPT_CHECK_CONFIG,
 	};
 	static const struct option opts[] = {
 		{"config", required_argument, NULL, OPT_CONFIG},
@@ -407,6 +411,7 @@ static int parse_args(int argc, char **argv, struct cmdline *cl, struct override
 		{"set", required_argument, NULL, OPT_SET},
 		{"foreground", no_argument, NULL, OPT_FG},
 		{"check", no_argument, NULL, OPT_CHECK},
+		{"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
 		{"print-config", no_argument, NULL, OPT_PRINT},
 		{"print-config-doc", no_argument, NULL, OPT_PRINTDOC},
 		{"restore-tuning", no_argument, NULL, OPT_RESTORE},
@@ -443,6 +448,7 @@ static int parse_args(int argc, char **argv, struct cmdline *cl, struct override
 		}
 		case OPT_FG: break;
 		case OPT_CHECK: cl->mode = MODE_CHECK; break;
+		case OPT_CHECK_CONFIG: cl->mode = MODE_CHECK_CONFIG; break;
 		case OPT_PRINT: cl->mode = MODE_PRINT; break;
 		case OPT_PRINTDOC: cl->mode = MODE_PRINT_DOC; break;
 		case OPT_RESTORE: cl->mode = MODE_RESTORE; break;
@@ -474,15 +480,18 @@ static int configure(struct daemon *d, const struct cmdline *cl)
 		daemon_config_print(stdout, &d->cfg, true);
 		return 0;
 	}
+	/* the log first, so a fatal configuration error reaches the journal at
+	 * err priority (journalctl -p err shows why the unit failed) */
+	(void)daemon_log_init("info");
 	g_config_given = cl->config_given;
 	if (config_build(&d->cfg, cl->config_path, cl->config_given, &g_ov, &err) != 0) {
-		fprintf(stderr, "edgelmd: %s\n", err.msg);
+		log_err("%s", err.msg);
 		return EXIT_USAGE;
 	}
 	d->cfg_given = d->cfg;
 	d->config_path = cl->config_path;
-	if (daemon_log_init(d->cfg.log_level) != 0) {
-		fprintf(stderr, "edgelmd: bad log_level '%s'\n", d->cfg.log_level);
+	if (daemon_log_set_level(d->cfg.log_level) != 0) {
+		log_err("bad log_level '%s'", d->cfg.log_level);
 		return EXIT_USAGE;
 	}
 	if (cl->mode == MODE_PRINT) {
@@ -506,8 +515,9 @@ static int configure(struct daemon *d, const struct cmdline *cl)
 		if (l + 8 < sizeof(d->tpaths.state_file))
 			memcpy(d->tpaths.state_file + l, ".daemon", 8);
 	}
-	if (cl->mode == MODE_SERVE && daemon_config_validate(&d->cfg, &err) != 0) {
-		fprintf(stderr, "edgelmd: %s\n", err.msg);
+	if ((cl->mode == MODE_SERVE || cl->mode == MODE_CHECK_CONFIG) &&
+	    daemon_config_validate(&d->cfg, &err) != 0) {
+		log_err("%s", err.msg);
 		return EXIT_USAGE;
 	}
 	return -1;
@@ -556,7 +566,7 @@ static int start_detect(struct daemon *d)
 }
 
 /* A clear message before anything is mapped: errno, or what the path is. */
-static int start_model_file(struct daemon *d)
+static int check_model_file(struct daemon *d)
 {
 	struct stat st;
 	const char *why = NULL;
@@ -574,6 +584,14 @@ static int start_model_file(struct daemon *d)
 		log_err("cannot read model %s: %s", d->cfg.model, why);
 		return EXIT_MODEL;
 	}
+	return 0;
+}
+
+static int start_model_file(struct daemon *d)
+{
+	int rc = check_model_file(d);
+	if (rc)
+		return rc;
 	daemon_notify_init();
 	return 0;
 }
@@ -874,6 +892,11 @@ int main(int argc, char **argv)
 		return restore_only(d);
 	if (cl.mode == MODE_TUNE_CPUFREQ)
 		return tune_cpufreq_only(d);
+	if (cl.mode == MODE_CHECK_CONFIG) {
+		if ((rc = check_model_file(d)) == 0)
+			printf("edgelmd: %s: configuration OK\n", cl.config_path);
+		return rc;
+	}
 
 	tuning_report_init(&d->treport);
 	tuning_plan_init(&d->tplan);

@@ -3,7 +3,10 @@
 # - --listen is repeatable: every URL given is served, not only the last;
 # - a model path that cannot be served is named with the reason (the
 #   errno, or what the path is), exit status 2, never "Success": missing,
-#   empty, a directory, /dev/zero, a FIFO.
+#   empty, a directory, /dev/zero, a FIFO;
+# - a fatal configuration error is logged at err priority;
+# - --check-config (ExecReload's guard) passes a good file and refuses a
+#   bad one with the configuration's or the model's exit status.
 set -u
 BUILD=${BUILD:-build}
 T=${TEST_TMPDIR:-$(mktemp -d)}/daemon_cmdline
@@ -44,6 +47,27 @@ for c in "$T/missing.gguf|No such file or directory" "$T/empty.gguf|the file is 
 	esac
 	case $msg in *Success*) ko "$path: says Success: $msg" ;; *) ok ;; esac
 done
+
+# --check-config, the unit's ExecReload guard: 0 for a good file, 1 for a
+# bad key or value, 2 for a model it cannot read
+printf 'model %s\nqueue_size 8\n' "$T/tiny.gguf" >"$T/good.conf"
+printf 'model %s\nqueue_size 0\n' "$T/tiny.gguf" >"$T/bad.conf"
+printf 'model %s\n' "$T/missing.gguf" >"$T/nomodel.conf"
+C="$BUILD/bin/edgelmd --check-config --config"
+out=$($C "$T/good.conf" 2>&1); rc=$?
+if [ $rc -eq 0 ] && echo "$out" | grep -q "configuration OK"; then ok; else ko "good.conf: $rc $out"; fi
+out=$($C "$T/bad.conf" 2>&1); rc=$?
+if [ $rc -eq 1 ] && echo "$out" | grep -q queue_size; then ok; else ko "bad.conf: $rc $out"; fi
+out=$($C "$T/nomodel.conf" 2>&1); rc=$?
+if [ $rc -eq 2 ] && echo "$out" | grep -q "No such file"; then ok; else ko "nomodel.conf: $rc $out"; fi
+out=$($C /nonexistent.conf 2>&1); rc=$?
+if [ $rc -eq 1 ]; then ok; else ko "missing file: $rc $out"; fi
+
+# a fatal configuration error reaches the journal at err priority: under
+# systemd (INVOCATION_ID) the line carries sd-daemon's <3> prefix
+msg=$(INVOCATION_ID=test $D 2>&1); rc=$?
+if [ $rc -eq 1 ]; then ok; else ko "no model: exit status $rc"; fi
+case $msg in "<3>"*"no model"*) ok ;; *) ko "no model: '$msg' is not at err priority" ;; esac
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

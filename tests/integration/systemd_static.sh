@@ -120,4 +120,10 @@ else
 	bad "unit runs what debian/edgelmd.install installs"
 fi
 
+# the exit codes that no restart can fix stop the restarts (edgelmd(8):
+# 1 configuration, 2 model): an unconfigured box must not restart forever
+prevent=$(sed -n 's/^RestartPreventExitStatus=//p' "$UNIT")
+if [ "$prevent" = "1 2" ]; then ok "RestartPreventExitStatus=1 2"
+else bad "RestartPreventExitStatus is '$prevent', want '1 2'"; fi
+
 finish
