@@ -963,6 +963,25 @@ int daemon_config_apply_reload(struct daemon_config *c, const struct daemon_conf
 	return what;
 }
 
+void daemon_config_restart_keys(const struct daemon_config *c, const struct daemon_config *nc,
+                                char *buf, size_t cap)
+{
+	size_t n = 0;
+
+	if (cap)
+		buf[0] = '\0';
+	for (size_t i = 0; i < CM_ARRAY_LEN(options); i++) {
+		const struct opt *o = &options[i];
+
+		if ((o->flags & CONFIG_RELOADABLE) || opt_equal(c, nc, o))
+			continue;
+		int k = snprintf(buf + n, cap - n, "%s`%s`", n ? ", " : "", o->name);
+		if (k < 0 || (size_t)k >= cap - n)
+			break;
+		n += (size_t)k;
+	}
+}
+
 /* ---- the table, for the unit test (config_impl.h) ------------------------ */
 
 const struct opt *daemon_config_options(size_t *ret_n)

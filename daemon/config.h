@@ -113,5 +113,9 @@ int daemon_config_fit_kv_budget(const struct daemon_config *c, uint64_t kv_bytes
  * (its name in *ret_key). */
 int daemon_config_apply_reload(struct daemon_config *c, const struct daemon_config *nc,
 			       const char **ret_key);
+/* Every key that differs between c and nc and needs a restart (the model
+ * excepted: a reload swaps it), as "`a`, `b`"; "" when none. */
+void daemon_config_restart_keys(const struct daemon_config *c, const struct daemon_config *nc,
+				char *buf, size_t cap);
 
 #endif

@@ -56,7 +56,8 @@ struct daemon {
 
 	struct sched *sched;
 	pthread_mutex_t mu;
-	_Atomic int phase; /* enum daemon_phase */
+	_Atomic int phase;      /* enum daemon_phase */
+	_Atomic bool reloading; /* a new model loads while the old one serves */
 };
 
 /* sched.c */

@@ -345,6 +345,8 @@ static void reload(struct daemon *d)
 	pthread_mutex_lock(&d->mu);
 	/* compared with the configuration as given: d->cfg holds what the
 	 * start made of it (the context the model allowed, ...) */
+	char keys[512];
+	daemon_config_restart_keys(&d->cfg_given, &nc, keys, sizeof(keys));
 	int what = daemon_config_apply_reload(&d->cfg_given, &nc, &key);
 	(void)daemon_config_apply_reload(&d->cfg, &nc, NULL);
 	if (sched_apply_config(d->sched, &err) != 0)
@@ -352,17 +354,19 @@ static void reload(struct daemon *d)
 	pthread_mutex_unlock(&d->mu);
 	daemon_log_set_level(d->cfg.log_level);
 	if (what & 2)
-		log_warning("reload: `%s` changed, which needs a restart; ignoring it", key);
+		log_warning("reload: %s changed, which needs a restart; ignoring %s", keys,
+			    strchr(keys, ',') ? "them" : "it");
 	if (what & 1) {
 		engine_model *m = NULL;
 		engine_ctx *c = NULL;
 		struct daemon_config saved = d->cfg;
 		snprintf(d->cfg.model, sizeof(d->cfg.model), "%s", nc.model);
-		atomic_store(&d->phase, PHASE_LOADING);
+		/* the old model serves on meanwhile: health stays ready */
+		atomic_store(&d->reloading, true);
 		if (load_model(d, &m, &c, &err) != 0) {
 			log_err("reload: cannot load %s: %s; keeping %s", nc.model, err.msg, old_model);
 			d->cfg = saved;
-			atomic_store(&d->phase, PHASE_READY);
+			atomic_store(&d->reloading, false);
 			daemon_notify_ready();
 			return;
 		}

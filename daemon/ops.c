@@ -532,14 +532,16 @@ static void handle_health(struct daemon *d, ipc_call *call)
 {
 	struct ipc_reply rep = {.op = IPC_OP_HEALTH, .retry_after_ms = -1};
 	int phase = atomic_load(&d->phase);
-	const char *reasons[4];
+	const char *reasons[6];
 	size_t nr = 0;
 	rep.u.health.status = phase == PHASE_READY     ? IPC_HEALTH_READY
 			      : phase == PHASE_LOADING ? IPC_HEALTH_LOADING
 						       : IPC_HEALTH_DRAINING;
 	char buf[MONITOR_FLAG_COUNT][64]; /* the reasons' text, until encoded below */
 	if (phase == PHASE_LOADING)
-		reasons[nr++] = "loading a new model";
+		reasons[nr++] = "loading the model";
+	if (atomic_load(&d->reloading))
+		reasons[nr++] = "loading a new model; the current one serves";
 	if (phase == PHASE_DRAINING)
 		reasons[nr++] = "shutting down";
 	if (d->mon) {

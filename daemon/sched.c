@@ -313,6 +313,8 @@ static void do_swap(struct sched *s)
 	engine_model_get_info(d->model, &d->minfo);
 	snprintf(d->kv_type_name, sizeof(d->kv_type_name), "%s",
 		 engine_kv_type_name(engine_ctx_kv_type(d->ctx)));
+	/* never larger: the new model loaded with ctx_max = the old context */
+	d->cfg.ctx_size = engine_ctx_n_ctx(d->ctx);
 	s->swap_model = NULL;
 	s->swap_ctx = NULL;
 	s->model_gen++;
@@ -320,7 +322,7 @@ static void do_swap(struct sched *s)
 		s->slots[i].n_tokens = 0;
 	pthread_mutex_unlock(&d->mu);
 	pthread_rwlock_unlock(&s->model_lock);
-	atomic_store(&d->phase, PHASE_READY);
+	atomic_store(&d->reloading, false);
 	daemon_log(LOG_NOTICE, NULL, "model swapped in: %s", d->cfg.model);
 	daemon_log_set_model(d->model_name);
 	daemon_notify_ready();

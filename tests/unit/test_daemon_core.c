@@ -32,7 +32,7 @@
 #define OTHER_UID 65534
 
 static char url[4200], log_path[4200], conf_path[4200];
-static const char *model;
+static const char *model; /* NULL: the config file names it */
 
 struct daemon_proc {
 	pid_t pid;
@@ -46,8 +46,10 @@ static int start(struct daemon_proc *dp, const char *const *sets, int n_sets)
 	argv[n++] = "edgelmd";
 	argv[n++] = "--config";
 	argv[n++] = conf_path;
-	argv[n++] = "--model";
-	argv[n++] = model;
+	if (model) {
+		argv[n++] = "--model";
+		argv[n++] = model;
+	}
 	argv[n++] = "--listen";
 	argv[n++] = url;
 	argv[n++] = "--metrics-listen";
@@ -473,6 +475,64 @@ static void test_daemon_core_reload(void)
 	CHECK_EQ_INT(log_count("cannot load"), 0);
 	CHECK_EQ_INT(log_count("needs a restart"), 0); /* nothing else changed */
 	CHECK(log_count("reloading") >= 1);
+	/* keys that need a restart are all named */
+	write_conf("model /nonexistent/other.gguf\nqueue_size 6\nbatch_size 256\nprefill_chunk 64\n");
+	kill(dp.pid, SIGHUP);
+	usleep(500000);
+	CHECK_EQ_INT(log_count("`batch_size`, `prefill_chunk` changed, which needs a restart; "
+			       "ignoring them"),
+		     1);
+	CHECK_EQ_INT(stop(&dp), 0);
+	write_conf("");
+}
+
+/* A model swap: the old model serves, health stays ready throughout, and
+ * info then names the new model and its context. */
+static void test_daemon_core_swap(void)
+{
+	char a[4300], b[4300], cmd[4 * 4300 + 64];
+	snprintf(a, sizeof(a), "%s/a-260K.gguf", test_tmpdir());
+	snprintf(b, sizeof(b), "%s/b-3M.gguf", test_tmpdir());
+	const char *m3 = test_data_path("models/stories3M-f32.gguf");
+	snprintf(cmd, sizeof(cmd), "cp '%s' '%s' && cp '%s' '%s'", model, a, m3, b);
+	if (!test_file_exists(m3) || system(cmd) != 0) {
+		TEST_SKIP_DATA("stories3M-f32.gguf not found under $EDGELM_TESTDATA");
+		return;
+	}
+	char conf[4400];
+	snprintf(conf, sizeof(conf), "model %s\n", a);
+	write_conf(conf);
+	const char *saved = model;
+	model = NULL; /* the file names it */
+	struct daemon_proc dp;
+	static const char *sets[] = {"ctx_size=256"};
+	int rc = start(&dp, sets, 1);
+	model = saved;
+	if (rc != 0) {
+		CHECK(!"edgelmd did not start");
+		return;
+	}
+	snprintf(conf, sizeof(conf), "model %s\n", b);
+	write_conf(conf);
+	kill(dp.pid, SIGHUP);
+	bool swapped = false, all_ready = true;
+	for (int i = 0; i < 200 && !swapped; i++) {
+		json_t *h = call("{\"op\":\"health\"}");
+		all_ready &= json_is_true(json_object_get(h, "ready"));
+		json_decref(h);
+		json_t *in = call("{\"op\":\"info\"}");
+		const char *mn = json_string_value(json_object_get(in, "model"));
+		swapped = mn && strcmp(mn, "b-3M.gguf") == 0;
+		if (swapped)
+			CHECK_EQ_INT(json_integer_value(json_object_get(in, "n_ctx")), 256);
+		json_decref(in);
+		usleep(20000);
+	}
+	CHECK(swapped);
+	CHECK_MSG(all_ready, "health was not ready during the reload");
+	json_t *j = call("{\"op\":\"generate\",\"prompt\":\"Once\",\"max_tokens\":4,\"temperature\":0}");
+	CHECK(is_ok(j));
+	json_decref(j);
 	CHECK_EQ_INT(stop(&dp), 0);
 	write_conf("");
 }
@@ -547,6 +607,7 @@ int main(int argc, char **argv)
 	TEST_RUN(test_daemon_core_fair_share);
 	TEST_RUN(test_daemon_core_drain);
 	TEST_RUN(test_daemon_core_reload);
+	TEST_RUN(test_daemon_core_swap);
 	TEST_RUN(test_daemon_core_max_tokens_limit);
 	return test_finish();
 }
