@@ -38,8 +38,8 @@ static int start_daemon(const char *model)
 		(void)f;
 		execl(test_bin("edgelmd"), "edgelmd", "--config", "/dev/null", "--model", model,
 		      "--listen", url, "--metrics-listen", "off", "--set", "tuning=false", "--set",
-		      "socket_group=", "--set", "parallel=4", "--set", "ctx_size=512", "--threads",
-		      "2", (char *)NULL);
+		      "socket_group=", "--set", "parallel=4", "--set", "ctx_size=512", "--set",
+		      "watchdog_stall_ms=5", "--threads", "2", (char *)NULL);
 		_exit(127);
 	}
 	for (int i = 0; i < 300; i++) {
@@ -156,10 +156,13 @@ static void *stream(void *arg)
 	p.temperature = 1;
 	p.seed = 1;
 	p.has_seed = true;
-	p.max_tokens = 460;
+	p.max_tokens = 440;
 	p.poll_wait_ms = 1000;
 	struct edgelm_result r = {0};
-	a->rc = edgelm_generate_stream(c, "Once upon a time", &p, on_piece, &a->g, &r, NULL);
+	/* the test hook makes each step of this stream last 5 ms or more, so
+	 * it runs for a few seconds, through the refused prompt */
+	a->rc = edgelm_generate_stream(c, "__edgelm_test_stall__ Once upon a time", &p, on_piece,
+				       &a->g, &r, NULL);
 	edgelm_result_free(&r);
 	edgelm_close(c);
 	return NULL;
@@ -175,7 +178,7 @@ static void test_load_stream_gap_refused_prompt(void)
 	struct stream_arg run = {0};
 	pthread_t th;
 	pthread_create(&th, NULL, stream, &run);
-	usleep(100000);
+	usleep(300000);
 	edgelm_client *c = NULL;
 	CHECK_OK(edgelm_connect(url, &c, NULL));
 	edgelm_set_max_msg(c, 0);
@@ -196,6 +199,7 @@ static void test_load_stream_gap_refused_prompt(void)
 	       base.g.n, base.g.worst, run.g.window_to - run.g.window_from, run.g.worst,
 	       run.g.worst_in_window);
 	CHECK(run.g.n > 0 && base.g.n > 0);
+	CHECK_MSG(run.g.worst_in_window > 0, "the stream did not run through the refusal");
 	/* polls bunch tokens: compare worst gaps with some slack for the poll */
 	CHECK_MSG(run.g.worst_in_window <= 2 * base.g.worst + 20,
 		  "a gap of %.1f ms while the prompt was refused (alone: %.1f ms)",
