@@ -93,7 +93,7 @@ static void apply_sysfs(const struct tuning_plan *plan, const struct tuning_path
 			return;
 		if (r < 0)
 			tuning_change_fail(st, c, r, "reading %s: %s", k->target, strerror(-r));
-		else if (!tuning_state_value_ok(cur))
+		else if (!tuning_word_is_plain(cur))
 			tuning_change_fail(st, c, -EINVAL, "unexpected value '%s' in %s", cur,
 			                   k->target);
 		else if (strcmp(cur, k->wanted) == 0) {
@@ -333,7 +333,7 @@ static void restore_one(struct tuning_change *c, const struct tuning_paths *path
 	case TUNING_KNOB_GOVERNOR:
 	case TUNING_KNOB_EPP: {
 		char path[TUNING_PATH_MAX * 2], cur[64];
-		if (!tuning_state_target_ok(c->target) || !tuning_state_value_ok(c->before)) {
+		if (!tuning_state_target_ok(c->target) || !tuning_word_is_plain(c->before)) {
 			r = -EINVAL;
 			snprintf(c->restore_note, sizeof(c->restore_note), "refusing target %.60s",
 			         c->target);

@@ -331,6 +331,17 @@ bool tuning_word_in(const char *list, const char *word)
 	return false;
 }
 
+bool tuning_word_is_plain(const char *v)
+{
+	size_t n = strlen(v);
+	if (n == 0 || n > 63)
+		return false;
+	for (const char *p = v; *p; p++)
+		if (!isalnum((unsigned char)*p) && !strchr("_.:+-", *p))
+			return false;
+	return true;
+}
+
 void tuning_strlcpy(char *dst, const char *src, size_t len)
 {
 	if (!len)

@@ -19,7 +19,8 @@
  * over the nodes round-robin and interleaves memory; "auto" picks node when
  * model + KV fit in the node's available memory, else interleave.
  *
- * This file reads no files and changes nothing. */
+ * This file reads no files and changes nothing. It sits below state.c and
+ * apply.c (they use the knob names) and calls neither of them. */
 #include "tuning/tuning_impl.h"
 
 #include <stdio.h>
@@ -287,72 +288,93 @@ static void plan_numa(const struct tuning_report *r, const struct tuning_config 
 		REASON(k, "%s", why);
 }
 
-static int plan_workers(const struct tuning_report *r, const struct tuning_config *c,
-                        struct tuning_plan *p, struct cm_err *err)
+/* The cpus workers may take: the usable ones, on the chosen node when
+ * numa=node. */
+static void worker_candidates(const struct tuning_report *r, const struct tuning_plan *p,
+                              struct tuning_cpuset *ret_cand)
 {
-	struct tuning_cpuset cand = r->usable;
+	*ret_cand = r->usable;
 	if (p->numa == TUNING_NUMA_NODE) {
 		int ni = node_index(r, p->numa_node);
 		if (ni >= 0)
-			tuning_cpuset_and(&cand, &r->nodes[ni].cpus);
+			tuning_cpuset_and(ret_cand, &r->nodes[ni].cpus);
 	}
-	int n_cand = tuning_cpuset_count(&cand);
-	if (n_cand == 0)
-		return cm_err_set(err, -ENODEV,
-		                  "tuning: no usable cpu (online & affinity & cpuset "
-		                  "is empty)");
+}
 
-	/* candidate cpus grouped by core: list[off[k] .. off[k]+cnt[k]) */
+/* Candidate cpus grouped by core: list[off[k] .. off[k]+cnt[k]); picks are
+ * the cores with any candidate, in preference order. */
+struct core_table {
+	struct core_pick *picks;
+	int *cnt, *off, *list, *node_rank;
+	int n_picks, n_big, max_threads;
+};
+
+static void core_table_free(struct core_table *t)
+{
+	cm_free(t->picks);
+	cm_free(t->cnt);
+	cm_free(t->off);
+	cm_free(t->list);
+	cm_free(t->node_rank);
+}
+
+static int core_table_build(const struct tuning_report *r, const struct tuning_cpuset *cand,
+                            int n_cand, struct core_table *t)
+{
 	int nc = r->n_cores;
-	struct core_pick *picks = cm_calloc((size_t)nc + 1, sizeof(*picks));
-	int *cnt = cm_calloc((size_t)nc + 1, sizeof(int));
-	int *off = cm_calloc((size_t)nc + 1, sizeof(int));
-	int *list = cm_calloc((size_t)n_cand + 1, sizeof(int));
-	int *node_rank = cm_calloc(TUNING_MAX_NODES + 1, sizeof(int));
-	if (!picks || !cnt || !off || !list || !node_rank) {
-		cm_free(picks);
-		cm_free(cnt);
-		cm_free(off);
-		cm_free(list);
-		cm_free(node_rank);
-		return cm_err_set(err, -ENOMEM, "tuning: out of memory");
+	memset(t, 0, sizeof(*t));
+	t->picks = cm_calloc((size_t)nc + 1, sizeof(*t->picks));
+	t->cnt = cm_calloc((size_t)nc + 1, sizeof(int));
+	t->off = cm_calloc((size_t)nc + 1, sizeof(int));
+	t->list = cm_calloc((size_t)n_cand + 1, sizeof(int));
+	t->node_rank = cm_calloc(TUNING_MAX_NODES + 1, sizeof(int));
+	if (!t->picks || !t->cnt || !t->off || !t->list || !t->node_rank) {
+		core_table_free(t);
+		return -ENOMEM;
 	}
-	for (int cpu = tuning_cpuset_next(&cand, 0); cpu >= 0 && cpu < r->n_cpu_slots;
-	     cpu = tuning_cpuset_next(&cand, cpu + 1))
+	for (int cpu = tuning_cpuset_next(cand, 0); cpu >= 0 && cpu < r->n_cpu_slots;
+	     cpu = tuning_cpuset_next(cand, cpu + 1))
 		if (r->cpus[cpu].core >= 0)
-			cnt[r->cpus[cpu].core]++;
+			t->cnt[r->cpus[cpu].core]++;
 	for (int k = 0; k < nc; k++)
-		off[k + 1] = off[k] + cnt[k];
+		t->off[k + 1] = t->off[k] + t->cnt[k];
 	for (int k = 0; k < nc; k++)
-		cnt[k] = 0;
-	int max_threads = 0;
-	for (int cpu = tuning_cpuset_next(&cand, 0); cpu >= 0 && cpu < r->n_cpu_slots;
-	     cpu = tuning_cpuset_next(&cand, cpu + 1)) {
+		t->cnt[k] = 0;
+	for (int cpu = tuning_cpuset_next(cand, 0); cpu >= 0 && cpu < r->n_cpu_slots;
+	     cpu = tuning_cpuset_next(cand, cpu + 1)) {
 		int k = r->cpus[cpu].core;
 		if (k < 0)
 			continue;
-		list[off[k] + cnt[k]++] = cpu;
-		max_threads = CM_MAX(max_threads, cnt[k]);
+		t->list[t->off[k] + t->cnt[k]++] = cpu;
+		t->max_threads = CM_MAX(t->max_threads, t->cnt[k]);
 	}
-	int n_picks = 0, n_big = 0;
-	bool interleave = p->numa == TUNING_NUMA_INTERLEAVE;
-	for (int k = 0; k < nc; k++) {
-		if (!cnt[k])
+	return 0;
+}
+
+static void order_cores(const struct tuning_report *r, bool interleave, struct core_table *t)
+{
+	for (int k = 0; k < r->n_cores; k++) {
+		if (!t->cnt[k])
 			continue;
-		struct core_pick *pk = &picks[n_picks++];
+		struct core_pick *pk = &t->picks[t->n_picks++];
 		pk->core = k;
 		pk->node = r->cores[k].node;
 		int nslot =
 		    pk->node >= 0 && pk->node < TUNING_MAX_NODES ? pk->node : TUNING_MAX_NODES;
-		pk->rank = node_rank[nslot]++;
+		pk->rank = t->node_rank[nslot]++;
 		if (!interleave)
 			pk->rank = 0;
 		pk->big = r->cores[k].big;
-		pk->first = list[off[k]];
-		n_big += pk->big;
+		pk->first = t->list[t->off[k]];
+		t->n_big += pk->big;
 	}
-	qsort(picks, (size_t)n_picks, sizeof(*picks), pick_cmp);
+	qsort(t->picks, (size_t)t->n_picks, sizeof(*t->picks), pick_cmp);
+}
 
+/* How many workers, with the why in p->threads_note. */
+static int worker_count(const struct tuning_report *r, const struct tuning_config *c, int n_cand,
+                        const struct core_table *t, struct tuning_plan *p)
+{
 	int n;
 	char note[192];
 	if (c->threads > 0) {
@@ -373,12 +395,12 @@ static int plan_workers(const struct tuning_report *r, const struct tuning_confi
 			         r->cgroup.quota_cpus);
 		}
 	} else {
-		n = r->hybrid ? n_big : n_picks;
+		n = r->hybrid ? t->n_big : t->n_picks;
 		if (r->hybrid)
 			snprintf(note, sizeof(note),
 			         "one per big core: %d big of %d usable cores "
 			         "(LITTLE cores would slow every barrier)",
-			         n_big, n_picks);
+			         t->n_big, t->n_picks);
 		else
 			snprintf(note, sizeof(note), "one per physical core: %d usable core%s%s", n,
 			         n == 1 ? "" : "s", r->smt ? " (SMT siblings not counted)" : "");
@@ -395,38 +417,42 @@ static int plan_workers(const struct tuning_report *r, const struct tuning_confi
 			n = 1;
 	}
 	tuning_strlcpy(p->threads_note, note, sizeof(p->threads_note));
+	return n;
+}
 
-	/* one cpu per core in preference order, then further siblings */
+/* One cpu per core in preference order, then further siblings.
+ * *ret_cores gets the cores used, by core index. */
+static void pick_workers(const struct core_table *t, int n, struct tuning_plan *p,
+                         struct tuning_cpuset *ret_cores)
+{
 	tuning_cpuset_zero(&p->workers);
-	struct tuning_cpuset worker_cores; /* by core index */
-	tuning_cpuset_zero(&worker_cores);
+	tuning_cpuset_zero(ret_cores);
 	int got = 0;
-	for (int pass = 0; got < n && pass < max_threads; pass++) {
-		for (int i = 0; i < n_picks && got < n; i++) {
-			int k = picks[i].core;
-			if (pass >= cnt[k])
+	for (int pass = 0; got < n && pass < t->max_threads; pass++) {
+		for (int i = 0; i < t->n_picks && got < n; i++) {
+			int k = t->picks[i].core;
+			if (pass >= t->cnt[k])
 				continue;
-			int cpu = list[off[k] + pass];
+			int cpu = t->list[t->off[k] + pass];
 			p->worker_cpus[got++] = cpu;
 			tuning_cpuset_add(&p->workers, cpu);
-			tuning_cpuset_add(&worker_cores, k);
+			tuning_cpuset_add(ret_cores, k);
 		}
 	}
 	p->n_workers = got;
 	qsort(p->worker_cpus, (size_t)got, sizeof(int), int_cmp);
-	cm_free(picks);
-	cm_free(cnt);
-	cm_free(off);
-	cm_free(list);
-	cm_free(node_rank);
+}
 
-	/* Service threads: usable cpus off the workers' cores, on the workers'
-	 * node first; if none, they share the workers' cpus. */
+/* Service threads: usable cpus off the workers' cores, on the workers'
+ * node first; if none, they share the workers' cpus. */
+static void plan_service(const struct tuning_report *r, const struct tuning_config *c,
+                         const struct tuning_cpuset *worker_cores, struct tuning_plan *p)
+{
 	struct tuning_cpuset spare = r->usable;
 	for (int cpu = tuning_cpuset_next(&r->usable, 0); cpu >= 0 && cpu < r->n_cpu_slots;
 	     cpu = tuning_cpuset_next(&r->usable, cpu + 1)) {
 		int k = r->cpus[cpu].core;
-		if (k >= 0 && tuning_cpuset_has(&worker_cores, k))
+		if (k >= 0 && tuning_cpuset_has(worker_cores, k))
 			tuning_cpuset_del(&spare, cpu);
 	}
 	struct tuning_cpuset svc = spare;
@@ -442,6 +468,27 @@ static int plan_workers(const struct tuning_report *r, const struct tuning_confi
 	if (!c->pin || p->service_shared)
 		svc = r->usable;
 	p->service = svc;
+}
+
+static int plan_workers(const struct tuning_report *r, const struct tuning_config *c,
+                        struct tuning_plan *p, struct cm_err *err)
+{
+	struct tuning_cpuset cand;
+	worker_candidates(r, p, &cand);
+	int n_cand = tuning_cpuset_count(&cand);
+	if (n_cand == 0)
+		return cm_err_set(err, -ENODEV,
+		                  "tuning: no usable cpu (online & affinity & cpuset "
+		                  "is empty)");
+	struct core_table t;
+	if (core_table_build(r, &cand, n_cand, &t) < 0)
+		return cm_err_set(err, -ENOMEM, "tuning: out of memory");
+	order_cores(r, p->numa == TUNING_NUMA_INTERLEAVE, &t);
+	int n = worker_count(r, c, n_cand, &t, p);
+	struct tuning_cpuset worker_cores; /* by core index */
+	pick_workers(&t, n, p, &worker_cores);
+	core_table_free(&t);
+	plan_service(r, c, &worker_cores, p);
 	return 0;
 }
 
@@ -624,9 +671,234 @@ static int check_config(const struct tuning_config *c, struct cm_err *err)
 		return cm_err_set(err, -EINVAL, "tuning: bad enum value in config");
 	if (strchr(c->governor, ' '))
 		return cm_err_set(err, -EINVAL, "tuning: governor '%s': no spaces", c->governor);
-	if (c->epp[0] && strcmp(c->epp, "keep") != 0 && !tuning_state_value_ok(c->epp))
+	/* the EPP value may end up in the state file, which holds plain words only */
+	if (c->epp[0] && strcmp(c->epp, "keep") != 0 && !tuning_word_is_plain(c->epp))
 		return cm_err_set(err, -EINVAL, "tuning: epp '%s': not a plain word", c->epp);
 	return 0;
+}
+
+/* ---- one step per knob, in plan order ----------------------------------- */
+
+/* The threads knob goes first in the list, ahead of the numa knob that
+ * plan_numa added before the workers were known. */
+static void plan_threads(const struct tuning_report *r, struct builder *b)
+{
+	struct tuning_plan *p = b->p;
+	char cur[96], want[96];
+	int n_usable = tuning_cpuset_count(&r->usable);
+	snprintf(cur, sizeof(cur), "%d usable cpu%s", n_usable, n_usable == 1 ? "" : "s");
+	snprintf(want, sizeof(want), "%d worker%s", p->n_workers, p->n_workers == 1 ? "" : "s");
+	struct tuning_knob *k =
+	    knob(b, TUNING_KNOB_THREADS, TUNING_KNOB_APPLY, "workers", cur, want);
+	REASON(k, "%s", p->threads_note);
+	if (!b->oom && p->n_knobs >= 2) {
+		struct tuning_knob t = p->knobs[p->n_knobs - 1];
+		memmove(&p->knobs[1], &p->knobs[0], (size_t)(p->n_knobs - 1) * sizeof(t));
+		p->knobs[0] = t;
+	}
+}
+
+/* Worker pinning and the main thread's cpus (service-cpus). */
+static void plan_pinning(const struct tuning_report *r, const struct tuning_config *c,
+                         struct builder *b)
+{
+	const struct tuning_plan *p = b->p;
+	char want[96], wl[512], sl[512], al[512];
+	struct tuning_knob *k;
+	fmt_list(&p->workers, wl, sizeof(wl));
+	fmt_list(&p->service, sl, sizeof(sl));
+	fmt_list(&r->affinity, al, sizeof(al));
+	if (!c->pin) {
+		k = knob(b, TUNING_KNOB_PINNING, TUNING_KNOB_OFF, "workers", "unpinned",
+		         "unpinned");
+		REASON(k, "config pin=off");
+		k = knob(b, TUNING_KNOB_AFFINITY, TUNING_KNOB_OFF, "main thread", al, al);
+		REASON(k, "config pin=off");
+		return;
+	}
+	snprintf(want, sizeof(want), "worker i -> cpus %.70s", wl);
+	k = knob(b, TUNING_KNOB_PINNING, TUNING_KNOB_APPLY, "workers", "unpinned", want);
+	REASON(k, "one worker per cpu, each on its own core");
+	struct tuning_cpuset cur_aff = r->affinity;
+	tuning_cpuset_and(&cur_aff, &r->online);
+	bool same = tuning_cpuset_equal(&p->service, &cur_aff);
+	k = knob(b, TUNING_KNOB_AFFINITY, same ? TUNING_KNOB_ALREADY : TUNING_KNOB_APPLY,
+	         "main thread", al, sl);
+	if (p->service_shared)
+		REASON(k, "not enough cores to keep the scheduler and IPC threads off the "
+		          "workers' cores: they share them");
+	else
+		REASON(k, "scheduler and IPC threads stay off the workers' cores");
+}
+
+static void plan_nice(const struct tuning_report *r, const struct tuning_config *c,
+                      struct builder *b)
+{
+	char cur[96], want[96];
+	snprintf(cur, sizeof(cur), "%d", r->nice);
+	if (c->nice == TUNING_KEEP) {
+		(void)knob(b, TUNING_KNOB_NICE, TUNING_KNOB_OFF, "process", cur, "keep");
+		return;
+	}
+	snprintf(want, sizeof(want), "%d", c->nice);
+	if (c->nice == r->nice) {
+		(void)knob(b, TUNING_KNOB_NICE, TUNING_KNOB_ALREADY, "process", cur, want);
+	} else if (c->nice < r->nice && !r->mem.cap_sys_nice && c->nice < r->mem.nice_floor) {
+		struct tuning_knob *k =
+		    knob(b, TUNING_KNOB_NICE, TUNING_KNOB_BLOCKED, "process", cur, want);
+		REASON(k,
+		       "lowering nice needs CAP_SYS_NICE or RLIMIT_NICE >= %d; fix: Nice=%d "
+		       "in edgelmd.service",
+		       20 - c->nice, c->nice);
+	} else {
+		(void)knob(b, TUNING_KNOB_NICE, TUNING_KNOB_APPLY, "process", cur, want);
+	}
+}
+
+static void plan_sched_batch(const struct tuning_config *c, struct builder *b)
+{
+	struct tuning_knob *k =
+	    knob(b, TUNING_KNOB_SCHED_BATCH, c->sched_batch ? TUNING_KNOB_APPLY : TUNING_KNOB_OFF,
+	         "workers", "SCHED_OTHER", c->sched_batch ? "SCHED_BATCH" : "SCHED_OTHER");
+	if (c->sched_batch)
+		REASON(k, "set by the daemon around the pool's creation");
+}
+
+/* I/O priority while the model loads. */
+static void plan_ioprio(const struct tuning_report *r, const struct tuning_config *c,
+                        struct builder *b)
+{
+	char cur[96], want[96];
+	ioprio_str(cur, sizeof(cur), r->ioprio_class, r->ioprio_level);
+	if (c->load_ioprio == TUNING_IOPRIO_KEEP) {
+		(void)knob(b, TUNING_KNOB_IOPRIO, TUNING_KNOB_OFF, "model loading", cur, "keep");
+		return;
+	}
+	ioprio_str(want, sizeof(want),
+	           c->load_ioprio == TUNING_IOPRIO_IDLE ? TUNING_IOPRIO_CLASS_IDLE
+	                                                : TUNING_IOPRIO_CLASS_BE,
+	           c->load_ioprio_level);
+	struct tuning_knob *k =
+	    knob(b, TUNING_KNOB_IOPRIO, TUNING_KNOB_APPLY, "model loading", cur, want);
+	REASON(k, "only while the model loads, then restored");
+}
+
+static void plan_oom_score_adj(const struct tuning_report *r, const struct tuning_config *c,
+                               struct builder *b)
+{
+	char cur[96], want[96];
+	if (r->oom_score_adj == TUNING_KEEP)
+		snprintf(cur, sizeof(cur), "unknown");
+	else
+		snprintf(cur, sizeof(cur), "%d", r->oom_score_adj);
+	if (c->oom_score_adj == TUNING_KEEP) {
+		(void)knob(b, TUNING_KNOB_OOM_SCORE_ADJ, TUNING_KNOB_OFF, "process", cur, "keep");
+		return;
+	}
+	snprintf(want, sizeof(want), "%d", c->oom_score_adj);
+	if (c->oom_score_adj == r->oom_score_adj) {
+		(void)knob(b, TUNING_KNOB_OOM_SCORE_ADJ, TUNING_KNOB_ALREADY, "process", cur, want);
+	} else if (r->oom_score_adj != TUNING_KEEP && c->oom_score_adj < r->oom_score_adj &&
+	           !r->mem.cap_sys_resource) {
+		struct tuning_knob *k =
+		    knob(b, TUNING_KNOB_OOM_SCORE_ADJ, TUNING_KNOB_BLOCKED, "process", cur, want);
+		REASON(k,
+		       "lowering it needs CAP_SYS_RESOURCE; fix: OOMScoreAdjust=%d in "
+		       "edgelmd.service",
+		       c->oom_score_adj);
+	} else {
+		(void)knob(b, TUNING_KNOB_OOM_SCORE_ADJ, TUNING_KNOB_APPLY, "process", cur, want);
+	}
+}
+
+static void plan_mlock(const struct tuning_report *r, const struct tuning_config *c,
+                       struct builder *b)
+{
+	uint64_t need = c->model_bytes + c->kv_bytes;
+	char cur[96], want[96], lim[32], nb[32];
+	if (r->mem.memlock_unlimited)
+		snprintf(lim, sizeof(lim), "unlimited");
+	else
+		tuning_fmt_bytes(lim, sizeof(lim), r->mem.memlock_limit);
+	tuning_fmt_bytes(nb, sizeof(nb), need);
+	snprintf(cur, sizeof(cur), "RLIMIT_MEMLOCK %s%s", lim,
+	         r->mem.cap_ipc_lock ? ", CAP_IPC_LOCK" : "");
+	if (c->mlock == TUNING_MLOCK_OFF) {
+		(void)knob(b, TUNING_KNOB_MLOCK, TUNING_KNOB_OFF, "weights+kv", cur, "off");
+		return;
+	}
+	const char *what = c->mlock == TUNING_MLOCK_ALL ? "mlockall" : "lock weights+KV";
+	if (need)
+		snprintf(want, sizeof(want), "%s (%s)", what, nb);
+	else
+		snprintf(want, sizeof(want), "%s", what);
+	bool ok = r->mem.cap_ipc_lock || r->mem.memlock_unlimited ||
+	          (need && r->mem.memlock_limit >= need);
+	struct tuning_knob *k =
+	    knob(b, TUNING_KNOB_MLOCK, ok ? TUNING_KNOB_APPLY : TUNING_KNOB_BLOCKED, "weights+kv",
+	         cur, want);
+	if (!ok)
+		REASON(k,
+		       "RLIMIT_MEMLOCK is %s and CAP_IPC_LOCK is missing%s; fix: "
+		       "LimitMEMLOCK=infinity in edgelmd.service",
+		       lim, need ? "" : " (model size unknown)");
+}
+
+static void plan_hugepages(const struct tuning_report *r, const struct tuning_config *c,
+                           struct builder *b)
+{
+	char cur[96], want[96], nb[32];
+	struct tuning_knob *k;
+	snprintf(cur, sizeof(cur), "THP %s", r->mem.thp_enabled[0] ? r->mem.thp_enabled : "absent");
+	if (!c->hugepages) {
+		k = knob(b, TUNING_KNOB_HUGEPAGES, TUNING_KNOB_OFF, "weights", cur, "off");
+		REASON(k, "the copy costs RSS; measure with edgelm-bench before turning it on");
+	} else if (strcmp(r->mem.thp_enabled, "always") != 0 &&
+	           strcmp(r->mem.thp_enabled, "madvise") != 0) {
+		k = knob(b, TUNING_KNOB_HUGEPAGES, TUNING_KNOB_BLOCKED, "weights", cur,
+		         "2 MiB pages");
+		REASON(k,
+		       "transparent huge pages are %s; fix: echo madvise > "
+		       "/sys/kernel/mm/transparent_hugepage/enabled",
+		       r->mem.thp_enabled[0] ? r->mem.thp_enabled : "not built in");
+	} else {
+		if (c->model_bytes) {
+			tuning_fmt_bytes(nb, sizeof(nb), c->model_bytes);
+			snprintf(want, sizeof(want), "copy to 2 MiB pages (+%s RSS)", nb);
+		} else {
+			snprintf(want, sizeof(want), "copy to 2 MiB pages (+model size RSS)");
+		}
+		k = knob(b, TUNING_KNOB_HUGEPAGES, TUNING_KNOB_APPLY, "weights", cur, want);
+		REASON(k, "a read-only file mapping gets no huge pages: the weights are copied "
+		          "to anonymous memory with MADV_HUGEPAGE");
+	}
+}
+
+static void plan_prefault(const struct tuning_config *c, struct builder *b)
+{
+	(void)knob(b, TUNING_KNOB_PREFAULT, c->prefault ? TUNING_KNOB_APPLY : TUNING_KNOB_OFF,
+	           "weights", "on demand", c->prefault ? "populate at load" : "on demand");
+}
+
+static void plan_amx(const struct tuning_report *r, const struct tuning_config *c,
+                     struct builder *b)
+{
+	struct tuning_knob *k;
+	if (!r->cpu.isa.amx_tile) {
+		k = knob(b, TUNING_KNOB_AMX, TUNING_KNOB_NA, "process", "-", "-");
+		REASON(k, "%s",
+		       r->cpu.cpu_has.amx_tile ? "the OS does not enable AMX state (XCR0)"
+		                               : "this CPU has no AMX");
+	} else if (!c->amx) {
+		(void)knob(b, TUNING_KNOB_AMX, TUNING_KNOB_OFF, "process", "-", "-");
+	} else if (r->cpu.amx_permitted) {
+		(void)knob(b, TUNING_KNOB_AMX, TUNING_KNOB_ALREADY, "process", "permitted",
+		           "permitted");
+	} else {
+		k = knob(b, TUNING_KNOB_AMX, TUNING_KNOB_APPLY, "process", "not permitted",
+		         "permitted");
+		REASON(k, "arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA)");
+	}
 }
 
 int tuning_plan_make(const struct tuning_report *r, const struct tuning_config *c,
@@ -640,195 +912,23 @@ int tuning_plan_make(const struct tuning_report *r, const struct tuning_config *
 	p->cfg = *c;
 	p->pin = c->pin;
 	struct builder b = {p, 0, false};
-	char cur[96], want[96];
 
 	plan_numa(r, c, p, &b);
 	if ((ret = plan_workers(r, c, p, err)) < 0) {
 		tuning_plan_fini(p);
 		return ret;
 	}
-	/* threads first in the list, numa after: move the numa knob behind */
-	struct tuning_knob *k;
-	int n_usable = tuning_cpuset_count(&r->usable);
-	snprintf(cur, sizeof(cur), "%d usable cpu%s", n_usable, n_usable == 1 ? "" : "s");
-	snprintf(want, sizeof(want), "%d worker%s", p->n_workers, p->n_workers == 1 ? "" : "s");
-	k = knob(&b, TUNING_KNOB_THREADS, TUNING_KNOB_APPLY, "workers", cur, want);
-	REASON(k, "%s", p->threads_note);
-	if (!b.oom && p->n_knobs >= 2) {
-		struct tuning_knob t = p->knobs[p->n_knobs - 1];
-		memmove(&p->knobs[1], &p->knobs[0], (size_t)(p->n_knobs - 1) * sizeof(t));
-		p->knobs[0] = t;
-	}
-
-	char wl[512], sl[512], al[512];
-	fmt_list(&p->workers, wl, sizeof(wl));
-	fmt_list(&p->service, sl, sizeof(sl));
-	fmt_list(&r->affinity, al, sizeof(al));
-	if (c->pin) {
-		snprintf(want, sizeof(want), "worker i -> cpus %.70s", wl);
-		k = knob(&b, TUNING_KNOB_PINNING, TUNING_KNOB_APPLY, "workers", "unpinned", want);
-		REASON(k, "one worker per cpu, each on its own core");
-		struct tuning_cpuset cur_aff = r->affinity;
-		tuning_cpuset_and(&cur_aff, &r->online);
-		bool same = tuning_cpuset_equal(&p->service, &cur_aff);
-		k = knob(&b, TUNING_KNOB_AFFINITY, same ? TUNING_KNOB_ALREADY : TUNING_KNOB_APPLY,
-		         "main thread", al, sl);
-		if (p->service_shared)
-			REASON(k, "not enough cores to keep the scheduler and IPC threads off the "
-			          "workers' cores: they share them");
-		else
-			REASON(k, "scheduler and IPC threads stay off the workers' cores");
-	} else {
-		k = knob(&b, TUNING_KNOB_PINNING, TUNING_KNOB_OFF, "workers", "unpinned",
-		         "unpinned");
-		REASON(k, "config pin=off");
-		k = knob(&b, TUNING_KNOB_AFFINITY, TUNING_KNOB_OFF, "main thread", al, al);
-		REASON(k, "config pin=off");
-	}
-
+	plan_threads(r, &b);
+	plan_pinning(r, c, &b);
 	plan_cpufreq(r, c, p, &b);
-
-	/* nice */
-	snprintf(cur, sizeof(cur), "%d", r->nice);
-	if (c->nice == TUNING_KEEP) {
-		k = knob(&b, TUNING_KNOB_NICE, TUNING_KNOB_OFF, "process", cur, "keep");
-	} else {
-		snprintf(want, sizeof(want), "%d", c->nice);
-		if (c->nice == r->nice) {
-			k = knob(&b, TUNING_KNOB_NICE, TUNING_KNOB_ALREADY, "process", cur, want);
-		} else if (c->nice < r->nice && !r->mem.cap_sys_nice &&
-		           c->nice < r->mem.nice_floor) {
-			k = knob(&b, TUNING_KNOB_NICE, TUNING_KNOB_BLOCKED, "process", cur, want);
-			REASON(
-			    k,
-			    "lowering nice needs CAP_SYS_NICE or RLIMIT_NICE >= %d; fix: Nice=%d "
-			    "in edgelmd.service",
-			    20 - c->nice, c->nice);
-		} else {
-			k = knob(&b, TUNING_KNOB_NICE, TUNING_KNOB_APPLY, "process", cur, want);
-		}
-	}
-
-	/* SCHED_BATCH */
-	k = knob(&b, TUNING_KNOB_SCHED_BATCH, c->sched_batch ? TUNING_KNOB_APPLY : TUNING_KNOB_OFF,
-	         "workers", "SCHED_OTHER", c->sched_batch ? "SCHED_BATCH" : "SCHED_OTHER");
-	if (c->sched_batch)
-		REASON(k, "set by the daemon around the pool's creation");
-
-	/* I/O priority while loading */
-	ioprio_str(cur, sizeof(cur), r->ioprio_class, r->ioprio_level);
-	if (c->load_ioprio == TUNING_IOPRIO_KEEP) {
-		k = knob(&b, TUNING_KNOB_IOPRIO, TUNING_KNOB_OFF, "model loading", cur, "keep");
-	} else {
-		ioprio_str(want, sizeof(want),
-		           c->load_ioprio == TUNING_IOPRIO_IDLE ? TUNING_IOPRIO_CLASS_IDLE
-		                                                : TUNING_IOPRIO_CLASS_BE,
-		           c->load_ioprio_level);
-		k = knob(&b, TUNING_KNOB_IOPRIO, TUNING_KNOB_APPLY, "model loading", cur, want);
-		REASON(k, "only while the model loads, then restored");
-	}
-
-	/* oom_score_adj */
-	if (r->oom_score_adj == TUNING_KEEP)
-		snprintf(cur, sizeof(cur), "unknown");
-	else
-		snprintf(cur, sizeof(cur), "%d", r->oom_score_adj);
-	if (c->oom_score_adj == TUNING_KEEP) {
-		k = knob(&b, TUNING_KNOB_OOM_SCORE_ADJ, TUNING_KNOB_OFF, "process", cur, "keep");
-	} else {
-		snprintf(want, sizeof(want), "%d", c->oom_score_adj);
-		if (c->oom_score_adj == r->oom_score_adj) {
-			k = knob(&b, TUNING_KNOB_OOM_SCORE_ADJ, TUNING_KNOB_ALREADY, "process", cur,
-			         want);
-		} else if (r->oom_score_adj != TUNING_KEEP && c->oom_score_adj < r->oom_score_adj &&
-		           !r->mem.cap_sys_resource) {
-			k = knob(&b, TUNING_KNOB_OOM_SCORE_ADJ, TUNING_KNOB_BLOCKED, "process", cur,
-			         want);
-			REASON(k,
-			       "lowering it needs CAP_SYS_RESOURCE; fix: OOMScoreAdjust=%d in "
-			       "edgelmd.service",
-			       c->oom_score_adj);
-		} else {
-			k = knob(&b, TUNING_KNOB_OOM_SCORE_ADJ, TUNING_KNOB_APPLY, "process", cur,
-			         want);
-		}
-	}
-
-	/* mlock */
-	uint64_t need = c->model_bytes + c->kv_bytes;
-	char lim[32], nb[32];
-	if (r->mem.memlock_unlimited)
-		snprintf(lim, sizeof(lim), "unlimited");
-	else
-		tuning_fmt_bytes(lim, sizeof(lim), r->mem.memlock_limit);
-	tuning_fmt_bytes(nb, sizeof(nb), need);
-	snprintf(cur, sizeof(cur), "RLIMIT_MEMLOCK %s%s", lim,
-	         r->mem.cap_ipc_lock ? ", CAP_IPC_LOCK" : "");
-	if (c->mlock == TUNING_MLOCK_OFF) {
-		k = knob(&b, TUNING_KNOB_MLOCK, TUNING_KNOB_OFF, "weights+kv", cur, "off");
-	} else {
-		const char *what = c->mlock == TUNING_MLOCK_ALL ? "mlockall" : "lock weights+KV";
-		if (need)
-			snprintf(want, sizeof(want), "%s (%s)", what, nb);
-		else
-			snprintf(want, sizeof(want), "%s", what);
-		bool ok = r->mem.cap_ipc_lock || r->mem.memlock_unlimited ||
-		          (need && r->mem.memlock_limit >= need);
-		k = knob(&b, TUNING_KNOB_MLOCK, ok ? TUNING_KNOB_APPLY : TUNING_KNOB_BLOCKED,
-		         "weights+kv", cur, want);
-		if (!ok)
-			REASON(k,
-			       "RLIMIT_MEMLOCK is %s and CAP_IPC_LOCK is missing%s; fix: "
-			       "LimitMEMLOCK=infinity in edgelmd.service",
-			       lim, need ? "" : " (model size unknown)");
-	}
-
-	/* huge pages */
-	snprintf(cur, sizeof(cur), "THP %s", r->mem.thp_enabled[0] ? r->mem.thp_enabled : "absent");
-	if (!c->hugepages) {
-		k = knob(&b, TUNING_KNOB_HUGEPAGES, TUNING_KNOB_OFF, "weights", cur, "off");
-		REASON(k, "the copy costs RSS; measure with edgelm-bench before turning it on");
-	} else if (strcmp(r->mem.thp_enabled, "always") != 0 &&
-	           strcmp(r->mem.thp_enabled, "madvise") != 0) {
-		k = knob(&b, TUNING_KNOB_HUGEPAGES, TUNING_KNOB_BLOCKED, "weights", cur,
-		         "2 MiB pages");
-		REASON(k,
-		       "transparent huge pages are %s; fix: echo madvise > "
-		       "/sys/kernel/mm/transparent_hugepage/enabled",
-		       r->mem.thp_enabled[0] ? r->mem.thp_enabled : "not built in");
-	} else {
-		if (c->model_bytes) {
-			tuning_fmt_bytes(nb, sizeof(nb), c->model_bytes);
-			snprintf(want, sizeof(want), "copy to 2 MiB pages (+%s RSS)", nb);
-		} else {
-			snprintf(want, sizeof(want), "copy to 2 MiB pages (+model size RSS)");
-		}
-		k = knob(&b, TUNING_KNOB_HUGEPAGES, TUNING_KNOB_APPLY, "weights", cur, want);
-		REASON(k, "a read-only file mapping gets no huge pages: the weights are copied "
-		          "to anonymous memory with MADV_HUGEPAGE");
-	}
-
-	/* prefault */
-	k = knob(&b, TUNING_KNOB_PREFAULT, c->prefault ? TUNING_KNOB_APPLY : TUNING_KNOB_OFF,
-	         "weights", "on demand", c->prefault ? "populate at load" : "on demand");
-
-	/* AMX */
-	if (!r->cpu.isa.amx_tile) {
-		k = knob(&b, TUNING_KNOB_AMX, TUNING_KNOB_NA, "process", "-", "-");
-		REASON(k, "%s",
-		       r->cpu.cpu_has.amx_tile ? "the OS does not enable AMX state (XCR0)"
-		                               : "this CPU has no AMX");
-	} else if (!c->amx) {
-		k = knob(&b, TUNING_KNOB_AMX, TUNING_KNOB_OFF, "process", "-", "-");
-	} else if (r->cpu.amx_permitted) {
-		k = knob(&b, TUNING_KNOB_AMX, TUNING_KNOB_ALREADY, "process", "permitted",
-		         "permitted");
-	} else {
-		k = knob(&b, TUNING_KNOB_AMX, TUNING_KNOB_APPLY, "process", "not permitted",
-		         "permitted");
-		REASON(k, "arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA)");
-	}
-	(void)k;
+	plan_nice(r, c, &b);
+	plan_sched_batch(c, &b);
+	plan_ioprio(r, c, &b);
+	plan_oom_score_adj(r, c, &b);
+	plan_mlock(r, c, &b);
+	plan_hugepages(r, c, &b);
+	plan_prefault(c, &b);
+	plan_amx(r, c, &b);
 	if (b.oom) {
 		tuning_plan_fini(p);
 		return cm_err_set(err, -ENOMEM, "tuning: out of memory");

@@ -75,12 +75,8 @@ static void list(const struct tuning_cpuset *s, char *buf, size_t len)
 		tuning_strlcpy(buf, "none", len);
 }
 
-static void print_report(FILE *f, const struct tuning_report *r)
+static void print_cpu(FILE *f, const struct tuning_cpu *cpu)
 {
-	const struct tuning_cpu *cpu = &r->cpu;
-	char a[64], b[64], c[64], l[1024];
-
-	fprintf(f, "Detection\n");
 	fprintf(f, "  cpu            %s (%s", cpu->model[0] ? cpu->model : "unknown",
 	        cpu->vendor[0] ? cpu->vendor : "unknown vendor");
 	if (!strcmp(cpu->arch, "aarch64"))
@@ -103,7 +99,38 @@ static void print_report(FILE *f, const struct tuning_report *r)
 		fprintf(f, "  os support     %s\n", cpu->source);
 	if (cpu->notes[0])
 		fprintf(f, "  note           %s\n", cpu->notes);
+}
 
+static void print_hybrid(FILE *f, const struct tuning_report *r)
+{
+	char a[64], b[64];
+	struct tuning_cpuset big, little;
+	tuning_cpuset_zero(&big);
+	tuning_cpuset_zero(&little);
+	int bigcap = 0, litcap = 0;
+	for (int cc = tuning_cpuset_next(&r->online, 0); cc >= 0 && cc < r->n_cpu_slots;
+	     cc = tuning_cpuset_next(&r->online, cc + 1)) {
+		int k = r->cpus[cc].core;
+		if (k < 0)
+			continue;
+		if (r->cores[k].big) {
+			tuning_cpuset_add(&big, cc);
+			bigcap = r->cores[k].capacity;
+		} else {
+			tuning_cpuset_add(&little, cc);
+			litcap =
+			    litcap ? CM_MIN(litcap, r->cores[k].capacity) : r->cores[k].capacity;
+		}
+	}
+	list(&big, a, sizeof(a));
+	list(&little, b, sizeof(b));
+	fprintf(f, "  hybrid         big cpus %s (capacity %d), LITTLE cpus %s (capacity %d)\n", a,
+	        bigcap, b, litcap);
+}
+
+static void print_topology(FILE *f, const struct tuning_report *r)
+{
+	char l[1024];
 	list(&r->online, l, sizeof(l));
 	int threads_max = 1;
 	for (int k = 0; k < r->n_cores; k++)
@@ -116,88 +143,79 @@ static void print_report(FILE *f, const struct tuning_report *r)
 		fprintf(f, "SMT %d threads/core\n", threads_max);
 	else
 		fprintf(f, "no SMT\n");
-	if (r->hybrid) {
-		struct tuning_cpuset big, little;
-		tuning_cpuset_zero(&big);
-		tuning_cpuset_zero(&little);
-		int bigcap = 0, litcap = 0;
-		for (int cc = tuning_cpuset_next(&r->online, 0); cc >= 0 && cc < r->n_cpu_slots;
-		     cc = tuning_cpuset_next(&r->online, cc + 1)) {
-			int k = r->cpus[cc].core;
-			if (k < 0)
-				continue;
-			if (r->cores[k].big) {
-				tuning_cpuset_add(&big, cc);
-				bigcap = r->cores[k].capacity;
-			} else {
-				tuning_cpuset_add(&little, cc);
-				litcap = litcap ? CM_MIN(litcap, r->cores[k].capacity)
-				                : r->cores[k].capacity;
-			}
-		}
-		list(&big, a, sizeof(a));
-		list(&little, b, sizeof(b));
-		fprintf(
-		    f, "  hybrid         big cpus %s (capacity %d), LITTLE cpus %s (capacity %d)\n",
-		    a, bigcap, b, litcap);
-	}
-	if (r->n_caches) {
-		fprintf(f, "  caches        ");
-		for (int i = 0; i < r->n_caches; i++) {
-			const struct tuning_cache *ca = &r->caches[i];
-			tuning_fmt_bytes(a, sizeof(a), ca->size);
-			const char *t = !strcmp(ca->type, "Data")          ? "d"
-			                : !strcmp(ca->type, "Instruction") ? "i"
-			                                                   : "";
-			fprintf(f, "%s L%d%s %s", i ? "," : "", ca->level, t, a);
-			if (ca->shared_cpus > 1)
-				fprintf(f, " (shared by %d)", ca->shared_cpus);
-		}
-		fprintf(f, " [%s]\n", r->cache_source);
-	} else {
+	if (r->hybrid)
+		print_hybrid(f, r);
+}
+
+static void print_caches(FILE *f, const struct tuning_report *r)
+{
+	if (!r->n_caches) {
 		fprintf(f, "  caches         unknown\n");
+		return;
 	}
+	char a[64];
+	fprintf(f, "  caches        ");
+	for (int i = 0; i < r->n_caches; i++) {
+		const struct tuning_cache *ca = &r->caches[i];
+		tuning_fmt_bytes(a, sizeof(a), ca->size);
+		const char *t = !strcmp(ca->type, "Data")          ? "d"
+		                : !strcmp(ca->type, "Instruction") ? "i"
+		                                                   : "";
+		fprintf(f, "%s L%d%s %s", i ? "," : "", ca->level, t, a);
+		if (ca->shared_cpus > 1)
+			fprintf(f, " (shared by %d)", ca->shared_cpus);
+	}
+	fprintf(f, " [%s]\n", r->cache_source);
+}
+
+static void print_numa(FILE *f, const struct tuning_report *r)
+{
 	if (r->n_nodes == 0) {
 		fprintf(f, "  numa           no node information\n");
-	} else {
-		fprintf(f, "  numa           %d node%s:", r->n_nodes, r->n_nodes == 1 ? "" : "s");
-		for (int i = 0; i < r->n_nodes; i++) {
-			list(&r->nodes[i].cpus, l, sizeof(l));
-			tuning_fmt_bytes(a, sizeof(a), r->nodes[i].mem_total);
-			tuning_fmt_bytes(b, sizeof(b), r->nodes[i].mem_avail);
-			fprintf(f, "%s node%d cpus %s, %s (%s available)", i ? ";" : "",
-			        r->nodes[i].id, l, a, b);
-		}
-		fprintf(f, "%s\n", r->mem.numa_balancing == 1 ? "; numa_balancing on" : "");
+		return;
 	}
-	list(&r->affinity, l, sizeof(l));
-	fprintf(f, "  affinity       %s\n", l);
-	const struct tuning_cgroup *cg = &r->cgroup;
+	char a[64], b[64], l[1024];
+	fprintf(f, "  numa           %d node%s:", r->n_nodes, r->n_nodes == 1 ? "" : "s");
+	for (int i = 0; i < r->n_nodes; i++) {
+		list(&r->nodes[i].cpus, l, sizeof(l));
+		tuning_fmt_bytes(a, sizeof(a), r->nodes[i].mem_total);
+		tuning_fmt_bytes(b, sizeof(b), r->nodes[i].mem_avail);
+		fprintf(f, "%s node%d cpus %s, %s (%s available)", i ? ";" : "", r->nodes[i].id, l,
+		        a, b);
+	}
+	fprintf(f, "%s\n", r->mem.numa_balancing == 1 ? "; numa_balancing on" : "");
+}
+
+static void print_cgroup(FILE *f, const struct tuning_cgroup *cg)
+{
 	if (cg->version == 0) {
 		fprintf(f, "  cgroup         none found\n");
-	} else {
-		fprintf(f, "  cgroup         v%d %s", cg->version, cg->path[0] ? cg->path : "/");
-		if (cg->has_cpuset) {
-			list(&cg->cpuset, l, sizeof(l));
-			fprintf(f, ", cpuset %s", l);
-		}
-		if (cg->has_quota)
-			fprintf(f, ", cpu quota %lld/%lld us = %.2f cpus -> %d",
-			        (long long)cg->quota_us, (long long)cg->period_us,
-			        (double)cg->quota_us / (double)cg->period_us, cg->quota_cpus);
-		else
-			fprintf(f, ", no cpu quota");
-		if (cg->has_mem_limit) {
-			tuning_fmt_bytes(a, sizeof(a), cg->mem_limit);
-			tuning_fmt_bytes(b, sizeof(b), cg->mem_usage);
-			fprintf(f, ", memory limit %s (%s used)", a, b);
-		}
-		fputc('\n', f);
+		return;
 	}
-	list(&r->usable, l, sizeof(l));
-	fprintf(f, "  usable         cpus %s: %d physical core%s\n", l, r->usable_cores,
-	        r->usable_cores == 1 ? "" : "s");
-	const struct tuning_mem *m = &r->mem;
+	char a[64], b[64], l[1024];
+	fprintf(f, "  cgroup         v%d %s", cg->version, cg->path[0] ? cg->path : "/");
+	if (cg->has_cpuset) {
+		list(&cg->cpuset, l, sizeof(l));
+		fprintf(f, ", cpuset %s", l);
+	}
+	if (cg->has_quota)
+		fprintf(f, ", cpu quota %lld/%lld us = %.2f cpus -> %d", (long long)cg->quota_us,
+		        (long long)cg->period_us, (double)cg->quota_us / (double)cg->period_us,
+		        cg->quota_cpus);
+	else
+		fprintf(f, ", no cpu quota");
+	if (cg->has_mem_limit) {
+		tuning_fmt_bytes(a, sizeof(a), cg->mem_limit);
+		tuning_fmt_bytes(b, sizeof(b), cg->mem_usage);
+		fprintf(f, ", memory limit %s (%s used)", a, b);
+	}
+	fputc('\n', f);
+}
+
+/* Memory, huge pages and the memlock limit. */
+static void print_memory(FILE *f, const struct tuning_mem *m)
+{
+	char a[64], b[64], c[64];
 	tuning_fmt_bytes(a, sizeof(a), m->total);
 	tuning_fmt_bytes(b, sizeof(b), m->available);
 	if (m->swap_total) {
@@ -216,6 +234,11 @@ static void print_report(FILE *f, const struct tuning_report *r)
 		tuning_fmt_bytes(a, sizeof(a), m->memlock_limit);
 	fprintf(f, "  memlock        RLIMIT_MEMLOCK %s, CAP_IPC_LOCK %s\n", a,
 	        m->cap_ipc_lock ? "yes" : "no");
+}
+
+/* cpufreq and whoever else manages it. */
+static void print_cpufreq(FILE *f, const struct tuning_report *r)
+{
 	if (!r->cpufreq) {
 		fprintf(f, "  cpufreq        absent\n");
 	} else {
@@ -231,6 +254,24 @@ static void print_report(FILE *f, const struct tuning_report *r)
 		fprintf(f,
 		        "  power manager  none found (tuned, power-profiles-daemon, tlp, cpupower, "
 		        "auto-cpufreq)\n");
+}
+
+static void print_report(FILE *f, const struct tuning_report *r)
+{
+	char a[64], l[1024];
+	fprintf(f, "Detection\n");
+	print_cpu(f, &r->cpu);
+	print_topology(f, r);
+	print_caches(f, r);
+	print_numa(f, r);
+	list(&r->affinity, l, sizeof(l));
+	fprintf(f, "  affinity       %s\n", l);
+	print_cgroup(f, &r->cgroup);
+	list(&r->usable, l, sizeof(l));
+	fprintf(f, "  usable         cpus %s: %d physical core%s\n", l, r->usable_cores,
+	        r->usable_cores == 1 ? "" : "s");
+	print_memory(f, &r->mem);
+	print_cpufreq(f, r);
 	if (r->oom_score_adj == TUNING_KEEP)
 		snprintf(a, sizeof(a), "?");
 	else

@@ -97,17 +97,6 @@ bool tuning_state_target_ok(const char *rel)
 	       strcmp(p, "/energy_performance_preference") == 0;
 }
 
-bool tuning_state_value_ok(const char *v)
-{
-	size_t n = strlen(v);
-	if (n == 0 || n > 63)
-		return false;
-	for (const char *p = v; *p; p++)
-		if (!isalnum((unsigned char)*p) && !strchr("_.:+-", *p))
-			return false;
-	return true;
-}
-
 static bool kind_matches(enum tuning_knob_kind k, const char *rel)
 {
 	if (k == TUNING_KNOB_GOVERNOR)
@@ -228,7 +217,7 @@ int tuning_state_load(const char *path, const struct tuning_paths *paths, struct
 					k = (enum tuning_knob_kind)i;
 			if ((k != TUNING_KNOB_GOVERNOR && k != TUNING_KNOB_EPP) ||
 			    !tuning_state_target_ok(w[2]) || !kind_matches(k, w[2]) ||
-			    !tuning_state_value_ok(w[3]) || !tuning_state_value_ok(w[4])) {
+			    !tuning_word_is_plain(w[3]) || !tuning_word_is_plain(w[4])) {
 				r = cm_err_set(
 				    err, -EBADMSG,
 				    "tuning state: %s:%d: refusing '%.80s' (only cpufreq "

@@ -31,6 +31,9 @@ int tuning_text_kib(const char *text, const char *key, uint64_t *ret);
 void tuning_text_bracketed(const char *text, char *buf, size_t len);
 /* True when the space-separated list contains word. */
 bool tuning_word_in(const char *list, const char *word);
+/* 1..63 of [A-Za-z0-9_.:+-]: the only values a state file may hold, since
+ * --restore-tuning writes them as root. */
+bool tuning_word_is_plain(const char *v);
 /* snprintf that always terminates and never warns about truncation. */
 void tuning_strlcpy(char *dst, const char *src, size_t len);
 /* "1.5 GiB", "512 MiB", "64 KiB" */
@@ -63,7 +66,6 @@ void tuning_change_fail(struct tuning_state *s, struct tuning_change *c, int cod
                         ...) CM_PRINTF(4, 5);
 /* Only files that a state file may name: cpufreq governor / EPP attributes. */
 bool tuning_state_target_ok(const char *rel);
-bool tuning_state_value_ok(const char *v);
 
 /* Ioprio classes as the kernel numbers them. */
 #define TUNING_IOPRIO_CLASS_NONE 0
