@@ -7,7 +7,7 @@
  * functions taking a `const engine_tokenizer *` and the chat template
  * functions: they keep their scratch per call, so any number of threads may
  * tokenize, detokenize and render at once, also while the owner runs the
- * model (tests/unit/test_tokenizer_threads.c).
+ * model (tests/unit/test_engine_tokenizer_threads.c).
  *
  * Objects: engine_model (weights, hyperparameters, tokenizer, worker pool),
  * engine_ctx (KV cache for up to n_seq sequences plus scratch for a batch of

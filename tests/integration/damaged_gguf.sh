@@ -1,7 +1,7 @@
 #!/bin/sh
 # tests/integration/damaged_gguf.sh: edgelm-gguf on damaged GGUF files.
 #
-# test_gguf_damaged --write-dir writes every damaged variant of its table as
+# test_engine_gguf_damaged --write-dir writes every damaged variant of its table as
 # DIR/<name>.gguf with the words its message must contain in DIR/<name>.expect,
 # plus the intact file DIR/valid.gguf. For each damaged file, edgelm-gguf must
 # exit 2, print nothing on stdout and exactly one line on stderr, starting
@@ -10,7 +10,7 @@
 set -u
 BUILD=${BUILD:-build}
 TOOL=$BUILD/bin/edgelm-gguf
-GEN=$BUILD/tests/unit/test_gguf_damaged
+GEN=$BUILD/tests/unit/test_engine_gguf_damaged
 
 pass=0
 fail=0

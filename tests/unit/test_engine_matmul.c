@@ -1,4 +1,4 @@
-/* tests/unit/test_matmul.c: engine_matmul_swiglu (engine/matmul.c).
+/* tests/unit/test_engine_matmul.c: engine_matmul_swiglu (engine/matmul.c).
  *
  * A SwiGLU FFN's gate and up projections with their product taken in the
  * same job (a chunk of rows of both matrices, then silu(gate) * up over

@@ -1,4 +1,4 @@
-/* tests/unit/test_tokenizer.c: the SPM tokenizer against llama.cpp's test
+/* tests/unit/test_engine_tokenizer.c: the SPM tokenizer against llama.cpp's test
  * vectors and the stories reference prompts, plus synthetic vocabularies
  * built in memory (byte fallback, special tokens, streaming detokenizer,
  * hostile inputs). */

@@ -1,7 +1,7 @@
-/* tests/unit/test_gguf.c: GGUF reader and writer: round trip of every
+/* tests/unit/test_engine_gguf.c: GGUF reader and writer: round trip of every
  * metadata type and several tensor types, typed getters, lookups, writer
  * validation and file output, allocation-failure injection. Damaged files
- * are covered by test_gguf_damaged.c. */
+ * are covered by test_engine_gguf_damaged.c. */
 #include "engine/gguf.h"
 #include "engine/quant.h"
 #include "tests/test.h"

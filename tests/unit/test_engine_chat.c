@@ -1,4 +1,4 @@
-/* tests/unit/test_chat.c: chat formats. The expected strings are the
+/* tests/unit/test_engine_chat.c: chat formats. The expected strings are the
  * renderings of the standard conversation written down in
  * ../shared/docs/gguf-formats.md §6.3 (and derived from the §6.2 rules for
  * the formats §6.3 does not list); detection from real templates' telling

@@ -1,4 +1,4 @@
-/* tests/unit/test_quant.c: the ggml type table (gguf-formats §2.1), name
+/* tests/unit/test_engine_quant.c: the ggml type table (gguf-formats §2.1), name
  * lookup and row sizes, the thread-safe fp16 table initialisation, and our
  * reference quantizers byte for byte against llama.cpp's files (skipped
  * without the test data). Conversions, error bounds and kernels are covered

@@ -1,4 +1,4 @@
-/* tests/unit/test_ctl_args.c: edgelmctl's numeric options (tools/lib/args.c's
+/* tests/unit/test_tools_ctl_args.c: edgelmctl's numeric options (tools/lib/args.c's
  * parsers since the tenth session; edgelmctl had copies of its own).
  *
  * A bad number is a usage error (exit 1) that names the option; a good one

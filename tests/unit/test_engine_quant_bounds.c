@@ -1,4 +1,4 @@
-/* tests/unit/test_quant_bounds.c: Must show 4 of issue 3, the quantized
+/* tests/unit/test_engine_quant_bounds.c: Must show 4 of issue 3, the quantized
  * paths keep accuracy.
  *
  * For each weight type T, a synthetic Llama model (dim 256, 2 layers, FFN

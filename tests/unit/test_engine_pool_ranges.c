@@ -1,4 +1,4 @@
-/* tests/unit/test_pool_ranges.c: claiming work in per-worker ranges with
+/* tests/unit/test_engine_pool_ranges.c: claiming work in per-worker ranges with
  * stealing (engine/threadpool.c, pool_ranges_*; used by engine/matmul.c).
  *
  * Alone, a participant takes its own range front to back, then the others'

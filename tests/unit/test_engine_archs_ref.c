@@ -1,4 +1,4 @@
-/* tests/unit/test_archs_ref.c: the phi3 and gemma-family math of the engine
+/* tests/unit/test_engine_archs_ref.c: the phi3 and gemma-family math of the engine
  * against a plain reference written here from gguf-formats §4.3-4.4.
  *
  * Each case takes a small shape from `edgelm-gguf mkmodel` (F32, synthetic

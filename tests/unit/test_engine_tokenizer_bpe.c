@@ -1,4 +1,4 @@
-/* tests/unit/test_tokenizer_bpe.c: every vocab file in $EDGELM_TESTDATA/vocab
+/* tests/unit/test_engine_tokenizer_bpe.c: every vocab file in $EDGELM_TESTDATA/vocab
  * (SPM and byte-level BPE) against its llama.cpp test vectors, round trips,
  * the GPT-2 byte map and clean_spaces, special tokens, and hostile inputs
  * (random bytes, invalid UTF-8, a megabyte of text, 100k tags). */

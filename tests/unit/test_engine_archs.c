@@ -1,4 +1,4 @@
-/* tests/unit/test_archs.c: llama, qwen2, qwen3, phi3, gemma, gemma2 and
+/* tests/unit/test_engine_archs.c: llama, qwen2, qwen3, phi3, gemma, gemma2 and
  * gemma3 synthetic models made by `edgelm-gguf mkmodel` load and generate,
  * and a prompt processed in one batch gives the same logits as token by
  * token (1e-4 relative). The small test shapes use the synthetic
@@ -6,7 +6,7 @@
  * the 9-token prompt); the real shapes (llama-3.2-1b, qwen2.5-0.5b,
  * qwen3-0.6b, phi-3-mini, one layer each) use their real vocab files and
  * chat templates. The architectures' math itself is checked against a
- * reference in test_archs_ref.c. */
+ * reference in test_engine_archs_ref.c. */
 #include "engine/engine.h"
 #include "tests/test.h"
 

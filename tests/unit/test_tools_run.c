@@ -1,4 +1,4 @@
-/* tests/unit/test_run_tool.c: edgelm-run end to end, as a user runs it.
+/* tests/unit/test_tools_run.c: edgelm-run end to end, as a user runs it.
  * - greedy text for every reference prompt equals the reference story, with
  *   the default KV cache (f16) and the prompt prefilled in one chunk or in
  *   chunks of 3 (--batch);
@@ -79,7 +79,7 @@ static void test_reference_text(void)
 
 /* The prompt prefilled in chunks of 3 tokens, or 1, with an f32 cache; a
  * q8_0 cache runs (its greedy text may leave the reference's: its bounds
- * are in test_model_ref.c). */
+ * are in test_engine_model_ref.c). */
 static void test_reference_text_options(void)
 {
 	reference_text("--batch 3");
@@ -133,7 +133,7 @@ static void json_mode(const char *opts, double tol)
 static void test_json_mode(void)
 {
 	json_mode("--kv-type f32", 1e-3);
-	json_mode("", 0.03); /* the default f16 cache: test_model_ref.c's bound */
+	json_mode("", 0.03); /* the default f16 cache: test_engine_model_ref.c's bound */
 }
 
 static void test_tokenize_mode(void)

@@ -1,4 +1,4 @@
-/* tests/unit/test_repack.c: load-time repacking into the x16 layout
+/* tests/unit/test_engine_repack.c: load-time repacking into the x16 layout
  * (engine/repack.c, kern.h).
  *
  * On a CPU whose best kernel variant reads the layout, a synthetic Q4_0,

@@ -1,4 +1,4 @@
-/* tests/unit/test_tokenizer_threads.c: one tokenizer used by several
+/* tests/unit/test_engine_tokenizer_threads.c: one tokenizer used by several
  * threads at once gives every thread the ids (and text) it gives alone.
  *
  * The daemon relies on it: its text workers tokenize prompts and serve

@@ -1,4 +1,4 @@
-/* tests/unit/test_model_damaged.c: models that are valid GGUF containers but
+/* tests/unit/test_engine_model_damaged.c: models that are valid GGUF containers but
  * wrong as models. Each must fail engine_model_load() with a precise message
  * (never a crash; the ASan pass of `make check` checks for leaks), and
  * edgelm-run must exit with code 2 and one line on stderr that says what.

@@ -1,4 +1,4 @@
-/* tests/unit/test_sampler.c: the sampler chain (docs/gguf-formats.md §7). */
+/* tests/unit/test_engine_sampler.c: the sampler chain (docs/gguf-formats.md §7). */
 #include "engine/engine.h"
 #include "tests/test.h"
 

@@ -1,4 +1,4 @@
-/* tests/unit/test_model_ref.c: the engine against the reference outputs in
+/* tests/unit/test_engine_model_ref.c: the engine against the reference outputs in
  * $EDGELM_TESTDATA/reference (computed in F32 by two independent
  * implementations that agree within 1e-4).
  *
@@ -11,7 +11,7 @@
  *   identical, logits within KV_F16_TOL_* (measured 0.0137 / 0.0018);
  * - with a q8_0 KV cache: teacher-forced top-1 agreement >= KV_Q8_AGREE and
  *   logits within KV_Q8_TOL_* (docs/engine.md, "The KV cache"); over the
- *   held-out stories: test_quant_agree.c;
+ *   held-out stories: test_engine_quant_agree.c;
  * - for every KV type, the result does not depend on the thread count
  *   (bitwise), nor on whether a prompt is fed in one batch, in chunks, token
  *   by token, or beside another sequence in the same batch. */

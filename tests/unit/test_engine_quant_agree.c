@@ -1,4 +1,4 @@
-/* tests/unit/test_quant_agree.c: quantized models against F32, teacher-forced
+/* tests/unit/test_engine_quant_agree.c: quantized models against F32, teacher-forced
  * on the held-out stories ($EDGELM_TESTDATA/reference/stories-heldout.jsonl,
  * token ids fed as they are, one story per batch).
  *

@@ -1,4 +1,4 @@
-/* tests/unit/test_gguf_damaged.c: the damaged-file suite.
+/* tests/unit/test_engine_gguf_damaged.c: the damaged-file suite.
  *
  * A valid, model-like GGUF is built in memory with our writer; damaged
  * variants are derived from it and each must be rejected by gguf_open_mem()
@@ -12,7 +12,7 @@
  * Each variant is given to the reader in an exact-size heap copy so that the
  * ASan pass catches any read past the end.
  *
- * `test_gguf_damaged --write-dir DIR` writes each table variant to
+ * `test_engine_gguf_damaged --write-dir DIR` writes each table variant to
  * DIR/<name>.gguf with its expected words in DIR/<name>.expect (and the
  * intact file as DIR/valid.gguf), for tests/integration/damaged_gguf.sh. */
 #include "engine/gguf.h"
@@ -725,7 +725,7 @@ static int write_dir(const char *dir)
 int main(int argc, char **argv)
 {
 	if (build_base() != 0) {
-		fprintf(stderr, "test_gguf_damaged: cannot build the base file\n");
+		fprintf(stderr, "test_engine_gguf_damaged: cannot build the base file\n");
 		return 1;
 	}
 	locate();

@@ -1,4 +1,4 @@
-/* tests/unit/test_bench_tool.c: edgelm-bench's tuning switches and its
+/* tests/unit/test_tools_bench.c: edgelm-bench's tuning switches and its
  * tokenizer benchmark, end to end, on a small synthetic model
  * (`edgelm-gguf mkmodel --shape small`, 1.8 MiB: big enough that the load
  * leaves most of the weights unmapped, so prefault shows).
