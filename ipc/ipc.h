@@ -396,6 +396,17 @@ typedef struct ipc_call ipc_call;
  * Malformed requests never reach it: they are answered by the server. */
 typedef void (*ipc_handler_fn)(ipc_call *call, void *userdata);
 
+/* Something the daemon should log, from the self-check thread (the server
+ * keeps no log): `level` is a syslog priority (LOG_ERR, LOG_WARNING,
+ * LOG_NOTICE), `msg` one line. `userdata` is the handler's. It must not call
+ * ipc_server_stop or ipc_server_free. */
+typedef void (*ipc_event_fn)(void *userdata, int level, const char *msg);
+
+/* The self-check (struct ipc_server_params.selfcheck_ms): the period the
+ * daemon should use, and the default bound of one round trip. */
+#define IPC_SELFCHECK_DEFAULT_MS 2000
+#define IPC_SELFCHECK_TIMEOUT_MS 2000
+
 struct ipc_server_params {
 	const char *const *urls;  /* ipc:// (socket file) and/or tcp://; inproc:// for tests */
 	size_t n_urls;            /* 0: IPC_DEFAULT_URL */
@@ -406,25 +417,54 @@ struct ipc_server_params {
 	const char *socket_group; /* group of ipc:// socket files; NULL: leave */
 	struct ipc_limits limits; /* limits.max_msg_bytes is also NNG_OPT_RECVMAXSZ:
 	                           * a bigger message makes nng drop the connection */
+	/* Self-check: every selfcheck_ms a thread dials each ipc:// and tcp://
+	 * listener afresh and makes a round trip that the server answers itself
+	 * (never the handler). A listener that fails twice in a row is closed and
+	 * re-created, which disconnects the clients connected through it (more
+	 * failures, up to 16, while re-creating it did not help): nng 1.5.2 (bug
+	 * #1518) stops taking new connections on a listener for good when a peer
+	 * disconnects while the SP headers are exchanged, which one local
+	 * connect() and close() does. Its round trips are not counted as
+	 * requests; it needs limits.max_msg_bytes of 256 at least. 0: off. */
+	unsigned selfcheck_ms;
+	unsigned selfcheck_timeout_ms; /* bound of one dial and round trip;
+	                                * 0: IPC_SELFCHECK_TIMEOUT_MS */
+	ipc_event_fn on_event;         /* NULL: events are only counted */
 };
 
+/* Check that nng can start the threads it creates on its first use (7, plus
+ * 3 a CPU up to 8 CPUs and 1 a CPU beyond: 13 on 2 CPUs, each with the
+ * default stack) within this process's limits (RLIMIT_AS, TasksMax=,
+ * RLIMIT_NPROC), with some address space to spare: nng 1.5.2 segfaults,
+ * panics or hangs when one of them cannot be created. Returns 0, or -ENOMEM
+ * (address space) or -EAGAIN (tasks) with a message naming the limit.
+ * ipc_server_new calls it until a server has opened its socket; call it
+ * earlier to fail before other work. */
+int ipc_preflight(struct cm_err *err);
+
 /* Validate params and open the socket and its listeners (not yet serving).
- * Fails with a clear message when an ipc:// socket's directory is missing. */
+ * Fails with a clear message when an ipc:// socket's directory is missing,
+ * or when ipc_preflight fails. */
 int ipc_server_new(const struct ipc_server_params *p, ipc_handler_fn handler, void *userdata,
                    ipc_server **ret_srv, struct cm_err *err);
 
 /* Start listening and receiving, then set the mode and group of ipc:// socket
- * files. Returns a negative errno (server not serving) on failure. A failed
- * chown to socket_group is not fatal: the server serves, the return is 0 and
- * `err` holds the failure (err->code != 0) for the caller to log. */
+ * files, and start the self-check. Returns a negative errno (server not
+ * serving) on failure: -EEXIST when something other than a socket is at an
+ * ipc:// path (nng would delete it), -EADDRINUSE when a server answers there
+ * (checked with a full SP handshake, which cannot wedge that server). A
+ * stale socket file is replaced. A failed chown to socket_group is not
+ * fatal: the server serves, the return is 0 and `err` holds the failure
+ * (err->code != 0) for the caller to log. */
 int ipc_server_start(ipc_server *srv, struct cm_err *err);
 
 /* From now on answer shutting_down to new requests; calls already handed to
  * the handler are still completed normally. */
 void ipc_server_drain(ipc_server *srv);
 
-/* Drain, wait up to timeout_ms for the handler's calls to complete and their
- * replies to be handed to nng, then close the listeners and the socket
+/* Stop the self-check (joining its thread), drain, wait up to timeout_ms for
+ * the handler's calls to complete and their replies to be handed to nng, then
+ * close the listeners and the socket
  * (ipc:// socket files are removed). Returns the number of calls still not
  * completed; completing them later is harmless (the reply is dropped and
  * ipc_call_reply returns -ESHUTDOWN) but must happen before ipc_server_free. */
@@ -440,6 +480,14 @@ struct ipc_server_stats {
 	uint64_t send_failures;         /* replies nng could not send */
 	uint32_t contexts;              /* nng contexts open */
 	uint32_t in_handler;            /* calls owned by the handler now */
+	/* self-check (not counted above) */
+	uint64_t selfchecks;          /* round trips that passed */
+	uint64_t selfcheck_failures;  /* round trips that failed */
+	uint64_t listener_recoveries; /* listeners re-created after failing */
+	/* cm_now_ns() when a round last passed on every listener (the start
+	 * until then); 0 when the self-check is off. A round in which every
+	 * context is held by the handler proves nothing and does not count. */
+	uint64_t selfcheck_ok_ns;
 };
 void ipc_server_stats_get(const ipc_server *srv, struct ipc_server_stats *ret_stats);
 

@@ -14,20 +14,54 @@
  *
  * A reply can come from any thread: it moves the call from HANDLER to SEND
  * with a compare-and-swap (so a second completion is refused) and starts
- * nng_ctx_send on the call's aio, which is idle while the handler owns it. */
+ * nng_ctx_send on the call's aio, which is idle while the handler owns it.
+ *
+ * Self-check. nng 1.5.2 (bug #1518, fixed in 1.6.0) hands the error of a
+ * connection that fails while the SP headers are exchanged to the listener's
+ * accept; when that error is NNG_ECLOSED (our header write met EPIPE because
+ * the peer had already closed, as after a bare connect() and close(), or
+ * nng's own probe of an existing socket file from a second server), the
+ * listener takes it for its own close and never accepts again: the kernel
+ * still queues connections, the transport even negotiates them, but no pipe
+ * reaches the socket. So a thread dials each listener afresh every
+ * selfcheck_ms and makes a round trip (a message with a per-server random
+ * token that the server echoes without the handler, so a slow daemon or a
+ * busy queue cannot fail it); a listener that fails twice in a row is closed
+ * and re-created. nng cannot restart a listener's accept, and closing a
+ * listener closes every pipe it accepted (core and transport both), so the
+ * clients connected through it are disconnected and redial.
+ *
+ * The probe speaks SP over a plain socket rather than through an nng req0
+ * socket: nng's reaper is shared by the process, and an nng_close stalled
+ * there would hold the self-check thread, and ipc_server_stop joining it,
+ * for good. */
 #include "ipc/ipc.h"
 
+#include <arpa/inet.h>
 #include <grp.h>
 #include <nng/nng.h>
+#include <netinet/in.h>
 #include <nng/protocol/reqrep0/rep.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
+
+#define SELFCHECK_FAILS 2      /* failed round trips in a row that re-create a listener */
+#define SELFCHECK_FAILS_MAX 16 /* ... at most, when re-creating it did not help */
+#define SELFCHECK_RETRY_MS 500 /* the next round after a failure, at most */
+#define PROBE_MAX 96           /* bytes of the self-check's request */
 
 enum call_state { CALL_IDLE, CALL_RECV, CALL_HANDLER, CALL_SEND };
 
@@ -39,13 +73,29 @@ struct ipc_call {
 	struct ipc_request *req;
 	uint64_t arrival_ns;
 	int64_t peer_pid, peer_uid;
+	bool probe; /* answering the self-check */
 };
 
 struct listener {
 	nng_listener l;
 	char *url;
-	char *path; /* ipc:// socket file, else NULL */
-	bool created;
+	char *path;       /* ipc:// socket file, else NULL */
+	char *listen_url; /* tcp://: the bound address, to listen on again */
+	bool created, started;
+	bool checked; /* by the self-check, at probe_sa */
+	struct sockaddr_storage probe_sa;
+	socklen_t probe_salen;
+	dev_t dev; /* of the socket file once started */
+	ino_t ino;
+	/* the self-check thread's own */
+	int sc_fd;      /* its connection while it waits for an answer; -1: none */
+	bool sc_header; /* the server's SP header is in */
+	size_t sc_got;  /* bytes of the current read */
+	unsigned char sc_in[9 + 4 + PROBE_MAX];
+	unsigned fails;        /* round trips failed in a row */
+	unsigned fails_needed; /* to re-create the listener; 0: SELFCHECK_FAILS */
+	bool verified;         /* a round trip passed since it was created */
+	char last_event[256];
 };
 
 struct ipc_server {
@@ -79,7 +129,23 @@ struct ipc_server {
 
 	atomic_uint_fast64_t st_received, st_replies, st_send_failures;
 	atomic_uint_fast64_t st_errors[IPC_ERR_COUNT];
+
+	/* self-check */
+	unsigned sc_period_ms, sc_timeout_ms;
+	ipc_event_fn on_event;
+	char probe[PROBE_MAX]; /* the request it sends and the server echoes */
+	size_t probe_len;
+	pthread_mutex_t sc_mu; /* the waits between rounds */
+	pthread_cond_t sc_cv;  /* CLOCK_MONOTONIC */
+	atomic_bool sc_quit;
+	bool sc_joinable;
+	pthread_t sc_thread;
+	atomic_uint_fast64_t st_selfchecks, st_selfcheck_failures, st_recoveries,
+	    st_selfcheck_ok_ns;
 };
+
+/* Set once a server has opened its socket: nng has started its threads. */
+static atomic_bool nng_started;
 
 static void call_cb(void *arg);
 
@@ -239,11 +305,26 @@ static void call_peer_read(struct ipc_call *c, nng_msg *m)
 		c->peer_uid = (int64_t)v;
 }
 
+static bool is_probe(const struct ipc_server *srv, nng_msg *m)
+{
+	return srv->probe_len && nng_msg_len(m) == srv->probe_len &&
+	       memcmp(nng_msg_body(m), srv->probe, srv->probe_len) == 0;
+}
+
 static void call_on_message(struct ipc_call *c, nng_msg *m)
 {
 	struct ipc_server *srv = c->srv;
 	struct cm_err err = {0};
 
+	c->probe = is_probe(srv, m);
+	if (c->probe) {
+		/* the self-check: echoed here, so that only nng is tested */
+		nng_msg_free(m);
+		atomic_store(&c->state, CALL_SEND);
+		atomic_fetch_add(&srv->sending, 1);
+		call_send(c, srv->probe, srv->probe_len);
+		return;
+	}
 	atomic_fetch_add(&srv->st_received, 1);
 	c->arrival_ns = cm_now_ns();
 	call_peer_read(c, m);
@@ -290,12 +371,15 @@ static void call_cb(void *arg)
 		nng_aio_set_msg(c->aio, NULL);
 		call_on_message(c, m);
 		return;
-	case CALL_SEND:
+	case CALL_SEND: {
+		bool probe = c->probe;
+		c->probe = false;
 		if (rv != 0) {
 			nng_msg_free(nng_aio_get_msg(c->aio));
 			nng_aio_set_msg(c->aio, NULL);
-			atomic_fetch_add(&srv->st_send_failures, 1);
-		} else {
+			if (!probe)
+				atomic_fetch_add(&srv->st_send_failures, 1);
+		} else if (!probe) {
 			atomic_fetch_add(&srv->st_replies, 1);
 		}
 		if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
@@ -304,6 +388,7 @@ static void call_cb(void *arg)
 			call_recv(c);
 		busy_done(srv, &srv->sending);
 		return;
+	}
 	default:
 		return;
 	}
@@ -431,6 +516,213 @@ static int nng_to_errno(int rv)
 	}
 }
 
+/* The threads nng 1.5.2's nni_init starts, all at once on the first socket:
+ * a poller, 4 resolvers, a task queue of 2 a CPU (at most 16), the reaper,
+ * the timer, and an aio expiry thread a CPU (at most 256). */
+static unsigned nng_thread_count(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	if (n < 1)
+		n = 1;
+	return 1 + 4 + (unsigned)CM_MIN(2 * n, 16) + 1 + 1 + (unsigned)CM_MIN(n, 256);
+}
+
+/* Address space left once nng's threads exist: its initialisation goes on
+ * allocating, and a failure there is as fatal as a thread's. */
+#define PREFLIGHT_SPARE_BYTES ((size_t)16 << 20)
+
+struct preflight {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool go;
+};
+
+static void *preflight_thread(void *arg)
+{
+	struct preflight *pf = arg;
+	pthread_mutex_lock(&pf->mu);
+	while (!pf->go)
+		pthread_cond_wait(&pf->cv, &pf->mu);
+	pthread_mutex_unlock(&pf->mu);
+	return NULL;
+}
+
+int ipc_preflight(struct cm_err *err)
+{
+	if (atomic_load(&nng_started))
+		return 0;
+	unsigned need = nng_thread_count(), made = 0;
+	pthread_t *th = cm_calloc(need, sizeof(*th));
+	if (!th)
+		return cm_err_set(err, -ENOMEM, "ipc: out of memory");
+	struct preflight pf = {.go = false};
+	pthread_mutex_init(&pf.mu, NULL);
+	pthread_cond_init(&pf.cv, NULL);
+	/* Default attributes, as nng's own threads, all alive at once: their
+	 * stacks take the address space (and the tasks) nng's will. */
+	int e = 0;
+	while (made < need && (e = pthread_create(&th[made], NULL, preflight_thread, &pf)) == 0)
+		made++;
+	bool spare = true;
+	if (made == need) {
+		void *p = mmap(NULL, PREFLIGHT_SPARE_BYTES, PROT_NONE,
+		               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if (p == MAP_FAILED)
+			spare = false;
+		else
+			munmap(p, PREFLIGHT_SPARE_BYTES);
+	}
+	pthread_mutex_lock(&pf.mu);
+	pf.go = true;
+	pthread_cond_broadcast(&pf.cv);
+	pthread_mutex_unlock(&pf.mu);
+	for (unsigned i = 0; i < made; i++)
+		pthread_join(th[i], NULL);
+	cm_free(th);
+	pthread_cond_destroy(&pf.cv);
+	pthread_mutex_destroy(&pf.mu);
+	if (made == need && spare)
+		return 0;
+
+	size_t stack = 0;
+	pthread_attr_t a;
+	if (pthread_getattr_default_np(&a) == 0) {
+		(void)pthread_attr_getstacksize(&a, &stack);
+		pthread_attr_destroy(&a);
+	}
+	struct rlimit rl;
+	char what[128];
+	if (made < need)
+		snprintf(what, sizeof(what),
+		         "only %u of the %u threads it starts could be created (%s)", made, need,
+		         strerror(e));
+	else
+		snprintf(what, sizeof(what),
+		         "its %u threads leave less than %zu MiB of address space", need,
+		         PREFLIGHT_SPARE_BYTES >> 20);
+	if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+		return cm_err_set(err, -ENOMEM,
+		                  "ipc: nng cannot start: %s; the address space limit (LimitAS=, "
+		                  "ulimit -v) is %llu MiB and nng's threads take %zu MiB (%zu KiB "
+		                  "stacks)",
+		                  what, (unsigned long long)(rl.rlim_cur >> 20),
+		                  (size_t)need * stack >> 20, stack >> 10);
+	return cm_err_set(
+	    err, -EAGAIN,
+	    "ipc: nng cannot start: %s; raise the task limit (TasksMax=, LimitNPROC=)", what);
+}
+
+/* What is at an ipc:// path, for the message refusing it; NULL: a socket. */
+static const char *file_kind(mode_t m)
+{
+	if (S_ISSOCK(m))
+		return NULL;
+	if (S_ISREG(m))
+		return "a regular file";
+	if (S_ISDIR(m))
+		return "a directory";
+	if (S_ISLNK(m))
+		return "a symbolic link";
+	if (S_ISFIFO(m))
+		return "a FIFO";
+	if (S_ISCHR(m))
+		return "a character device";
+	if (S_ISBLK(m))
+		return "a block device";
+	return "an unknown kind of file";
+}
+
+/* Whether a server answers on the socket file `path`. A bare connect() and
+ * close(), as nng's own probe of an existing file does, can wedge an nng
+ * 1.5.2 server there (see the top); exchanging SP headers first, as a req0
+ * peer, makes the close an ordinary disconnect. */
+static bool socket_is_live(const char *path)
+{
+	static const unsigned char hdr[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0}; /* req0 */
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	size_t len = strlen(path);
+	if (len >= sizeof(sa.sun_path))
+		return false; /* nng refuses the path itself */
+	memcpy(sa.sun_path, path, len + 1);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return false;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+		bool live = errno == EAGAIN; /* a full backlog; nothing was accepted */
+		close(fd);
+		return live;
+	}
+	unsigned char peer[8];
+	size_t got = 0;
+	if (send(fd, hdr, sizeof(hdr), MSG_NOSIGNAL) == (ssize_t)sizeof(hdr)) {
+		/* Close only once the server's header is here: its write is done. */
+		uint64_t end = cm_now_ns() + 1000000000u;
+		while (got < sizeof(peer)) {
+			uint64_t now = cm_now_ns();
+			if (now >= end)
+				break;
+			struct pollfd pfd = {.fd = fd, .events = POLLIN};
+			int r = poll(&pfd, 1, (int)((end - now) / 1000000) + 1);
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0)
+				break;
+			ssize_t n = recv(fd, peer + got, sizeof(peer) - got, 0);
+			if (n < 0 && (errno == EINTR || errno == EAGAIN))
+				continue;
+			if (n <= 0)
+				break;
+			got += (size_t)n;
+		}
+	}
+	close(fd);
+	return true;
+}
+
+/* Before nng binds an ipc:// path: refuse anything but a socket (nng would
+ * delete it) and a socket a server answers on (nng's probe of it can wedge
+ * that server). A stale socket is left for nng to replace. */
+static int listener_path_check(const struct listener *L, struct cm_err *err)
+{
+	struct stat st;
+	if (lstat(L->path, &st) != 0)
+		return 0; /* absent, or nng says why */
+	const char *kind = file_kind(st.st_mode);
+	if (kind)
+		return cm_err_set(err, -EEXIST,
+		                  "ipc: %s is %s, not a socket: refusing to replace it", L->path,
+		                  kind);
+	if (socket_is_live(L->path))
+		return cm_err_set(err, -EADDRINUSE,
+		                  "ipc: cannot listen on %s: %s (is another edgelmd running?)",
+		                  L->url, nng_strerror(NNG_EADDRINUSE));
+	return 0;
+}
+
+static int listener_create(struct ipc_server *srv, struct listener *L, const char *url,
+                           struct cm_err *err)
+{
+	int rv = nng_listener_create(&L->l, srv->sock, url);
+	if (rv != 0)
+		return cm_err_set(err, nng_to_errno(rv), "ipc: listen URL '%s': %s", url,
+		                  nng_strerror(rv));
+	L->created = true;
+	rv = nng_listener_set_size(L->l, NNG_OPT_RECVMAXSZ, srv->lim.max_msg_bytes);
+	if (rv != 0)
+		return cm_err_set(err, nng_to_errno(rv),
+		                  "ipc: %s: cannot set the message limit: %s", url,
+		                  nng_strerror(rv));
+	/* nng chmods between bind() and listen(): no one connects before
+	 * the mode is right (socket_file_setup still sets it, and the group). */
+	if (L->path && srv->socket_mode >= 0) {
+		rv = nng_listener_set_int(L->l, NNG_OPT_IPC_PERMISSIONS, srv->socket_mode);
+		if (rv != 0)
+			return cm_err_set(err, nng_to_errno(rv), "ipc: %s: cannot set mode %o: %s",
+			                  url, srv->socket_mode, nng_strerror(rv));
+	}
+	return 0;
+}
+
 static int listener_add(struct ipc_server *srv, const char *url, struct cm_err *err)
 {
 	struct listener *L = &srv->listeners[srv->n_listeners];
@@ -442,6 +734,7 @@ static int listener_add(struct ipc_server *srv, const char *url, struct cm_err *
 	L->url = cm_strdup(url);
 	if (!L->url)
 		return cm_err_set(err, -ENOMEM, "ipc: out of memory");
+	L->sc_fd = -1;
 	srv->n_listeners++; /* from here on ipc_server_free releases L */
 	if (is_ipc) {
 		const char *path = url + 6;
@@ -477,17 +770,24 @@ static int listener_add(struct ipc_server *srv, const char *url, struct cm_err *
 		if (rc)
 			return rc;
 	}
-	int rv = nng_listener_create(&L->l, srv->sock, url);
-	if (rv != 0)
-		return cm_err_set(err, nng_to_errno(rv), "ipc: listen URL '%s': %s", url,
-		                  nng_strerror(rv));
-	L->created = true;
-	rv = nng_listener_set_size(L->l, NNG_OPT_RECVMAXSZ, srv->lim.max_msg_bytes);
-	if (rv != 0)
-		return cm_err_set(err, nng_to_errno(rv),
-		                  "ipc: %s: cannot set the message limit: %s", url,
-		                  nng_strerror(rv));
-	return 0;
+	return listener_create(srv, L, url, err);
+}
+
+/* The self-check's request: a random token, so that only this server's echo
+ * passes (not another process that took over the path). */
+static void probe_init(struct ipc_server *srv)
+{
+	unsigned char tok[16];
+	if (getrandom(tok, sizeof(tok), GRND_NONBLOCK) != (ssize_t)sizeof(tok)) {
+		uint64_t a = cm_now_ns() ^ ((uint64_t)getpid() << 32), b = (uintptr_t)srv;
+		memcpy(tok, &a, 8);
+		memcpy(tok + 8, &b, 8);
+	}
+	int n = snprintf(srv->probe, sizeof(srv->probe), "{\"op\":\"health\",\"selfcheck\":\"");
+	for (size_t i = 0; i < sizeof(tok); i++)
+		n += snprintf(srv->probe + n, sizeof(srv->probe) - (size_t)n, "%02x", tok[i]);
+	n += snprintf(srv->probe + n, sizeof(srv->probe) - (size_t)n, "\"}");
+	srv->probe_len = (size_t)n;
 }
 
 int ipc_server_new(const struct ipc_server_params *p, ipc_handler_fn handler, void *userdata,
@@ -505,6 +805,9 @@ int ipc_server_new(const struct ipc_server_params *p, ipc_handler_fn handler, vo
 		return cm_err_set(err, -EINVAL, "ipc: %zu listen URLs, at most 64", n_urls);
 	if (p->socket_mode < -1 || p->socket_mode > 07777)
 		return cm_err_set(err, -EINVAL, "ipc: socket mode %o out of range", p->socket_mode);
+	if (p->selfcheck_timeout_ms > 600000)
+		return cm_err_set(err, -EINVAL, "ipc: self-check timeout %u ms, at most 600000",
+		                  p->selfcheck_timeout_ms);
 
 	struct ipc_server *srv = cm_calloc(1, sizeof(*srv));
 	if (!srv)
@@ -512,6 +815,12 @@ int ipc_server_new(const struct ipc_server_params *p, ipc_handler_fn handler, vo
 	pthread_mutex_init(&srv->mu, NULL);
 	pthread_cond_init(&srv->cv, NULL);
 	pthread_rwlock_init(&srv->io, NULL);
+	pthread_mutex_init(&srv->sc_mu, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&srv->sc_cv, &ca);
+	pthread_condattr_destroy(&ca);
 	srv->handler = handler;
 	srv->userdata = userdata;
 	srv->lim = p->limits;
@@ -521,7 +830,19 @@ int ipc_server_new(const struct ipc_server_params *p, ipc_handler_fn handler, vo
 	if (srv->max_contexts < srv->n_contexts)
 		srv->max_contexts = srv->n_contexts;
 	srv->socket_mode = p->socket_mode == 0 ? 0660 : p->socket_mode;
+	srv->sc_period_ms = p->selfcheck_ms;
+	srv->sc_timeout_ms =
+	    p->selfcheck_timeout_ms ? p->selfcheck_timeout_ms : IPC_SELFCHECK_TIMEOUT_MS;
+	srv->on_event = p->on_event;
+	probe_init(srv);
 	int rc;
+	/* nng drops a connection whose message is over the limit: every
+	 * round trip would fail, and every round re-create the listeners. */
+	if (srv->sc_period_ms && srv->lim.max_msg_bytes < 256) {
+		rc = cm_err_set(err, -EINVAL,
+		                "ipc: the self-check needs max_msg_bytes of 256 at least");
+		goto fail;
+	}
 	if (p->socket_group && *p->socket_group &&
 	    !(srv->socket_group = cm_strdup(p->socket_group))) {
 		rc = cm_err_set(err, -ENOMEM, "ipc: out of memory");
@@ -533,6 +854,8 @@ int ipc_server_new(const struct ipc_server_params *p, ipc_handler_fn handler, vo
 		rc = cm_err_set(err, -ENOMEM, "ipc: out of memory");
 		goto fail;
 	}
+	if ((rc = ipc_preflight(err)))
+		goto fail;
 	int rv = nng_rep0_open(&srv->sock);
 	if (rv != 0) {
 		rc = cm_err_set(err, nng_to_errno(rv), "ipc: cannot open a rep0 socket: %s",
@@ -540,6 +863,7 @@ int ipc_server_new(const struct ipc_server_params *p, ipc_handler_fn handler, vo
 		goto fail;
 	}
 	srv->sock_open = true;
+	atomic_store(&nng_started, true);
 	/* Set before any listener exists, and again per listener: messages over
 	 * the limit are refused by the transport before they are buffered. */
 	rv = nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ, srv->lim.max_msg_bytes);
@@ -588,6 +912,444 @@ static int socket_file_setup(struct ipc_server *srv, const struct listener *L, s
 	return 0;
 }
 
+/* A started tcp:// listener's address: the URL to listen on again (its
+ * port, even if 0 was asked for) and the address the self-check dials
+ * (loopback for a wildcard address). */
+static int tcp_addrs(struct listener *L)
+{
+	nng_sockaddr sa;
+	char host[INET6_ADDRSTRLEN], url[INET6_ADDRSTRLEN + 32];
+	if (nng_listener_get_addr(L->l, NNG_OPT_LOCADDR, &sa) != 0)
+		return -EIO;
+	if (sa.s_family == NNG_AF_INET) {
+		struct sockaddr_in *in = (struct sockaddr_in *)&L->probe_sa;
+		in->sin_family = AF_INET;
+		in->sin_port = sa.s_in.sa_port; /* both in network order */
+		in->sin_addr.s_addr = sa.s_in.sa_addr;
+		inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+		snprintf(url, sizeof(url), "tcp://%s:%u", host, ntohs(in->sin_port));
+		if (in->sin_addr.s_addr == htonl(INADDR_ANY))
+			in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		L->probe_salen = sizeof(*in);
+	} else if (sa.s_family == NNG_AF_INET6) {
+		struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&L->probe_sa;
+		in6->sin6_family = AF_INET6;
+		in6->sin6_port = sa.s_in6.sa_port;
+		memcpy(&in6->sin6_addr, sa.s_in6.sa_addr, 16);
+		in6->sin6_scope_id = sa.s_in6.sa_scope;
+		inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+		snprintf(url, sizeof(url), "tcp://[%s]:%u", host, ntohs(in6->sin6_port));
+		if (IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr))
+			in6->sin6_addr = in6addr_loopback;
+		L->probe_salen = sizeof(*in6);
+	} else {
+		return -EAFNOSUPPORT;
+	}
+	return (L->listen_url = cm_strdup(url)) ? 0 : -ENOMEM;
+}
+
+/* Start one listener; a failed chgrp goes to `warn` (the return is 0). */
+static int listener_start(struct ipc_server *srv, struct listener *L, struct cm_err *warn,
+                          struct cm_err *err)
+{
+	int rc;
+	if (L->path && (rc = listener_path_check(L, err)))
+		return rc;
+	int rv = nng_listener_start(L->l, 0);
+	if (rv != 0) {
+		const char *hint = rv == NNG_EADDRINUSE ? " (is another edgelmd running?)" : "";
+		return cm_err_set(err, nng_to_errno(rv), "ipc: cannot listen on %s: %s%s", L->url,
+		                  nng_strerror(rv), hint);
+	}
+	L->started = true;
+	if (L->path) {
+		struct cm_err w = {0};
+		rc = socket_file_setup(srv, L, &w);
+		if (rc < 0)
+			return cm_err_set(err, rc, "%s", w.msg);
+		if (rc > 0 && warn)
+			*warn = w;
+		struct stat st;
+		if (lstat(L->path, &st) == 0) {
+			L->dev = st.st_dev;
+			L->ino = st.st_ino;
+		}
+		struct sockaddr_un *un = (struct sockaddr_un *)&L->probe_sa;
+		size_t len = strlen(L->path);
+		if (!L->checked && len < sizeof(un->sun_path)) {
+			un->sun_family = AF_UNIX;
+			memcpy(un->sun_path, L->path, len + 1);
+			L->probe_salen = sizeof(*un);
+			L->checked = true;
+		}
+	} else if (!L->checked && strncmp(L->url, "tcp://", 6) == 0) {
+		if ((rc = tcp_addrs(L)))
+			return cm_err_set(err, rc, "ipc: %s: cannot read the bound address",
+			                  L->url);
+		L->checked = true;
+	}
+	return 0;
+}
+
+/* ---- self-check ------------------------------------------------------------ */
+
+static void event(struct ipc_server *srv, int level, const char *fmt, ...) CM_PRINTF(3, 4);
+static void event(struct ipc_server *srv, int level, const char *fmt, ...)
+{
+	if (!srv->on_event)
+		return;
+	char msg[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	srv->on_event(srv->userdata, level, msg);
+}
+
+/* Wait until `fd` is ready by end_ns, in short slices so that a stop is
+ * noticed. */
+enum { IO_OK, IO_TIMEOUT, IO_CLOSED, IO_QUIT };
+static int sc_wait(struct ipc_server *srv, int fd, short events, uint64_t end_ns)
+{
+	for (;;) {
+		if (atomic_load(&srv->sc_quit))
+			return IO_QUIT;
+		uint64_t now = cm_now_ns();
+		if (now >= end_ns)
+			return IO_TIMEOUT;
+		struct pollfd pfd = {.fd = fd, .events = events};
+		int r = poll(&pfd, 1, (int)CM_MIN((end_ns - now) / 1000000 + 1, 50));
+		if (r > 0)
+			return IO_OK;
+		if (r < 0 && errno != EINTR)
+			return IO_CLOSED;
+	}
+}
+
+/* Read until *got == n, keeping the progress across calls. */
+static int sc_read(struct ipc_server *srv, int fd, void *buf, size_t n, size_t *got,
+                   uint64_t end_ns)
+{
+	while (*got < n) {
+		int w = sc_wait(srv, fd, POLLIN, end_ns);
+		if (w != IO_OK)
+			return w;
+		ssize_t r = recv(fd, (char *)buf + *got, n - *got, 0);
+		if (r > 0)
+			*got += (size_t)r;
+		else if (r == 0 || (errno != EINTR && errno != EAGAIN))
+			return IO_CLOSED;
+	}
+	return IO_OK;
+}
+
+static int sc_write(struct ipc_server *srv, int fd, const void *buf, size_t n, uint64_t end_ns)
+{
+	for (size_t put = 0; put < n;) {
+		int w = sc_wait(srv, fd, POLLOUT, end_ns);
+		if (w != IO_OK)
+			return w;
+		ssize_t r = send(fd, (const char *)buf + put, n - put, MSG_NOSIGNAL);
+		if (r > 0)
+			put += (size_t)r;
+		else if (r < 0 && errno != EINTR && errno != EAGAIN)
+			return IO_CLOSED;
+	}
+	return IO_OK;
+}
+
+static void put_be(unsigned char *p, uint64_t v, int n)
+{
+	for (int i = n - 1; i >= 0; i--, v >>= 8)
+		p[i] = (unsigned char)v;
+}
+
+enum { PROBE_OK, PROBE_FAILED, PROBE_SKIPPED, PROBE_QUIT };
+
+static void probe_drop(struct listener *L)
+{
+	if (L->sc_fd >= 0)
+		close(L->sc_fd);
+	L->sc_fd = -1;
+}
+
+/* Connect to a listener as a req0 peer and send the SP header and one
+ * request, framed as the transport frames it (ipc:// adds a type byte). */
+static int probe_open(struct ipc_server *srv, struct listener *L, uint64_t end, char *why, size_t n)
+{
+	static const unsigned char req0_hdr[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0};
+	size_t frame = L->path ? 9 : 8, len = 4 + srv->probe_len;
+	unsigned char out[8 + 9 + 4 + PROBE_MAX];
+	memcpy(out, req0_hdr, 8);
+	out[8] = 1; /* ipc:// message type; overwritten for tcp:// */
+	put_be(out + frame, len, 8);
+	put_be(out + 8 + frame, 0x80000000u, 4); /* request id; the high bit ends it */
+	memcpy(out + 8 + frame + 4, srv->probe, srv->probe_len);
+
+	int fd = socket(L->probe_sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0) {
+		snprintf(why, n, "cannot open a socket: %s", strerror(errno));
+		return PROBE_SKIPPED;
+	}
+	int io = IO_OK, e = 0;
+	if (connect(fd, (const struct sockaddr *)&L->probe_sa, L->probe_salen) != 0) {
+		e = errno;
+		if (e == EINPROGRESS) { /* tcp:// */
+			socklen_t sl = sizeof(e);
+			io = sc_wait(srv, fd, POLLOUT, end);
+			if (io == IO_OK && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl) != 0)
+				e = errno;
+		}
+	}
+	if (io == IO_OK && !e)
+		io = sc_write(srv, fd, out, 8 + frame + len, end);
+	if (io == IO_OK && !e) {
+		L->sc_fd = fd;
+		L->sc_header = false;
+		L->sc_got = 0;
+		return PROBE_OK;
+	}
+	close(fd);
+	struct stat st;
+	if (io == IO_QUIT)
+		return PROBE_QUIT;
+	if (L->path && lstat(L->path, &st) != 0 && errno == ENOENT)
+		snprintf(why, n, "its socket file is gone");
+	else if (e)
+		snprintf(why, n, "cannot connect: %s", strerror(e));
+	else
+		snprintf(why, n, "no connection within %u ms", srv->sc_timeout_ms);
+	return PROBE_FAILED;
+}
+
+/* One round trip to a listener over a new connection (only new connections
+ * wedge), bounded by the self-check timeout: its 4-byte request id and body
+ * must come back. A connection that gets no answer in time is kept and
+ * waited on by the next rounds, not replaced: a wedged listener keeps every
+ * new connection (and nng never frees them), and a slow one answers late. */
+static int probe(struct ipc_server *srv, struct listener *L, char *why, size_t n)
+{
+	static const unsigned char rep0_hdr[8] = {0, 'S', 'P', 0, 0, 0x31, 0, 0};
+	size_t frame = L->path ? 9 : 8, len = 4 + srv->probe_len;
+	uint64_t end = cm_now_ns() + (uint64_t)srv->sc_timeout_ms * 1000000u;
+	if (L->sc_fd < 0) {
+		int r = probe_open(srv, L, end, why, n);
+		if (r != PROBE_OK)
+			return r;
+	}
+	int io = IO_OK;
+	if (!L->sc_header) {
+		io = sc_read(srv, L->sc_fd, L->sc_in, 8, &L->sc_got, end);
+		if (io == IO_OK && memcmp(L->sc_in, rep0_hdr, 8) != 0) {
+			probe_drop(L);
+			snprintf(why, n, "not an nng rep0 socket");
+			return PROBE_FAILED;
+		}
+		if (io == IO_OK) {
+			L->sc_header = true;
+			L->sc_got = 0;
+		}
+	}
+	if (io == IO_OK)
+		io = sc_read(srv, L->sc_fd, L->sc_in, frame + len, &L->sc_got, end);
+	if (io == IO_OK) {
+		const unsigned char *in = L->sc_in;
+		uint64_t got = 0;
+		for (size_t i = frame - 8; i < frame; i++)
+			got = got << 8 | in[i];
+		bool ok = (frame == 8 || in[0] == 1) && got == len && in[frame] == 0x80 &&
+		          in[frame + 1] == 0 && in[frame + 2] == 0 && in[frame + 3] == 0 &&
+		          memcmp(in + frame + 4, srv->probe, srv->probe_len) == 0;
+		probe_drop(L);
+		if (!ok)
+			snprintf(why, n, "a reply not from this server");
+		return ok ? PROBE_OK : PROBE_FAILED;
+	}
+	const char *stage = L->sc_header ? "reply" : "SP header";
+	if (io == IO_QUIT)
+		return PROBE_QUIT;
+	if (io == IO_CLOSED) {
+		probe_drop(L);
+		snprintf(why, n, "the connection was closed before the %s", stage);
+		return PROBE_FAILED;
+	}
+	if (L->sc_header && atomic_load(&srv->idle) == 0) {
+		/* every context is held by the handler: nng keeps the request
+		 * waiting, which says nothing of the listener */
+		snprintf(why, n, "no context free to answer");
+		return PROBE_SKIPPED;
+	}
+	snprintf(why, n, "no %s within %u ms", stage, srv->sc_timeout_ms);
+	return PROBE_FAILED;
+}
+
+/* Close a failing listener and open it again. Under `io` like every other
+ * nng call on the socket, though ipc_server_stop joins this thread before it
+ * closes the socket. */
+static int listener_recover(struct ipc_server *srv, struct listener *L, struct cm_err *warn,
+                            struct cm_err *err)
+{
+	if (!io_begin(srv))
+		return cm_err_set(err, -ESHUTDOWN, "ipc: closing");
+	int rc = 0;
+	struct stat st;
+	/* nng's close unlinks the path, whatever is there by then. */
+	if (L->path && L->started && lstat(L->path, &st) == 0 &&
+	    (st.st_dev != L->dev || st.st_ino != L->ino)) {
+		rc = cm_err_set(err, -EEXIST,
+		                "ipc: %s is no longer this server's socket file: not "
+		                "re-creating its listener, which would remove it",
+		                L->path);
+		goto out;
+	}
+	if (L->created) {
+		nng_listener_close(L->l); /* and every pipe it accepted */
+		L->created = L->started = false;
+	}
+	rc = listener_create(srv, L, L->listen_url ? L->listen_url : L->url, err);
+	if (rc == 0)
+		rc = listener_start(srv, L, warn, err);
+out:
+	io_end(srv);
+	return rc;
+}
+
+/* Returns false when re-creating the listener failed. */
+static bool recover(struct ipc_server *srv, struct listener *L)
+{
+	struct cm_err err = {0}, warn = {0};
+	probe_drop(L);
+	int rc = listener_recover(srv, L, &warn, &err);
+	if (rc == 0) {
+		atomic_fetch_add(&srv->st_recoveries, 1);
+		L->fails = 0;
+		L->verified = false;
+		L->last_event[0] = '\0';
+		event(srv, LOG_WARNING,
+		      "ipc: re-created the listener on %s; clients connected through it were "
+		      "disconnected",
+		      L->url);
+		if (warn.code)
+			event(srv, LOG_WARNING, "%s; ignoring", warn.msg);
+		return true;
+	}
+	if (rc != -ESHUTDOWN && strcmp(L->last_event, err.msg) != 0) {
+		/* once per distinct failure; it is retried every round */
+		snprintf(L->last_event, sizeof(L->last_event), "%s", err.msg);
+		event(srv, LOG_ERR, "%s; retrying", err.msg);
+	}
+	return false;
+}
+
+/* Check every listener once; returns the wait before the next round (0: stop). */
+static unsigned selfcheck_round(struct ipc_server *srv)
+{
+	bool all_ok = true, stuck = false;
+	for (size_t i = 0; i < srv->n_listeners; i++) {
+		struct listener *L = &srv->listeners[i];
+		if (!L->checked)
+			continue; /* inproc://, or never started */
+		if (!L->started) {
+			all_ok = false;
+			stuck |= !recover(srv, L);
+			continue;
+		}
+		char why[200];
+		int r = probe(srv, L, why, sizeof(why));
+		if (r == PROBE_QUIT)
+			return 0;
+		if (r == PROBE_OK) {
+			atomic_fetch_add(&srv->st_selfchecks, 1);
+			if (L->fails)
+				event(srv, LOG_NOTICE, "ipc: self-check of %s passes again",
+				      L->url);
+			L->fails = 0;
+			L->fails_needed = SELFCHECK_FAILS;
+			L->verified = true;
+			continue;
+		}
+		all_ok = false;
+		if (r == PROBE_SKIPPED)
+			continue;
+		atomic_fetch_add(&srv->st_selfcheck_failures, 1);
+		if (!L->fails_needed)
+			L->fails_needed = SELFCHECK_FAILS;
+		bool redo = ++L->fails >= L->fails_needed;
+		/* quiet while a failure to re-create it stands reported */
+		if ((L->fails == 1 || redo) && !L->last_event[0])
+			event(srv, LOG_WARNING, "ipc: self-check of %s failed: %s%s", L->url, why,
+			      redo ? "; re-creating its listener" : "");
+		if (!redo)
+			continue;
+		/* A listener that never passed since it was last created may fail
+		 * for another reason than the wedge (a dial that cannot work here,
+		 * starved threads): re-creating it drops its clients, so less often. */
+		if (!L->verified)
+			L->fails_needed = CM_MIN(2 * L->fails_needed, SELFCHECK_FAILS_MAX);
+		stuck |= !recover(srv, L);
+	}
+	if (all_ok)
+		atomic_store(&srv->st_selfcheck_ok_ns, cm_now_ns());
+	/* look again soon after a failure, at the normal pace while a
+	 * listener cannot be re-created */
+	return all_ok || stuck ? srv->sc_period_ms : CM_MIN(srv->sc_period_ms, SELFCHECK_RETRY_MS);
+}
+
+static void *selfcheck_main(void *arg)
+{
+	struct ipc_server *srv = arg;
+	unsigned wait = srv->sc_period_ms;
+	pthread_mutex_lock(&srv->sc_mu);
+	while (!atomic_load(&srv->sc_quit) && wait) {
+		struct timespec ts = cm_deadline(CLOCK_MONOTONIC, wait);
+		while (!atomic_load(&srv->sc_quit) &&
+		       pthread_cond_timedwait(&srv->sc_cv, &srv->sc_mu, &ts) == 0)
+			;
+		if (atomic_load(&srv->sc_quit))
+			break;
+		pthread_mutex_unlock(&srv->sc_mu);
+		wait = selfcheck_round(srv);
+		pthread_mutex_lock(&srv->sc_mu);
+	}
+	pthread_mutex_unlock(&srv->sc_mu);
+	for (size_t i = 0; i < srv->n_listeners; i++)
+		probe_drop(&srv->listeners[i]);
+	return NULL;
+}
+
+static int selfcheck_start(struct ipc_server *srv)
+{
+	bool any = false;
+	for (size_t i = 0; i < srv->n_listeners; i++)
+		any |= srv->listeners[i].checked;
+	if (!srv->sc_period_ms || !any)
+		return 0;
+	atomic_store(&srv->st_selfcheck_ok_ns, cm_now_ns());
+	pthread_mutex_lock(&srv->sc_mu);
+	int e = pthread_create(&srv->sc_thread, NULL, selfcheck_main, srv);
+	if (e == 0) {
+		pthread_setname_np(srv->sc_thread, "ipc:selfcheck");
+		srv->sc_joinable = true;
+	}
+	pthread_mutex_unlock(&srv->sc_mu);
+	return -e;
+}
+
+/* Idempotent; only the first caller joins. */
+static void selfcheck_stop(struct ipc_server *srv)
+{
+	pthread_mutex_lock(&srv->sc_mu);
+	atomic_store(&srv->sc_quit, true);
+	bool join = srv->sc_joinable;
+	srv->sc_joinable = false;
+	pthread_cond_broadcast(&srv->sc_cv);
+	pthread_mutex_unlock(&srv->sc_mu);
+	if (join)
+		pthread_join(srv->sc_thread, NULL);
+}
+
+/* ---- start and stop -------------------------------------------------------- */
+
 int ipc_server_start(ipc_server *srv, struct cm_err *err)
 {
 	cm_err_clear(err);
@@ -599,30 +1361,19 @@ int ipc_server_start(ipc_server *srv, struct cm_err *err)
 		rc = pool_add(srv);
 	if (rc)
 		return cm_err_set(err, rc, "ipc: cannot open %u nng contexts", srv->n_contexts);
-	bool warned = false;
+	struct cm_err w = {0};
 	for (size_t i = 0; i < srv->n_listeners; i++) {
 		struct listener *L = &srv->listeners[i];
 		if (!L->created)
 			continue;
-		int rv = nng_listener_start(L->l, 0);
-		if (rv != 0) {
-			const char *hint =
-			    rv == NNG_EADDRINUSE ? " (is another edgelmd running?)" : "";
-			return cm_err_set(err, nng_to_errno(rv), "ipc: cannot listen on %s: %s%s",
-			                  L->url, nng_strerror(rv), hint);
-		}
-		if (L->path) {
-			struct cm_err w = {0};
-			rc = socket_file_setup(srv, L, &w);
-			if (rc < 0)
-				return cm_err_set(err, rc, "%s", w.msg);
-			if (rc > 0 && !warned) {
-				warned = true;
-				if (err)
-					*err = w;
-			}
-		}
+		if ((rc = listener_start(srv, L, w.code ? NULL : &w, err)))
+			return rc;
 	}
+	if ((rc = selfcheck_start(srv)))
+		return cm_err_set(err, rc, "ipc: cannot start the self-check thread: %s",
+		                  strerror(-rc));
+	if (w.code && err)
+		*err = w;
 	return 0;
 }
 
@@ -635,6 +1386,7 @@ int ipc_server_stop(ipc_server *srv, int timeout_ms)
 {
 	if (!srv)
 		return 0;
+	selfcheck_stop(srv); /* first: no listener is re-created from here on */
 	ipc_server_drain(srv);
 	pthread_mutex_lock(&srv->mu);
 	if (srv->stopped) {
@@ -676,10 +1428,13 @@ void ipc_server_free(ipc_server *srv)
 	for (size_t i = 0; i < srv->n_listeners; i++) {
 		cm_free(srv->listeners[i].url);
 		cm_free(srv->listeners[i].path);
+		cm_free(srv->listeners[i].listen_url);
 	}
 	cm_free(srv->listeners);
 	cm_free(srv->calls);
 	cm_free(srv->socket_group);
+	pthread_cond_destroy(&srv->sc_cv);
+	pthread_mutex_destroy(&srv->sc_mu);
 	pthread_rwlock_destroy(&srv->io);
 	pthread_cond_destroy(&srv->cv);
 	pthread_mutex_destroy(&srv->mu);
@@ -699,4 +1454,8 @@ void ipc_server_stats_get(const ipc_server *srv, struct ipc_server_stats *st)
 	st->contexts = s->n_calls;
 	pthread_mutex_unlock(&s->mu);
 	st->in_handler = atomic_load(&s->in_handler);
+	st->selfchecks = atomic_load(&s->st_selfchecks);
+	st->selfcheck_failures = atomic_load(&s->st_selfcheck_failures);
+	st->listener_recoveries = atomic_load(&s->st_recoveries);
+	st->selfcheck_ok_ns = atomic_load(&s->st_selfcheck_ok_ns);
 }
