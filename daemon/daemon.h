@@ -53,6 +53,8 @@ struct daemon {
 	monitor *mon;
 	const struct monitor_inference *mi;
 	monitor_family *fam_requests;
+	monitor_series *ipc_selfcheck_failures; /* from ipc_server_stats, each STATUS= */
+	monitor_series *ipc_recoveries;
 
 	struct sched *sched;
 	pthread_mutex_t mu;

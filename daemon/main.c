@@ -770,6 +770,47 @@ static void stop_scheduler(struct daemon *d)
 	d->sched = NULL;
 }
 
+/* The listener's self-check reports through the daemon's log. */
+static void on_ipc_event(void *ud, int level, const char *msg)
+{
+	(void)ud;
+	daemon_log(level, NULL, "ipc: %s", msg);
+}
+
+/* Counters of the listener's self-check, mirrored from its stats. */
+static void add_ipc_metrics(struct daemon *d)
+{
+	static const struct {
+		const char *name, *help;
+	} fams[] = {
+	    {"edgelm_ipc_selfcheck_failures_total",
+	     "round trips of the socket's self-check that failed"},
+	    {"edgelm_ipc_listener_recoveries_total",
+	     "listeners closed and re-created after failing the self-check"},
+	};
+	monitor_series **dst[] = {&d->ipc_selfcheck_failures, &d->ipc_recoveries};
+	for (size_t i = 0; d->mon && i < CM_ARRAY_LEN(fams); i++) {
+		struct monitor_family_desc fd = {.type = MONITOR_TYPE_COUNTER,
+						 .name = fams[i].name,
+						 .help = fams[i].help};
+		monitor_family *f = NULL;
+		if (monitor_family_add(d->mon, &fd, &f, NULL) == 0)
+			(void)monitor_series_get(f, NULL, dst[i], NULL);
+	}
+}
+
+/* Before anything big is loaded: nng must be able to start its threads. */
+static int start_ipc_preflight(struct daemon *d)
+{
+	(void)d;
+	struct cm_err err = {0};
+	if (ipc_preflight(&err) != 0) {
+		log_err("%s", err.msg);
+		return EXIT_RUNTIME;
+	}
+	return 0;
+}
+
 /* The socket, last: READY=1 only once it is bound. */
 static int start_socket(struct daemon *d)
 {
@@ -782,15 +823,24 @@ static int start_socket(struct daemon *d)
 		.n_urls = (size_t)d->cfg.n_listen,
 		.socket_mode = (int)d->cfg.socket_mode,
 		.socket_group = d->cfg.socket_group[0] ? d->cfg.socket_group : NULL,
+		/* nng 1.5.2 can stop taking connections for good (#1518): the
+		 * server checks its listeners and re-creates one that fails */
+		.selfcheck_ms = IPC_SELFCHECK_DEFAULT_MS,
+		.on_event = on_ipc_event,
 	};
 	sp.limits.max_msg_bytes = (size_t)d->cfg.max_msg_kib * 1024;
-	if (ipc_server_new(&sp, daemon_handle_call, d, &d->srv, &err) != 0 ||
-	    ipc_server_start(d->srv, &err) != 0) {
+	ipc_server *srv = NULL;
+	if (ipc_server_new(&sp, daemon_handle_call, d, &srv, &err) != 0 ||
+	    ipc_server_start(srv, &err) != 0) {
 		log_err("%s", err.msg);
+		ipc_server_free(srv);
 		return EXIT_RUNTIME;
 	}
+	/* the scheduler thread reads it for the watchdog */
+	__atomic_store_n(&d->srv, srv, __ATOMIC_RELEASE);
 	if (err.code)
 		log_warning("%s; ignoring", err.msg);
+	add_ipc_metrics(d);
 	atomic_store(&d->phase, PHASE_READY);
 	for (int i = 0; i < d->cfg.n_listen; i++)
 		log_notice("serving %s on %s", d->model_name, d->cfg.listen[i]);
@@ -823,6 +873,7 @@ static void stop_hugepages(struct daemon *d)
 static const struct step steps[] = {
 	{"detect", start_detect, NULL},
 	{"model file", start_model_file, NULL},
+	{"ipc preflight", start_ipc_preflight, NULL},
 	{"signals", start_signals, stop_signals},
 	{"tuning", start_tuning, stop_tuning},
 	{"monitor", start_monitor, stop_monitor},
@@ -855,6 +906,12 @@ static void status_line(struct daemon *d)
 	}
 	if (d->mi)
 		monitor_gauge_set(d->mi->queued, queued);
+	if (d->srv && d->ipc_recoveries) {
+		struct ipc_server_stats st;
+		ipc_server_stats_get(d->srv, &st);
+		monitor_counter_set(d->ipc_selfcheck_failures, (double)st.selfcheck_failures);
+		monitor_counter_set(d->ipc_recoveries, (double)st.listener_recoveries);
+	}
 	daemon_notify_status("%s: %d running, %d queued, %.1f tok/s%s%s", d->model_name, running,
 			     queued, running ? tps : 0.0, flags[0] ? ";" : "", flags);
 }

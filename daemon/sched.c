@@ -289,6 +289,24 @@ static void watchdog_tick(struct sched *s)
 	uint64_t now = sched_now_ns();
 	if (now - s->last_watchdog_ns < wd * 1000 / 4)
 		return;
+	/* The last resort for a socket that no longer serves and that the
+	 * server's self-check could not repair: no more WATCHDOG=1, so systemd
+	 * restarts the daemon. */
+	ipc_server *srv = __atomic_load_n(&s->d->srv, __ATOMIC_ACQUIRE);
+	if (srv) {
+		struct ipc_server_stats st;
+		ipc_server_stats_get(srv, &st);
+		if (st.selfcheck_ok_ns && since(now, st.selfcheck_ok_ns) > wd * 1000 / 2) {
+			if (!s->watchdog_withheld)
+				daemon_log(LOG_ERR, NULL,
+					   "the socket's self-check has failed for %llu ms: "
+					   "withholding the watchdog",
+					   (unsigned long long)(since(now, st.selfcheck_ok_ns) / 1000000));
+			s->watchdog_withheld = true;
+			return;
+		}
+	}
+	s->watchdog_withheld = false;
 	daemon_notify_watchdog();
 	s->last_watchdog_ns = now;
 }

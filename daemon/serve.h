@@ -121,6 +121,7 @@ struct sched {
 	_Atomic int n_running;
 	_Atomic double tok_s;
 	uint64_t last_watchdog_ns;
+	bool watchdog_withheld;
 };
 
 /* store.c (all under d->mu unless said otherwise) */

@@ -5,6 +5,7 @@
 #   errno, or what the path is), exit status 2, never "Success": missing,
 #   empty, a directory, /dev/zero, a FIFO;
 # - a fatal configuration error is logged at err priority;
+# - under prlimit --as too small for nng's threads: a clear error, exit 3;
 # - --check-config (ExecReload's guard) passes a good file and refuses a
 #   bad one with the configuration's or the model's exit status.
 set -u
@@ -47,6 +48,15 @@ for c in "$T/missing.gguf|No such file or directory" "$T/empty.gguf|the file is 
 	esac
 	case $msg in *Success*) ko "$path: says Success: $msg" ;; *) ok ;; esac
 done
+
+# under an address-space limit too small for nng's threads the daemon says
+# so and exits 3 (nng 1.5.2 itself segfaulted or hung there)
+if command -v prlimit >/dev/null; then
+	out=$(timeout 60 prlimit --as=$((180 * 1024 * 1024)) $D --model "$T/tiny.gguf" \
+		--listen "ipc://$T/p.sock" 2>&1); rc=$?
+	if [ $rc -eq 3 ]; then ok; else ko "prlimit --as 180 MiB: exit status $rc: $out"; fi
+	case $out in *"nng cannot start"*"address space limit"*) ok ;; *) ko "prlimit: $out" ;; esac
+fi
 
 # --check-config, the unit's ExecReload guard: 0 for a good file, 1 for a
 # bad key or value, 2 for a model it cannot read

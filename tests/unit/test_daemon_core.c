@@ -25,7 +25,9 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -537,6 +539,69 @@ static void test_daemon_core_swap(void)
 	write_conf("");
 }
 
+/* ---- the listener cannot be wedged -------------------------------------------------- */
+
+/* A fresh client's health round trip, within ms; true if it came back. */
+static bool fresh_health(int ms)
+{
+	for (int t = 0; t < ms; t += 100) {
+		edgelm_client *c = NULL;
+		if (edgelm_connect(url, &c, NULL) == 0) {
+			edgelm_set_timeout(c, 1000);
+			enum edgelm_health h;
+			int rc = edgelm_health(c, &h, NULL, NULL);
+			edgelm_close(c);
+			if (rc == 0)
+				return true;
+		}
+		usleep(100000);
+	}
+	return false;
+}
+
+/* nng 1.5.2 (#1518) stops taking connections on a listener when a peer goes
+ * away during the SP handshake: a raw connect() and close(), or a second
+ * edgelmd probing the path. The daemon must serve new clients again within
+ * 10 s either way. */
+static void test_daemon_core_wedge(void)
+{
+	struct daemon_proc dp;
+	if (start(&dp, NULL, 0) != 0) {
+		CHECK(!"edgelmd did not start");
+		return;
+	}
+	const char *path = url + strlen("ipc://");
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		TEST_SKIP("socket path too long for sockaddr_un: %s", path);
+		stop(&dp);
+		return;
+	}
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	for (int i = 0; i < 5; i++) {
+		int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+		CHECK(fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+		close(fd);
+		CHECK_MSG(fresh_health(10000), "no health reply within 10 s after raw connect %d",
+			  i);
+	}
+	/* a second daemon on the same path: refused (exit 3), and the first
+	 * still serves */
+	char cmd[9000];
+	snprintf(cmd, sizeof(cmd),
+		 "timeout 60 %s --config /dev/null --model '%s' --listen '%s' --metrics-listen off "
+		 "--set tuning=false --set socket_group= >'%s.second' 2>&1",
+		 test_bin("edgelmd"), model, url, log_path);
+	int st = system(cmd);
+	CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 3, "second edgelmd: status %d", st);
+	snprintf(cmd, sizeof(cmd), "grep -q 'another edgelmd' '%s.second'", log_path);
+	CHECK(system(cmd) == 0);
+	CHECK_MSG(fresh_health(10000), "no health reply within 10 s after a second edgelmd");
+	/* the original process is the one serving */
+	CHECK(kill(dp.pid, 0) == 0);
+	CHECK_EQ_INT(stop(&dp), 0);
+}
+
 /* ---- refused ranges -------------------------------------------------------------- */
 
 static void test_daemon_core_max_tokens_limit(void)
@@ -609,5 +674,6 @@ int main(int argc, char **argv)
 	TEST_RUN(test_daemon_core_reload);
 	TEST_RUN(test_daemon_core_swap);
 	TEST_RUN(test_daemon_core_max_tokens_limit);
+	TEST_RUN(test_daemon_core_wedge);
 	return test_finish();
 }
