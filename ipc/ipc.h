@@ -420,11 +420,12 @@ struct ipc_server_params {
 	/* Self-check: every selfcheck_ms a thread dials each ipc:// and tcp://
 	 * listener afresh and makes a round trip that the server answers itself
 	 * (never the handler). A listener that fails twice in a row is closed and
-	 * re-created, which disconnects the clients connected through it (more
-	 * failures, up to 16, while re-creating it did not help): nng 1.5.2 (bug
-	 * #1518) stops taking new connections on a listener for good when a peer
-	 * disconnects while the SP headers are exchanged, which one local
-	 * connect() and close() does. Its round trips are not counted as
+	 * re-created, which disconnects the clients connected through it (for
+	 * failures other than a wedge's, more of them, up to 16, while
+	 * re-creating it did not help): nng 1.5.2 (bug #1518) stops taking new
+	 * connections on a listener for good when a peer disconnects while the
+	 * SP headers are exchanged, which one local connect() and close() does.
+	 * Its round trips are not counted as
 	 * requests; it needs limits.max_msg_bytes of 256 at least. 0: off. */
 	unsigned selfcheck_ms;
 	unsigned selfcheck_timeout_ms; /* bound of one dial and round trip;

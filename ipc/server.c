@@ -35,121 +35,14 @@
  * socket: nng's reaper is shared by the process, and an nng_close stalled
  * there would hold the self-check thread, and ipc_server_stop joining it,
  * for good. */
-#include "ipc/ipc.h"
-
-#include <arpa/inet.h>
-#include <grp.h>
-#include <nng/nng.h>
-#include <netinet/in.h>
-#include <nng/protocol/reqrep0/rep.h>
-#include <poll.h>
-#include <pthread.h>
-#include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/random.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
-#include <syslog.h>
-#include <time.h>
-#include <unistd.h>
-
-#define SELFCHECK_FAILS 2      /* failed round trips in a row that re-create a listener */
-#define SELFCHECK_FAILS_MAX 16 /* ... at most, when re-creating it did not help */
-#define SELFCHECK_RETRY_MS 500 /* the next round after a failure, at most */
-#define PROBE_MAX 96           /* bytes of the self-check's request */
-
-enum call_state { CALL_IDLE, CALL_RECV, CALL_HANDLER, CALL_SEND };
-
-struct ipc_call {
-	struct ipc_server *srv;
-	nng_ctx ctx;
-	nng_aio *aio;
-	_Atomic int state; /* enum call_state */
-	struct ipc_request *req;
-	uint64_t arrival_ns;
-	int64_t peer_pid, peer_uid;
-	bool probe; /* answering the self-check */
-};
-
-struct listener {
-	nng_listener l;
-	char *url;
-	char *path;       /* ipc:// socket file, else NULL */
-	char *listen_url; /* tcp://: the bound address, to listen on again */
-	bool created, started;
-	bool checked; /* by the self-check, at probe_sa */
-	struct sockaddr_storage probe_sa;
-	socklen_t probe_salen;
-	dev_t dev; /* of the socket file once started */
-	ino_t ino;
-	/* the self-check thread's own */
-	int sc_fd;      /* its connection while it waits for an answer; -1: none */
-	bool sc_header; /* the server's SP header is in */
-	size_t sc_got;  /* bytes of the current read */
-	unsigned char sc_in[9 + 4 + PROBE_MAX];
-	unsigned fails;        /* round trips failed in a row */
-	unsigned fails_needed; /* to re-create the listener; 0: SELFCHECK_FAILS */
-	bool verified;         /* a round trip passed since it was created */
-	char last_event[256];
-};
-
-struct ipc_server {
-	nng_socket sock;
-	bool sock_open;
-	struct listener *listeners;
-	size_t n_listeners;
-	struct ipc_limits lim;
-	unsigned n_contexts, max_contexts;
-	int socket_mode;
-	char *socket_group;
-	ipc_handler_fn handler;
-	void *userdata;
-
-	pthread_mutex_t mu; /* calls[], n_calls, waking stop() */
-	pthread_cond_t cv;
-	/* Held for reading around every nng call on a context or the socket,
-	 * for writing around nng_close: nng 1.5.2 can touch freed memory when
-	 * nng_ctx_send is still returning on one thread while another closes
-	 * the socket. Readers only try the lock, so a callback never waits on
-	 * it: a failed try means the server is closing. */
-	pthread_rwlock_t io;
-	struct ipc_call **calls;
-	unsigned n_calls;
-	bool started, stopped;
-
-	atomic_bool draining, closing;
-	atomic_uint idle;       /* calls in RECV */
-	atomic_uint in_handler; /* calls in HANDLER */
-	atomic_uint sending;    /* replies handed to nng and not yet sent */
-
-	atomic_uint_fast64_t st_received, st_replies, st_send_failures;
-	atomic_uint_fast64_t st_errors[IPC_ERR_COUNT];
-
-	/* self-check */
-	unsigned sc_period_ms, sc_timeout_ms;
-	ipc_event_fn on_event;
-	char probe[PROBE_MAX]; /* the request it sends and the server echoes */
-	size_t probe_len;
-	pthread_mutex_t sc_mu; /* the waits between rounds */
-	pthread_cond_t sc_cv;  /* CLOCK_MONOTONIC */
-	atomic_bool sc_quit;
-	bool sc_joinable;
-	pthread_t sc_thread;
-	atomic_uint_fast64_t st_selfchecks, st_selfcheck_failures, st_recoveries,
-	    st_selfcheck_ok_ns;
-};
+#include "ipc/server_impl.h"
 
 /* Set once a server has opened its socket: nng has started its threads. */
 static atomic_bool nng_started;
 
 static void call_cb(void *arg);
 
-static bool io_begin(struct ipc_server *srv)
+bool ipc_io_begin(struct ipc_server *srv)
 {
 	if (pthread_rwlock_tryrdlock(&srv->io) != 0)
 		return false;
@@ -160,7 +53,7 @@ static bool io_begin(struct ipc_server *srv)
 	return true;
 }
 
-static void io_end(struct ipc_server *srv)
+void ipc_io_end(struct ipc_server *srv)
 {
 	pthread_rwlock_unlock(&srv->io);
 }
@@ -180,14 +73,14 @@ static void busy_done(struct ipc_server *srv, atomic_uint *ctr)
 static void call_recv(struct ipc_call *c)
 {
 	struct ipc_server *srv = c->srv;
-	if (!io_begin(srv)) {
+	if (!ipc_io_begin(srv)) {
 		atomic_store(&c->state, CALL_IDLE);
 		return;
 	}
 	atomic_store(&c->state, CALL_RECV);
 	atomic_fetch_add(&srv->idle, 1);
 	nng_ctx_recv(c->ctx, c->aio);
-	io_end(srv);
+	ipc_io_end(srv);
 }
 
 /* Open one more context; the caller starts it receiving after dropping
@@ -205,13 +98,13 @@ static int call_add_locked(struct ipc_server *srv, struct ipc_call **ret_call)
 		cm_free(c);
 		return -ENOMEM;
 	}
-	if (!io_begin(srv)) {
+	if (!ipc_io_begin(srv)) {
 		nng_aio_free(c->aio);
 		cm_free(c);
 		return -ESHUTDOWN;
 	}
 	int rv = nng_ctx_open(&c->ctx, srv->sock);
-	io_end(srv);
+	ipc_io_end(srv);
 	if (rv != 0) {
 		nng_aio_free(c->aio);
 		cm_free(c);
@@ -257,7 +150,7 @@ static int call_send(struct ipc_call *c, const char *json, size_t len)
 		busy_done(srv, &srv->sending);
 		return -ENOMEM;
 	}
-	if (!io_begin(srv)) {
+	if (!ipc_io_begin(srv)) {
 		/* closed: the reply has nowhere to go */
 		nng_msg_free(m);
 		atomic_store(&c->state, CALL_IDLE);
@@ -266,7 +159,7 @@ static int call_send(struct ipc_call *c, const char *json, size_t len)
 	}
 	nng_aio_set_msg(c->aio, m);
 	nng_ctx_send(c->ctx, c->aio);
-	io_end(srv);
+	ipc_io_end(srv);
 	return 0;
 }
 
@@ -699,8 +592,8 @@ static int listener_path_check(const struct listener *L, struct cm_err *err)
 	return 0;
 }
 
-static int listener_create(struct ipc_server *srv, struct listener *L, const char *url,
-                           struct cm_err *err)
+int ipc_listener_create(struct ipc_server *srv, struct listener *L, const char *url,
+                        struct cm_err *err)
 {
 	int rv = nng_listener_create(&L->l, srv->sock, url);
 	if (rv != 0)
@@ -770,7 +663,7 @@ static int listener_add(struct ipc_server *srv, const char *url, struct cm_err *
 		if (rc)
 			return rc;
 	}
-	return listener_create(srv, L, url, err);
+	return ipc_listener_create(srv, L, url, err);
 }
 
 /* The self-check's request: a random token, so that only this server's echo
@@ -949,8 +842,8 @@ static int tcp_addrs(struct listener *L)
 }
 
 /* Start one listener; a failed chgrp goes to `warn` (the return is 0). */
-static int listener_start(struct ipc_server *srv, struct listener *L, struct cm_err *warn,
-                          struct cm_err *err)
+int ipc_listener_start(struct ipc_server *srv, struct listener *L, struct cm_err *warn,
+                       struct cm_err *err)
 {
 	int rc;
 	if (L->path && (rc = listener_path_check(L, err)))
@@ -991,363 +884,6 @@ static int listener_start(struct ipc_server *srv, struct listener *L, struct cm_
 	return 0;
 }
 
-/* ---- self-check ------------------------------------------------------------ */
-
-static void event(struct ipc_server *srv, int level, const char *fmt, ...) CM_PRINTF(3, 4);
-static void event(struct ipc_server *srv, int level, const char *fmt, ...)
-{
-	if (!srv->on_event)
-		return;
-	char msg[512];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	srv->on_event(srv->userdata, level, msg);
-}
-
-/* Wait until `fd` is ready by end_ns, in short slices so that a stop is
- * noticed. */
-enum { IO_OK, IO_TIMEOUT, IO_CLOSED, IO_QUIT };
-static int sc_wait(struct ipc_server *srv, int fd, short events, uint64_t end_ns)
-{
-	for (;;) {
-		if (atomic_load(&srv->sc_quit))
-			return IO_QUIT;
-		uint64_t now = cm_now_ns();
-		if (now >= end_ns)
-			return IO_TIMEOUT;
-		struct pollfd pfd = {.fd = fd, .events = events};
-		int r = poll(&pfd, 1, (int)CM_MIN((end_ns - now) / 1000000 + 1, 50));
-		if (r > 0)
-			return IO_OK;
-		if (r < 0 && errno != EINTR)
-			return IO_CLOSED;
-	}
-}
-
-/* Read until *got == n, keeping the progress across calls. */
-static int sc_read(struct ipc_server *srv, int fd, void *buf, size_t n, size_t *got,
-                   uint64_t end_ns)
-{
-	while (*got < n) {
-		int w = sc_wait(srv, fd, POLLIN, end_ns);
-		if (w != IO_OK)
-			return w;
-		ssize_t r = recv(fd, (char *)buf + *got, n - *got, 0);
-		if (r > 0)
-			*got += (size_t)r;
-		else if (r == 0 || (errno != EINTR && errno != EAGAIN))
-			return IO_CLOSED;
-	}
-	return IO_OK;
-}
-
-static int sc_write(struct ipc_server *srv, int fd, const void *buf, size_t n, uint64_t end_ns)
-{
-	for (size_t put = 0; put < n;) {
-		int w = sc_wait(srv, fd, POLLOUT, end_ns);
-		if (w != IO_OK)
-			return w;
-		ssize_t r = send(fd, (const char *)buf + put, n - put, MSG_NOSIGNAL);
-		if (r > 0)
-			put += (size_t)r;
-		else if (r < 0 && errno != EINTR && errno != EAGAIN)
-			return IO_CLOSED;
-	}
-	return IO_OK;
-}
-
-static void put_be(unsigned char *p, uint64_t v, int n)
-{
-	for (int i = n - 1; i >= 0; i--, v >>= 8)
-		p[i] = (unsigned char)v;
-}
-
-enum { PROBE_OK, PROBE_FAILED, PROBE_SKIPPED, PROBE_QUIT };
-
-static void probe_drop(struct listener *L)
-{
-	if (L->sc_fd >= 0)
-		close(L->sc_fd);
-	L->sc_fd = -1;
-}
-
-/* Connect to a listener as a req0 peer and send the SP header and one
- * request, framed as the transport frames it (ipc:// adds a type byte). */
-static int probe_open(struct ipc_server *srv, struct listener *L, uint64_t end, char *why, size_t n)
-{
-	static const unsigned char req0_hdr[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0};
-	size_t frame = L->path ? 9 : 8, len = 4 + srv->probe_len;
-	unsigned char out[8 + 9 + 4 + PROBE_MAX];
-	memcpy(out, req0_hdr, 8);
-	out[8] = 1; /* ipc:// message type; overwritten for tcp:// */
-	put_be(out + frame, len, 8);
-	put_be(out + 8 + frame, 0x80000000u, 4); /* request id; the high bit ends it */
-	memcpy(out + 8 + frame + 4, srv->probe, srv->probe_len);
-
-	int fd = socket(L->probe_sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (fd < 0) {
-		snprintf(why, n, "cannot open a socket: %s", strerror(errno));
-		return PROBE_SKIPPED;
-	}
-	int io = IO_OK, e = 0;
-	if (connect(fd, (const struct sockaddr *)&L->probe_sa, L->probe_salen) != 0) {
-		e = errno;
-		if (e == EINPROGRESS) { /* tcp:// */
-			socklen_t sl = sizeof(e);
-			io = sc_wait(srv, fd, POLLOUT, end);
-			if (io == IO_OK && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl) != 0)
-				e = errno;
-		}
-	}
-	if (io == IO_OK && !e)
-		io = sc_write(srv, fd, out, 8 + frame + len, end);
-	if (io == IO_OK && !e) {
-		L->sc_fd = fd;
-		L->sc_header = false;
-		L->sc_got = 0;
-		return PROBE_OK;
-	}
-	close(fd);
-	struct stat st;
-	if (io == IO_QUIT)
-		return PROBE_QUIT;
-	if (L->path && lstat(L->path, &st) != 0 && errno == ENOENT)
-		snprintf(why, n, "its socket file is gone");
-	else if (e)
-		snprintf(why, n, "cannot connect: %s", strerror(e));
-	else
-		snprintf(why, n, "no connection within %u ms", srv->sc_timeout_ms);
-	return PROBE_FAILED;
-}
-
-/* One round trip to a listener over a new connection (only new connections
- * wedge), bounded by the self-check timeout: its 4-byte request id and body
- * must come back. A connection that gets no answer in time is kept and
- * waited on by the next rounds, not replaced: a wedged listener keeps every
- * new connection (and nng never frees them), and a slow one answers late. */
-static int probe(struct ipc_server *srv, struct listener *L, char *why, size_t n)
-{
-	static const unsigned char rep0_hdr[8] = {0, 'S', 'P', 0, 0, 0x31, 0, 0};
-	size_t frame = L->path ? 9 : 8, len = 4 + srv->probe_len;
-	uint64_t end = cm_now_ns() + (uint64_t)srv->sc_timeout_ms * 1000000u;
-	if (L->sc_fd < 0) {
-		int r = probe_open(srv, L, end, why, n);
-		if (r != PROBE_OK)
-			return r;
-	}
-	int io = IO_OK;
-	if (!L->sc_header) {
-		io = sc_read(srv, L->sc_fd, L->sc_in, 8, &L->sc_got, end);
-		if (io == IO_OK && memcmp(L->sc_in, rep0_hdr, 8) != 0) {
-			probe_drop(L);
-			snprintf(why, n, "not an nng rep0 socket");
-			return PROBE_FAILED;
-		}
-		if (io == IO_OK) {
-			L->sc_header = true;
-			L->sc_got = 0;
-		}
-	}
-	if (io == IO_OK)
-		io = sc_read(srv, L->sc_fd, L->sc_in, frame + len, &L->sc_got, end);
-	if (io == IO_OK) {
-		const unsigned char *in = L->sc_in;
-		uint64_t got = 0;
-		for (size_t i = frame - 8; i < frame; i++)
-			got = got << 8 | in[i];
-		bool ok = (frame == 8 || in[0] == 1) && got == len && in[frame] == 0x80 &&
-		          in[frame + 1] == 0 && in[frame + 2] == 0 && in[frame + 3] == 0 &&
-		          memcmp(in + frame + 4, srv->probe, srv->probe_len) == 0;
-		probe_drop(L);
-		if (!ok)
-			snprintf(why, n, "a reply not from this server");
-		return ok ? PROBE_OK : PROBE_FAILED;
-	}
-	const char *stage = L->sc_header ? "reply" : "SP header";
-	if (io == IO_QUIT)
-		return PROBE_QUIT;
-	if (io == IO_CLOSED) {
-		probe_drop(L);
-		snprintf(why, n, "the connection was closed before the %s", stage);
-		return PROBE_FAILED;
-	}
-	if (L->sc_header && atomic_load(&srv->idle) == 0) {
-		/* every context is held by the handler: nng keeps the request
-		 * waiting, which says nothing of the listener */
-		snprintf(why, n, "no context free to answer");
-		return PROBE_SKIPPED;
-	}
-	snprintf(why, n, "no %s within %u ms", stage, srv->sc_timeout_ms);
-	return PROBE_FAILED;
-}
-
-/* Close a failing listener and open it again. Under `io` like every other
- * nng call on the socket, though ipc_server_stop joins this thread before it
- * closes the socket. */
-static int listener_recover(struct ipc_server *srv, struct listener *L, struct cm_err *warn,
-                            struct cm_err *err)
-{
-	if (!io_begin(srv))
-		return cm_err_set(err, -ESHUTDOWN, "ipc: closing");
-	int rc = 0;
-	struct stat st;
-	/* nng's close unlinks the path, whatever is there by then. */
-	if (L->path && L->started && lstat(L->path, &st) == 0 &&
-	    (st.st_dev != L->dev || st.st_ino != L->ino)) {
-		rc = cm_err_set(err, -EEXIST,
-		                "ipc: %s is no longer this server's socket file: not "
-		                "re-creating its listener, which would remove it",
-		                L->path);
-		goto out;
-	}
-	if (L->created) {
-		nng_listener_close(L->l); /* and every pipe it accepted */
-		L->created = L->started = false;
-	}
-	rc = listener_create(srv, L, L->listen_url ? L->listen_url : L->url, err);
-	if (rc == 0)
-		rc = listener_start(srv, L, warn, err);
-out:
-	io_end(srv);
-	return rc;
-}
-
-/* Returns false when re-creating the listener failed. */
-static bool recover(struct ipc_server *srv, struct listener *L)
-{
-	struct cm_err err = {0}, warn = {0};
-	probe_drop(L);
-	int rc = listener_recover(srv, L, &warn, &err);
-	if (rc == 0) {
-		atomic_fetch_add(&srv->st_recoveries, 1);
-		L->fails = 0;
-		L->verified = false;
-		L->last_event[0] = '\0';
-		event(srv, LOG_WARNING,
-		      "ipc: re-created the listener on %s; clients connected through it were "
-		      "disconnected",
-		      L->url);
-		if (warn.code)
-			event(srv, LOG_WARNING, "%s; ignoring", warn.msg);
-		return true;
-	}
-	if (rc != -ESHUTDOWN && strcmp(L->last_event, err.msg) != 0) {
-		/* once per distinct failure; it is retried every round */
-		snprintf(L->last_event, sizeof(L->last_event), "%s", err.msg);
-		event(srv, LOG_ERR, "%s; retrying", err.msg);
-	}
-	return false;
-}
-
-/* Check every listener once; returns the wait before the next round (0: stop). */
-static unsigned selfcheck_round(struct ipc_server *srv)
-{
-	bool all_ok = true, stuck = false;
-	for (size_t i = 0; i < srv->n_listeners; i++) {
-		struct listener *L = &srv->listeners[i];
-		if (!L->checked)
-			continue; /* inproc://, or never started */
-		if (!L->started) {
-			all_ok = false;
-			stuck |= !recover(srv, L);
-			continue;
-		}
-		char why[200];
-		int r = probe(srv, L, why, sizeof(why));
-		if (r == PROBE_QUIT)
-			return 0;
-		if (r == PROBE_OK) {
-			atomic_fetch_add(&srv->st_selfchecks, 1);
-			if (L->fails)
-				event(srv, LOG_NOTICE, "ipc: self-check of %s passes again",
-				      L->url);
-			L->fails = 0;
-			L->fails_needed = SELFCHECK_FAILS;
-			L->verified = true;
-			continue;
-		}
-		all_ok = false;
-		if (r == PROBE_SKIPPED)
-			continue;
-		atomic_fetch_add(&srv->st_selfcheck_failures, 1);
-		if (!L->fails_needed)
-			L->fails_needed = SELFCHECK_FAILS;
-		bool redo = ++L->fails >= L->fails_needed;
-		/* quiet while a failure to re-create it stands reported */
-		if ((L->fails == 1 || redo) && !L->last_event[0])
-			event(srv, LOG_WARNING, "ipc: self-check of %s failed: %s%s", L->url, why,
-			      redo ? "; re-creating its listener" : "");
-		if (!redo)
-			continue;
-		/* A listener that never passed since it was last created may fail
-		 * for another reason than the wedge (a dial that cannot work here,
-		 * starved threads): re-creating it drops its clients, so less often. */
-		if (!L->verified)
-			L->fails_needed = CM_MIN(2 * L->fails_needed, SELFCHECK_FAILS_MAX);
-		stuck |= !recover(srv, L);
-	}
-	if (all_ok)
-		atomic_store(&srv->st_selfcheck_ok_ns, cm_now_ns());
-	/* look again soon after a failure, at the normal pace while a
-	 * listener cannot be re-created */
-	return all_ok || stuck ? srv->sc_period_ms : CM_MIN(srv->sc_period_ms, SELFCHECK_RETRY_MS);
-}
-
-static void *selfcheck_main(void *arg)
-{
-	struct ipc_server *srv = arg;
-	unsigned wait = srv->sc_period_ms;
-	pthread_mutex_lock(&srv->sc_mu);
-	while (!atomic_load(&srv->sc_quit) && wait) {
-		struct timespec ts = cm_deadline(CLOCK_MONOTONIC, wait);
-		while (!atomic_load(&srv->sc_quit) &&
-		       pthread_cond_timedwait(&srv->sc_cv, &srv->sc_mu, &ts) == 0)
-			;
-		if (atomic_load(&srv->sc_quit))
-			break;
-		pthread_mutex_unlock(&srv->sc_mu);
-		wait = selfcheck_round(srv);
-		pthread_mutex_lock(&srv->sc_mu);
-	}
-	pthread_mutex_unlock(&srv->sc_mu);
-	for (size_t i = 0; i < srv->n_listeners; i++)
-		probe_drop(&srv->listeners[i]);
-	return NULL;
-}
-
-static int selfcheck_start(struct ipc_server *srv)
-{
-	bool any = false;
-	for (size_t i = 0; i < srv->n_listeners; i++)
-		any |= srv->listeners[i].checked;
-	if (!srv->sc_period_ms || !any)
-		return 0;
-	atomic_store(&srv->st_selfcheck_ok_ns, cm_now_ns());
-	pthread_mutex_lock(&srv->sc_mu);
-	int e = pthread_create(&srv->sc_thread, NULL, selfcheck_main, srv);
-	if (e == 0) {
-		pthread_setname_np(srv->sc_thread, "ipc:selfcheck");
-		srv->sc_joinable = true;
-	}
-	pthread_mutex_unlock(&srv->sc_mu);
-	return -e;
-}
-
-/* Idempotent; only the first caller joins. */
-static void selfcheck_stop(struct ipc_server *srv)
-{
-	pthread_mutex_lock(&srv->sc_mu);
-	atomic_store(&srv->sc_quit, true);
-	bool join = srv->sc_joinable;
-	srv->sc_joinable = false;
-	pthread_cond_broadcast(&srv->sc_cv);
-	pthread_mutex_unlock(&srv->sc_mu);
-	if (join)
-		pthread_join(srv->sc_thread, NULL);
-}
-
 /* ---- start and stop -------------------------------------------------------- */
 
 int ipc_server_start(ipc_server *srv, struct cm_err *err)
@@ -1366,10 +902,10 @@ int ipc_server_start(ipc_server *srv, struct cm_err *err)
 		struct listener *L = &srv->listeners[i];
 		if (!L->created)
 			continue;
-		if ((rc = listener_start(srv, L, w.code ? NULL : &w, err)))
+		if ((rc = ipc_listener_start(srv, L, w.code ? NULL : &w, err)))
 			return rc;
 	}
-	if ((rc = selfcheck_start(srv)))
+	if ((rc = ipc_selfcheck_start(srv)))
 		return cm_err_set(err, rc, "ipc: cannot start the self-check thread: %s",
 		                  strerror(-rc));
 	if (w.code && err)
@@ -1386,7 +922,7 @@ int ipc_server_stop(ipc_server *srv, int timeout_ms)
 {
 	if (!srv)
 		return 0;
-	selfcheck_stop(srv); /* first: no listener is re-created from here on */
+	ipc_selfcheck_stop(srv); /* first: no listener is re-created from here on */
 	ipc_server_drain(srv);
 	pthread_mutex_lock(&srv->mu);
 	if (srv->stopped) {
