@@ -31,11 +31,6 @@
 #include <string.h>
 #include <time.h>
 
-uint64_t sched_now_ns(void)
-{
-	return cm_now_ns();
-}
-
 /* now - t, or 0 when t is later (set by another thread after `now` was read). */
 static uint64_t since(uint64_t now, uint64_t t)
 {
@@ -76,7 +71,7 @@ static void admit(struct sched *s, struct outbox_list *out)
 		if (!any_free)
 			return;
 		struct daemon_request *r = REQ_OF(policy_next(&s->pol));
-		uint64_t now = sched_now_ns();
+		uint64_t now = cm_now_ns();
 		if (r->cancel) {
 			store_finish(s, r, IPC_FINISH_CANCELLED, out);
 			continue;
@@ -129,7 +124,7 @@ static void release_slot(struct sched *s, struct daemon_request *r)
 {
 	struct slot *sl = &s->slots[r->slot];
 	sl->req = NULL;
-	sl->last_used = sched_now_ns();
+	sl->last_used = cm_now_ns();
 	engine_seq_truncate(s->d->ctx, r->slot, sl->n_tokens);
 	if (!s->d->cfg.prefix_cache) {
 		engine_seq_truncate(s->d->ctx, r->slot, 0);
@@ -172,7 +167,7 @@ static void sweep_queued(struct policy_item *it, void *user)
 static void housekeeping(struct sched *s, struct outbox_list *out)
 {
 	struct daemon *d = s->d;
-	uint64_t now = sched_now_ns();
+	uint64_t now = cm_now_ns();
 	uint64_t idle_ns = (uint64_t)d->cfg.stream_idle_ms * 1000000ull;
 	for (int i = 0; i < s->n_slots; i++) {
 		struct daemon_request *r = s->slots[i].req;
@@ -220,7 +215,7 @@ static void on_logits(struct sched *s, struct daemon_request *r, const float *lo
 {
 	struct daemon *d = s->d;
 	const engine_tokenizer *tok = engine_model_tokenizer(d->model);
-	uint64_t now = sched_now_ns();
+	uint64_t now = cm_now_ns();
 	int32_t id = engine_sampler_sample(r->smp, logits);
 	engine_sampler_accept(r->smp, id);
 	char piece[512];
@@ -286,7 +281,7 @@ static void watchdog_tick(struct sched *s)
 	uint64_t wd = daemon_watchdog_usec();
 	if (!wd)
 		return;
-	uint64_t now = sched_now_ns();
+	uint64_t now = cm_now_ns();
 	if (now - s->last_watchdog_ns < wd * 1000 / 4)
 		return;
 	/* The last resort for a socket that no longer serves and that the
@@ -461,7 +456,7 @@ static void *sched_main(void *arg)
 	struct sched *s = arg;
 	struct daemon *d = s->d;
 	pthread_setname_np(pthread_self(), "edgelmd:sched");
-	s->last_watchdog_ns = sched_now_ns();
+	s->last_watchdog_ns = cm_now_ns();
 	daemon_notify_watchdog();
 	struct outbox_list out;
 	OUTBOX_LIST_INIT(&out);
@@ -603,7 +598,7 @@ void sched_stop(struct sched *s, unsigned timeout_ms)
 	struct daemon *d = s->d;
 	pthread_mutex_lock(&d->mu);
 	s->stopping = true;
-	uint64_t now = sched_now_ns();
+	uint64_t now = cm_now_ns();
 	s->stop_deadline_ns = now + (uint64_t)timeout_ms * 1000000ull;
 	/* streams finished by then get stream_idle_ms more to be collected */
 	s->stop_hard_ns = s->stop_deadline_ns + (uint64_t)d->cfg.stream_idle_ms * 1000000ull;

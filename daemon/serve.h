@@ -1,7 +1,7 @@
 /* daemon/serve.h: the serving core's internals, shared by its files:
  *
- *   ops.c      the op handlers (nng threads) and the prompt preparation
- *              that runs on the text workers;
+ *   ops.c      the op handlers (nng threads);
+ *   prepare.c  a generation's prompt, made on the text workers;
  *   store.c    requests: the table of live ids per identity, generated
  *              text, stop strings, held polls, finishing;
  *   sched.c    the scheduler thread: admission, the engine step, draining;
@@ -147,11 +147,9 @@ void store_count(struct daemon *d, enum ipc_op op, const char *outcome);
 /* Live streams in the table (finished or not): a drain waits for them. */
 int store_n_streams(struct sched *s);
 
-/* ops.c: prepare a generation on a text worker (render, tokenize, check,
- * sampler), then queue it. */
+/* prepare.c: prepare a generation on a text worker (render, tokenize,
+ * check, sampler), then queue it. */
 void ops_prepare(void *arg);
 
-/* sched.c */
-uint64_t sched_now_ns(void);
 
 #endif

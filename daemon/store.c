@@ -200,7 +200,7 @@ bool store_answer_poll(struct sched *s, struct daemon_request *r, ipc_call *call
 void store_answer_held_polls(struct sched *s, struct daemon_request *r, bool all,
 			     struct outbox_list *out)
 {
-	uint64_t now = all ? 0 : sched_now_ns();
+	uint64_t now = all ? 0 : cm_now_ns();
 	struct held_poll *due = NULL, **tail = &due;
 	for (struct held_poll **pp = &r->polls; *pp;) {
 		struct held_poll *h = *pp;
@@ -234,7 +234,7 @@ void store_finish(struct sched *s, struct daemon_request *r, enum ipc_finish f,
 		return;
 	r->state = RQ_FINISHED;
 	r->finish = f;
-	r->end_ns = sched_now_ns();
+	r->end_ns = cm_now_ns();
 	r->pub_len = r->gen_len;
 	r->last_poll_ns = r->end_ns; /* the idle clock restarts for the final polls */
 	const char *outcome = f == IPC_FINISH_CANCELLED ? "cancelled"
@@ -282,7 +282,7 @@ void store_fail(struct sched *s, struct daemon_request *r, enum ipc_errcode code
 	}
 	r->state = RQ_FINISHED;
 	r->finish = IPC_FINISH_CANCELLED;
-	r->end_ns = sched_now_ns();
+	r->end_ns = cm_now_ns();
 	r->last_poll_ns = r->end_ns;
 	if (id_sent) {
 		r->fail_code = code;

@@ -113,10 +113,11 @@ struct ipc_server {
 	    st_selfcheck_ok_ns;
 };
 
-/* server.c: nng calls on the socket are made between these (see `io`) */
+/* listener.c: nng calls on the socket are made between these (see `io`) */
 bool ipc_io_begin(struct ipc_server *srv);
 void ipc_io_end(struct ipc_server *srv);
-/* server.c: (re-)create and start a listener */
+/* listener.c: (re-)create and start a listener; nng's error as -errno */
+int ipc_nng_to_errno(int rv);
 int ipc_listener_create(struct ipc_server *srv, struct listener *L, const char *url,
                         struct cm_err *err);
 int ipc_listener_start(struct ipc_server *srv, struct listener *L, struct cm_err *warn,

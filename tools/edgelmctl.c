@@ -14,8 +14,6 @@
 #include <signal.h>
 #include <string.h>
 
-struct ctl_globals ctl_g = {.timeout_ms = 30000};
-
 static const struct {
 	const char *name;
 	int (*fn)(int argc, char **argv);
@@ -26,16 +24,6 @@ static const struct {
     {"detokenize", ctl_cmd_detokenize}, {"cancel", ctl_cmd_cancel},
     {"top", ctl_cmd_top},
 };
-
-int ctl_connect(edgelm_client **c)
-{
-	struct edgelm_error e;
-	int rc = edgelm_connect(ctl_g.socket, c, &e);
-	if (rc)
-		return ctl_fail(rc, &e);
-	edgelm_set_timeout(*c, ctl_g.timeout_ms);
-	return 0;
-}
 
 /* The options before COMMAND into ctl_g; -1 to go on (optind at COMMAND),
  * else the exit code. */

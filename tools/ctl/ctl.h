@@ -1,9 +1,10 @@
 /* tools/ctl/ctl.h: the parts of edgelmctl (tools/edgelmctl.c), one concept
  * a file:
  *
- *   tools/edgelmctl.c     main: global options, the command table, connecting
+ *   tools/edgelmctl.c     main: parsing the global options, the command table
  *   tools/ctl/usage.c     help texts, usage errors, TEXT|- arguments
- *   tools/ctl/output.c    failures and results, as text or --json
+ *   tools/ctl/output.c    the global options, failures and results (text, --json)
+ *   tools/ctl/connect.c   connecting with the global options
  *   tools/ctl/generate.c  generate and chat: options, streaming, the chat loop
  *   tools/ctl/simple.c    info, health, metrics, tokenize, detokenize, cancel
  *   tools/ctl/top.c       the live view */
@@ -31,9 +32,9 @@ struct ctl_globals {
 	bool json;
 	int timeout_ms;
 };
-extern struct ctl_globals ctl_g;
+extern struct ctl_globals ctl_g; /* output.c */
 
-/* ---- edgelmctl.c ---------------------------------------------------------- */
+/* ---- connect.c ------------------------------------------------------------ */
 
 /* Connect with the global options; 0, else the exit code after reporting. */
 int ctl_connect(edgelm_client **c);

@@ -6,6 +6,10 @@
 #include <math.h>
 #include <string.h>
 
+/* The global options (edgelmctl.c fills them): how results are printed,
+ * where and how long to wait. */
+struct ctl_globals ctl_g = {.timeout_ms = 30000};
+
 static void json_num(FILE *f, double x)
 {
 	if (isfinite(x))
