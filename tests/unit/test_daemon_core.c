@@ -495,7 +495,8 @@ static void test_daemon_core_swap(void)
 	char a[4300], b[4300], cmd[4 * 4300 + 64];
 	snprintf(a, sizeof(a), "%s/a-260K.gguf", test_tmpdir());
 	snprintf(b, sizeof(b), "%s/b-3M.gguf", test_tmpdir());
-	const char *m3 = test_data_path("models/stories3M-f32.gguf");
+	char m3[4200];
+	snprintf(m3, sizeof(m3), "%s", test_data_path("models/stories3M-f32.gguf"));
 	snprintf(cmd, sizeof(cmd), "cp '%s' '%s' && cp '%s' '%s'", model, a, m3, b);
 	if (!test_file_exists(m3) || system(cmd) != 0) {
 		TEST_SKIP_DATA("stories3M-f32.gguf not found under $EDGELM_TESTDATA");
@@ -644,7 +645,8 @@ int main(int argc, char **argv)
 	if (argc == 4 && strcmp(argv[1], "--as-call") == 0)
 		return as_call(argv[2], argv[3]);
 	signal(SIGPIPE, SIG_IGN);
-	model = test_data_path("models/stories260K-f32.gguf");
+	/* a copy: test_data_path's buffer is reused by the next call */
+	model = strdup(test_data_path("models/stories260K-f32.gguf"));
 	if (!test_file_exists(model)) {
 		test_cur_name = "test_daemon_core";
 		TEST_SKIP_DATA("stories260K model not found under $EDGELM_TESTDATA");
