@@ -288,10 +288,15 @@ static void watchdog_tick(struct sched *s)
 	 * server's self-check could not repair: no more WATCHDOG=1, so systemd
 	 * restarts the daemon. */
 	ipc_server *srv = __atomic_load_n(&s->d->srv, __ATOMIC_ACQUIRE);
+	/* at least a few self-check rounds and a recovery, however short the
+	 * watchdog period */
+	uint64_t grace = CM_MAX(wd * 1000 / 2, (uint64_t)4 *
+						    (IPC_SELFCHECK_DEFAULT_MS + IPC_SELFCHECK_TIMEOUT_MS) *
+						    1000000ull);
 	if (srv) {
 		struct ipc_server_stats st;
 		ipc_server_stats_get(srv, &st);
-		if (st.selfcheck_ok_ns && since(now, st.selfcheck_ok_ns) > wd * 1000 / 2) {
+		if (st.selfcheck_ok_ns && since(now, st.selfcheck_ok_ns) > grace) {
 			if (!s->watchdog_withheld)
 				daemon_log(LOG_ERR, NULL,
 					   "the socket's self-check has failed for %llu ms: "
