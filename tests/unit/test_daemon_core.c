@@ -566,6 +566,14 @@ static bool fresh_health(int ms)
  * 10 s either way. */
 static void test_daemon_core_wedge(void)
 {
+#if defined(__SANITIZE_ADDRESS__)
+	/* nng 1.5.2 never frees the pipes of a listener it closed after the
+	 * wedge: LeakSanitizer fails the daemon's exit on nng's own objects.
+	 * The normal build runs this; test_ipc_wedge covers the server under
+	 * ASan. */
+	TEST_SKIP("under ASan: nng 1.5.2 leaks a wedged listener's pipes at exit");
+	return;
+#endif
 	struct daemon_proc dp;
 	if (start(&dp, NULL, 0) != 0) {
 		CHECK(!"edgelmd did not start");
