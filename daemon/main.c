@@ -774,7 +774,7 @@ static void stop_scheduler(struct daemon *d)
 static void on_ipc_event(void *ud, int level, const char *msg)
 {
 	(void)ud;
-	daemon_log(level, NULL, "ipc: %s", msg);
+	daemon_log(level, NULL, "%s", msg); /* the server's messages name it */
 }
 
 /* Counters of the listener's self-check, mirrored from its stats. */
