@@ -58,18 +58,17 @@ static void admit(struct sched *s, struct outbox_list *out)
 {
 	struct daemon *d = s->d;
 	while (s->pol.n_queued > 0 && !s->stopping && !s->swap_model) {
+		/* a free slot first: the request's own choice needs its prompt */
+		bool any_free = false;
 		for (int i = 0; i < s->n_slots; i++) {
 			struct slot *sl = &s->slots[i];
 			s->pslots[i] = (struct policy_slot){sl->req != NULL, sl->tokens, sl->n_tokens,
 							    sl->last_used};
+			any_free |= !sl->req;
 		}
-		int reuse = 0;
-		/* a free slot first: the request's own choice needs its prompt */
-		bool any_free = false;
-		for (int i = 0; i < s->n_slots; i++)
-			any_free |= !s->pslots[i].busy;
 		if (!any_free)
 			return;
+		int reuse = 0;
 		struct daemon_request *r = REQ_OF(policy_next(&s->pol));
 		uint64_t now = cm_now_ns();
 		if (r->cancel) {
