@@ -301,6 +301,21 @@ static void test_daemon_core_fair_share(void)
 	CHECK_EQ_INT(stop(&dp), 0);
 }
 
+/* Lines of the current daemon's log that contain `needle`. */
+static int log_count(const char *needle)
+{
+	char cmd[4400];
+	snprintf(cmd, sizeof(cmd), "grep -c -- '%s' %s", needle, log_path);
+	FILE *f = popen(cmd, "r");
+	int n = 0;
+	if (f) {
+		if (fscanf(f, "%d", &n) != 1)
+			n = 0;
+		pclose(f);
+	}
+	return n;
+}
+
 /* ---- drain ----------------------------------------------------------------------- */
 
 struct job {
@@ -389,17 +404,7 @@ static void test_daemon_core_drain(void)
 		waitpid(dp.pid, NULL, 0);
 	}
 	/* each refused queued request is logged */
-	char cmd[4400];
-	snprintf(cmd, sizeof(cmd), "grep -c 'queued generate refused: the daemon is shutting down' %s",
-		 log_path);
-	FILE *f = popen(cmd, "r");
-	int n = 0;
-	if (f) {
-		if (fscanf(f, "%d", &n) != 1)
-			n = 0;
-		pclose(f);
-	}
-	CHECK_EQ_INT(n, 4);
+	CHECK_EQ_INT(log_count("queued generate refused: the daemon is shutting down"), 4);
 }
 
 /* ---- reload ---------------------------------------------------------------------- */
@@ -411,20 +416,6 @@ static void write_conf(const char *text)
 		fputs(text, f);
 		fclose(f);
 	}
-}
-
-static int log_count(const char *needle)
-{
-	char cmd[4400];
-	snprintf(cmd, sizeof(cmd), "grep -c -- '%s' %s", needle, log_path);
-	FILE *f = popen(cmd, "r");
-	int n = 0;
-	if (f) {
-		if (fscanf(f, "%d", &n) != 1)
-			n = 0;
-		pclose(f);
-	}
-	return n;
 }
 
 static void *run_slow(void *arg)
