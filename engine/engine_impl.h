@@ -171,6 +171,11 @@ void engine_weights_span(const struct engine_weights *ws, void **ret_addr, size_
 /* Point every view into `buf`, a copy of the file's bytes, and let the
  * mapping's pages go. */
 void engine_weights_rebase(struct engine_weights *ws, void *buf);
+/* Copy the file's bytes into dst (the file's size or more) on the pool,
+ * letting the mapping's pages go as it goes, and rebase the views on it
+ * (repack.c: the load's one pass, with nothing to repack). */
+int engine_weights_copy(struct engine_weights *ws, struct pool *pool, void *dst,
+			struct cm_err *err);
 /* Free the list and unmap the own copy (views into it dangle after: call
  * it only as the model goes). */
 void engine_weights_fini(struct engine_weights *ws);

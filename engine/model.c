@@ -180,7 +180,5 @@ int engine_model_relocate(engine_model *m, void *buf, size_t len, struct cm_err 
 	if (len < m->file->size)
 		return cm_err_set(err, -EINVAL, "model: relocation buffer of %zu bytes < %zu", len,
 				  m->file->size);
-	memcpy(buf, m->file->base, m->file->size);
-	engine_weights_rebase(&m->weights, buf);
-	return 0;
+	return engine_weights_copy(&m->weights, m->pool, buf, err);
 }

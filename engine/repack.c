@@ -29,11 +29,14 @@
  * kernels' accumulators starting from it (kern.h's from_s), so the results
  * equal one pass over the whole rows bit for bit.
  *
- * The work is split into groups that the pool's threads claim from one
- * counter; each thread copies a group's rows to its own scratch and writes
- * the panels back over them. */
+ * The copy and the repacking are one pass over the file (load_copy()
+ * below): the pool's threads claim its items from one counter and pack a
+ * group's panels straight from the file's rows. Only where no copy can
+ * be had are the matrices rewritten in the file's private mapping, each
+ * group through a thread's scratch. */
 #include "engine/engine_impl.h"
 
+#include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -76,6 +79,27 @@ static int group_rows(const struct weight *w, int64_t r0)
 	return (int)CM_MIN((int64_t)ENGINE_X16_GROUP, left);
 }
 
+/* Pack the group of w's rows that starts at r0 from `rows` (the group's
+ * rows in the file's layout, w->row_bytes apart, not overlapping the
+ * destination) into its panels where w->data lies. */
+static void pack_group(const struct weight *w, int64_t r0, const uint8_t *rows)
+{
+	const struct dtype_info *ti = quant_dtype_get(w->type);
+	int64_t nb = w->n_in / ti->blck, sb = w->x16_seg;
+	int nr = group_rows(w, r0);
+	for (int64_t b0 = 0; b0 < nb; b0 += sb) {
+		int64_t n = CM_MIN(sb, nb - b0) * ti->blck;
+		uint8_t *seg = (uint8_t *)engine_x16_segment(w, r0, nr, b0);
+		size_t srs = quant_dtype_row_size(w->type, n);
+		const uint8_t *src = rows + (size_t)b0 * ti->size;
+		for (int p = 0; p < nr; p += KERN_X16_ROWS)
+			kern_x16_pack(w->type, src + (size_t)p * w->row_bytes, w->row_bytes, n,
+				      seg + (size_t)p * srs);
+	}
+}
+
+/* In place (the file's private mapping): a group's rows go to the thread's
+ * scratch first, then come back as panels. */
 static void repack_worker(void *arg, int ith, int nth)
 {
 	struct repack_job *j = arg;
@@ -88,22 +112,11 @@ static void repack_worker(void *arg, int ith, int nth)
 		while (c >= j->first[i + 1])
 			i++;
 		struct weight *w = j->w[i];
-		const struct dtype_info *ti = quant_dtype_get(w->type);
-		int64_t r0 = (c - j->first[i]) * ENGINE_X16_GROUP, nb = w->n_in / ti->blck;
-		int64_t sb = w->x16_seg;
-		int nr = group_rows(w, r0);
+		int64_t r0 = (c - j->first[i]) * ENGINE_X16_GROUP;
 		uint8_t *rows = j->scratch[ith];
 		memcpy(rows, (uint8_t *)w->data + (size_t)r0 * w->row_bytes,
-		       (size_t)nr * w->row_bytes);
-		for (int64_t b0 = 0; b0 < nb; b0 += sb) {
-			int64_t n = CM_MIN(sb, nb - b0) * ti->blck;
-			uint8_t *seg = (uint8_t *)engine_x16_segment(w, r0, nr, b0);
-			size_t srs = quant_dtype_row_size(w->type, n);
-			const uint8_t *src = rows + (size_t)b0 * ti->size;
-			for (int p = 0; p < nr; p += KERN_X16_ROWS)
-				kern_x16_pack(w->type, src + (size_t)p * w->row_bytes,
-					      w->row_bytes, n, seg + (size_t)p * srs);
-		}
+		       (size_t)group_rows(w, r0) * w->row_bytes);
+		pack_group(w, r0, rows);
 	}
 }
 
@@ -139,57 +152,180 @@ int engine_repack_parse(const char *s, int *ret_mode)
 
 #define HUGE_2M ((size_t)2 << 20)
 
-struct copy_job {
-	uint8_t *dst;
+/* ---- one pass from the file to the copy ----------------------------------
+ * The copy is made in one pass over the file, in file order: work items
+ * that are either a piece of bytes copied as they are, or a group of a
+ * repacked matrix packed straight from the file's rows into its place in
+ * the copy. As an item ends, the file pages it read (those wholly inside
+ * it) are let go with MADV_DONTNEED: the mapping is private, read-only and
+ * never written, so the page cache still has them and nothing is lost.
+ * The process then holds about the copy, never the copy and the file's
+ * pages together (2x the model at the peak, before). */
+struct load_item {
+	int64_t off, len; /* the file's bytes it reads */
+	int mat;	  /* the matrix whose group it packs, or -1: a copy */
+	int64_t r0;	  /* the group's first row */
+};
+
+struct load_job {
+	struct weight **w; /* the matrices repacked (views already on dst) */
 	const uint8_t *src;
-	size_t size;
+	uint8_t *dst;
+	struct load_item *it;
+	int64_t n_it, cap;
+	uintptr_t page;
 	_Alignas(64) atomic_long next;
 };
 
-/* 2 MiB pieces claimed from one counter: the pool's threads fault the huge
- * pages in (each zeroed by the kernel) and copy in parallel */
-static void copy_worker(void *arg, int ith, int nth)
+static int load_push(struct load_job *j, struct load_item it)
 {
-	struct copy_job *j = arg;
+	if (j->n_it == j->cap) {
+		int64_t cap = j->cap ? j->cap * 2 : 1024;
+		struct load_item *n = cm_realloc(j->it, (size_t)cap * sizeof(*n));
+		if (!n)
+			return -ENOMEM;
+		j->it = n;
+		j->cap = cap;
+	}
+	j->it[j->n_it++] = it;
+	return 0;
+}
+
+/* [off, end) as copy items of at most 2 MiB */
+static int load_push_copy(struct load_job *j, int64_t off, int64_t end)
+{
+	for (; off < end; off += (int64_t)HUGE_2M)
+		if (load_push(j, (struct load_item){off, CM_MIN((int64_t)HUGE_2M, end - off), -1, 0}))
+			return -ENOMEM;
+	return 0;
+}
+
+static int cmp_data(const void *a, const void *b)
+{
+	const uint8_t *x = (*(struct weight *const *)a)->data;
+	const uint8_t *y = (*(struct weight *const *)b)->data;
+	return x < y ? -1 : x > y;
+}
+
+/* The items for n_w matrices in sel (views on the file; sorted here by
+ * where they lie) and the bytes between and around them. */
+static int load_plan(struct load_job *j, struct weight **sel, int n_w, size_t size)
+{
+	qsort(sel, (size_t)n_w, sizeof(*sel), cmp_data);
+	int64_t pos = 0;
+	for (int i = 0; i < n_w; i++) {
+		struct weight *w = sel[i];
+		int64_t off = (const uint8_t *)w->data - j->src;
+		int64_t rows = w->n_out / KERN_X16_ROWS * KERN_X16_ROWS;
+		if (load_push_copy(j, pos, off))
+			return -ENOMEM;
+		for (int64_t r0 = 0; r0 < rows; r0 += ENGINE_X16_GROUP)
+			if (load_push(j, (struct load_item){off + r0 * (int64_t)w->row_bytes,
+							    group_rows(w, r0) * (int64_t)w->row_bytes,
+							    i, r0}))
+				return -ENOMEM;
+		pos = off + rows * (int64_t)w->row_bytes;
+	}
+	return load_push_copy(j, pos, (int64_t)size);
+}
+
+static void load_worker(void *arg, int ith, int nth)
+{
+	struct load_job *j = arg;
 	(void)ith, (void)nth;
 	for (;;) {
-		size_t o = (size_t)atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) *
-			   HUGE_2M;
-		if (o >= j->size)
+		int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+		if (c >= j->n_it)
 			break;
-		memcpy(j->dst + o, j->src + o, CM_MIN(HUGE_2M, j->size - o));
+		const struct load_item *it = &j->it[c];
+		if (it->mat < 0)
+			memcpy(j->dst + it->off, j->src + it->off, (size_t)it->len);
+		else
+			pack_group(j->w[it->mat], it->r0, j->src + it->off);
+		/* the pages wholly inside the item: a page it shares with the
+		 * next item goes at the end (engine_weights_rebase) */
+		uintptr_t a0 = ((uintptr_t)(j->src + it->off) + j->page - 1) & ~(j->page - 1);
+		uintptr_t a1 = (uintptr_t)(j->src + it->off + it->len) & ~(j->page - 1);
+		if (a1 > a0)
+			(void)madvise((void *)a0, a1 - a0, MADV_DONTNEED);
 	}
 }
 
-/* Copy the weights into 2 MiB-aligned anonymous memory with MADV_HUGEPAGE
- * and compute from the copy. Returns false, and leaves the views on the
- * mapping, when the memory cannot be had. */
-static bool copy_to_anon(struct engine_weights *ws, struct pool *pool)
+/* 2 MiB-aligned anonymous memory of len bytes (a multiple of 2 MiB)
+ * advised MADV_HUGEPAGE, or NULL */
+static uint8_t *anon_alloc(size_t len)
 {
-	if (ws->relocated)
-		return false;
-	const struct gguf_file *f = ws->file;
-	size_t len = (f->size + HUGE_2M - 1) & ~(HUGE_2M - 1);
 	uint8_t *p = mmap(NULL, len + HUGE_2M, PROT_READ | PROT_WRITE,
 			  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (p == MAP_FAILED)
-		return false;
+		return NULL;
 	uint8_t *a = (uint8_t *)(((uintptr_t)p + HUGE_2M - 1) & ~(uintptr_t)(HUGE_2M - 1));
 	if (a > p)
 		munmap(p, (size_t)(a - p));
 	if (a + len < p + len + HUGE_2M)
 		munmap(a + len, (size_t)(p + len + HUGE_2M - (a + len)));
 	(void)madvise(a, len, MADV_HUGEPAGE); /* THP off or "never": 4 KiB pages */
-	struct copy_job j = {.dst = a, .src = f->base, .size = f->size};
+	return a;
+}
+
+/* Copy the file's bytes to dst (size bytes or more), packing the n_w
+ * matrices of sel on the way, on the pool, and point every view into dst.
+ * The views of sel must still be on the file. */
+static int load_copy(struct engine_weights *ws, struct pool *pool, uint8_t *dst,
+		     struct weight **sel, int n_w, struct cm_err *err)
+{
+	const struct gguf_file *f = ws->file;
+	struct load_job j = {.w = sel, .src = f->base, .dst = dst};
+	long page = sysconf(_SC_PAGESIZE);
+	j.page = page > 0 ? (uintptr_t)page : 4096;
+	if (load_plan(&j, sel, n_w, f->size)) {
+		cm_free(j.it);
+		return cm_err_set(err, -ENOMEM, "model: out of memory");
+	}
+	/* the panels are written where the views will lie */
+	engine_weights_rebase(ws, dst);
 	atomic_store_explicit(&j.next, 0, memory_order_relaxed);
-	engine_pool_run(pool, copy_worker, &j);
+	engine_pool_run(pool, load_worker, &j);
+	/* what the items left (pages shared by two of them, metadata read
+	 * since) goes now */
+	if (f->mapped)
+		(void)madvise((void *)f->base, f->size, MADV_DONTNEED);
+	cm_free(j.it);
+	return 0;
+}
+
+int engine_weights_copy(struct engine_weights *ws, struct pool *pool, void *dst,
+			struct cm_err *err)
+{
+	return load_copy(ws, pool, dst, NULL, 0, err);
+}
+
+/* Copy the weights into 2 MiB-aligned anonymous memory with MADV_HUGEPAGE,
+ * repacking sel on the way, and compute from the copy. Returns 1 when
+ * the copy was made, 0 when the memory cannot be had (the views stay on
+ * the mapping), or a negative errno. */
+static int copy_to_anon(struct engine_weights *ws, struct pool *pool, struct weight **sel,
+			int n_w, struct cm_err *err)
+{
+	if (ws->relocated)
+		return 0;
+	const struct gguf_file *f = ws->file;
+	size_t len = (f->size + HUGE_2M - 1) & ~(HUGE_2M - 1);
+	uint8_t *a = anon_alloc(len);
+	if (!a)
+		return 0;
+	int r = load_copy(ws, pool, a, sel, n_w, err);
+	if (r) {
+		munmap(a, len);
+		return r;
+	}
 	/* the last page's tail too: the whole region is resident, as mlock
 	 * and the RSS figures count it */
 	memset(a + f->size, 0, len - f->size);
-	engine_weights_rebase(ws, a);
+	(void)mprotect(a, len, PROT_READ); /* a stray write faults */
 	ws->own_copy = a;
 	ws->own_copy_len = len;
-	return true;
+	return 1;
 }
 
 /* The matrices to repack into sel: MATMUL views of a type the variant has
@@ -222,22 +358,23 @@ static int select_matrices(const struct engine_weights *ws, const struct kern_op
 	return n_w;
 }
 
-/* Rewrite the job's matrices where the views lie now, on the pool; the
- * region is writable only meanwhile, so a stray write faults. */
+/* Rewrite the job's matrices in place, on the pool (the file's private
+ * mapping, when no copy could be had); the region is writable only
+ * meanwhile, so a stray write faults. */
 static int repack_run(struct engine_weights *ws, struct pool *pool, struct repack_job *j,
-		      bool copied, struct cm_err *err)
+		      struct cm_err *err)
 {
 	void *base;
 	size_t size;
 	engine_weights_span(ws, &base, &size);
 	if (mprotect(base, size, PROT_READ | PROT_WRITE) != 0)
 		return cm_err_set(err, -errno, "model: repacking: mprotect: %s", strerror(errno));
-	/* On the file mapping, make the pages private and writable in one
-	 * sweep first: a write fault on a page mapped from the page cache
-	 * costs a TLB shootdown to every thread. Older kernels lack the
-	 * advice; the writes then fault page by page. */
+	/* Make the pages private and writable in one sweep first: a write
+	 * fault on a page mapped from the page cache costs a TLB shootdown
+	 * to every thread. Older kernels lack the advice; the writes then
+	 * fault page by page. */
 	long page = sysconf(_SC_PAGESIZE);
-	for (int i = 0; i < j->n_w && !copied; i++) {
+	for (int i = 0; i < j->n_w; i++) {
 		uintptr_t a0 = (uintptr_t)j->w[i]->data & ~(uintptr_t)(page - 1);
 		uintptr_t a1 = (uintptr_t)j->w[i]->data + (size_t)j->w[i]->n_out * j->w[i]->row_bytes;
 		(void)madvise((void *)a0, a1 - a0, MADV_POPULATE_WRITE);
@@ -292,6 +429,16 @@ int engine_repack(struct engine_weights *ws, const struct kern_ops *kern, struct
 
 	int nth = engine_pool_size(pool);
 	struct repack_job j = {.w = sel, .n_w = n_w};
+	/* (views relocated by the model's caller are rewritten where they lie) */
+	r = copy_to_anon(ws, pool, sel, n_w, err);
+	if (r < 0)
+		goto done;
+	if (r == 1) {
+		info->weights_anon = true;
+		r = 0;
+		mark_repacked(ws, sel, n_w, bytes, info);
+		goto done;
+	}
 	j.first = cm_calloc((size_t)n_w + 1, sizeof(*j.first));
 	j.scratch = cm_calloc((size_t)nth, sizeof(*j.scratch));
 	if (!j.first || !j.scratch) {
@@ -306,11 +453,7 @@ int engine_repack(struct engine_weights *ws, const struct kern_ops *kern, struct
 	for (int i = 0; i < n_w; i++)
 		j.first[i + 1] = j.first[i] + (sel[i]->n_out / KERN_X16_ROWS * KERN_X16_ROWS +
 					       ENGINE_X16_GROUP - 1) / ENGINE_X16_GROUP;
-	/* (views relocated by the model's caller are rewritten where they lie) */
-	bool copied = copy_to_anon(ws, pool);
-	if (copied)
-		info->weights_anon = true;
-	if ((r = repack_run(ws, pool, &j, copied, err)))
+	if ((r = repack_run(ws, pool, &j, err)))
 		goto done;
 	mark_repacked(ws, sel, n_w, bytes, info);
 done:

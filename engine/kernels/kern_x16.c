@@ -50,7 +50,9 @@ static size_t meta_per_block(uint32_t type)
 /* Move one block of row r between the native layout (`blk`) and the panel
  * (codes `pc`, metadata `pm` of that block); `pack` says which way. Every
  * byte of the block has exactly one place in the panel (kern.h). */
-static void x16_block(uint32_t type, bool pack, uint8_t *blk, uint8_t *pc, uint8_t *pm, int r)
+static inline __attribute__((always_inline)) void x16_block(uint32_t type, bool pack,
+							    uint8_t *blk, uint8_t *pc,
+							    uint8_t *pm, int r)
 {
 #define MOVE(nat, pan, len)                         \
 	do {                                        \
@@ -70,12 +72,14 @@ static void x16_block(uint32_t type, bool pack, uint8_t *blk, uint8_t *pc, uint8
 	case ENGINE_DTYPE_Q8_0: {
 		struct block_q8_0 *x = (struct block_q8_0 *)blk;
 		MOVE(&x->d, pm + 2 * r, 2);
-		for (int e = 0; e < 32; e++) {
-			uint8_t *c = pc + (e / 4) * 64 + 4 * r + e % 4;
-			if (pack)
-				*c = (uint8_t)x->qs[e] ^ 0x80;
-			else
-				x->qs[e] = (int8_t)(*c ^ 0x80);
+		/* four codes at a time: the load's repack moves every byte of
+		 * a Q8_0 model through here */
+		for (int g = 0; g < 8; g++) {
+			uint32_t v;
+			uint8_t *c = pc + g * 64 + 4 * r;
+			memcpy(&v, pack ? (uint8_t *)x->qs + 4 * g : c, 4);
+			v ^= 0x80808080u;
+			memcpy(pack ? c : (uint8_t *)x->qs + 4 * g, &v, 4);
 		}
 		break;
 	}
@@ -108,8 +112,8 @@ static void x16_block(uint32_t type, bool pack, uint8_t *blk, uint8_t *pc, uint8
 #undef MOVE
 }
 
-static void x16_move(uint32_t type, bool pack, uint8_t *rows, size_t row_stride, int64_t n,
-		     uint8_t *panel)
+static inline __attribute__((always_inline)) void
+x16_move_t(uint32_t type, bool pack, uint8_t *rows, size_t row_stride, int64_t n, uint8_t *panel)
 {
 	const struct dtype_info *di = quant_dtype_get(type);
 	int64_t nb = n / di->blck;
@@ -119,6 +123,28 @@ static void x16_move(uint32_t type, bool pack, uint8_t *rows, size_t row_stride,
 			x16_block(type, pack, rows + (size_t)r * row_stride + (size_t)b * di->size,
 				  KERN_X16_CODES(panel, nb, cb, mb, b),
 				  KERN_X16_META(panel, nb, cb, mb, b), r);
+}
+
+/* One copy of the loop per type and direction, so that each block's moves
+ * compile to a few loads and stores: a load's repack moves every byte of
+ * the model through here. */
+static void x16_move(uint32_t type, bool pack, uint8_t *rows, size_t row_stride, int64_t n,
+		     uint8_t *panel)
+{
+#define X16_MOVE_CASE(T)                                                  \
+	case T:                                                           \
+		if (pack)                                                 \
+			x16_move_t(T, true, rows, row_stride, n, panel);  \
+		else                                                      \
+			x16_move_t(T, false, rows, row_stride, n, panel); \
+		break;
+	switch (type) {
+	X16_MOVE_CASE(ENGINE_DTYPE_Q4_0)
+	X16_MOVE_CASE(ENGINE_DTYPE_Q8_0)
+	X16_MOVE_CASE(ENGINE_DTYPE_Q4_K)
+	default: X16_MOVE_CASE(ENGINE_DTYPE_Q6_K)
+	}
+#undef X16_MOVE_CASE
 }
 
 void kern_x16_unpack_row(uint32_t type, const void *panel, int64_t n, int r, void *row)
