@@ -52,6 +52,13 @@ struct engine_params {
 	 * for the type, -1 whole rows, > 0 that for every type. For tests and
 	 * comparisons. */
 	int repack_segment;
+	/* Called once the model's shape is known (engine_model_get_info,
+	 * engine_model_kv_bytes_per_token work) and before its weights are
+	 * read or copied: a caller's memory check runs before the load's
+	 * peak, not after it. A nonzero return stops the load with it. NULL:
+	 * none. */
+	int (*before_weights)(void *ud, const engine_model *m, struct cm_err *err);
+	void *before_weights_ud;
 };
 
 struct engine_model_info {

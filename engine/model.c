@@ -121,6 +121,8 @@ int engine_model_load(const char *path, const struct engine_params *p, engine_mo
 	if ((r = engine_pool_new(nt, p->cpus, p->n_cpus, &m->pool, err)))
 		goto fail;
 	fill_info(m);
+	if (p->before_weights && (r = p->before_weights(p->before_weights_ud, m, err)))
+		goto fail;
 	if ((r = engine_repack(&m->weights, m->kern, m->pool, p->repack, p->repack_segment,
 			       &m->info, err)))
 		goto fail;

@@ -358,6 +358,60 @@ static void test_load_peak(void)
 	unlink(out);
 }
 
+struct hook_seen {
+	int calls;
+	uint64_t rss; /* VmRSS when called */
+	struct engine_model_info info;
+	uint64_t kv_per_token;
+	int ret;
+};
+
+static int hook(void *ud, const engine_model *m, struct cm_err *err)
+{
+	struct hook_seen *h = ud;
+	h->calls++;
+	h->rss = status_bytes("VmRSS:");
+	engine_model_get_info(m, &h->info);
+	h->kv_per_token = engine_model_kv_bytes_per_token(m, ENGINE_KV_F16);
+	return h->ret ? cm_err_set(err, h->ret, "test: refused") : 0;
+}
+
+/* engine_params.before_weights runs once, with the shape known and before
+ * the weights' copy: a refusal there (the daemon's memory check) stops the
+ * load before its peak. */
+static void test_before_weights(void)
+{
+	static char out[4096];
+	snprintf(out, sizeof(out), "%s/edgelm-hook-%d.gguf", test_tmpdir(), (int)getpid());
+	if (test_mkmodel(out, "--shape tinyllama-1.1b --layers 3 --vocab synthetic --type Q8_0")) {
+		CHECK_MSG(false, "mkmodel failed");
+		return;
+	}
+	for (int refuse = 1; refuse >= 0; refuse--) {
+		struct hook_seen h = {.ret = refuse ? -ENOMEM : 0};
+		struct engine_params p = {.n_threads = 2, .isa = getenv("EDGELM_ISA"), .repack = 1,
+					  .before_weights = hook, .before_weights_ud = &h};
+		struct cm_err err = {0};
+		engine_model *m = NULL;
+		uint64_t before = status_bytes("VmRSS:");
+		int r = engine_model_load(out, &p, &m, &err);
+		CHECK(h.calls == 1);
+		CHECK(h.info.n_layer == 3 && h.info.n_x16_tensors == 0 && !h.info.weights_anon);
+		CHECK(h.kv_per_token > 0);
+		/* nothing of the ~100 MiB of weights resident yet */
+		CHECK_MSG(h.rss < before + (32u << 20), "%.1f MiB resident before the weights",
+			  (double)(h.rss - before) / (1 << 20));
+		if (refuse) {
+			CHECK(r == -ENOMEM && m == NULL);
+			CHECK(strstr(err.msg, "test: refused") != NULL);
+		} else {
+			CHECK_OK(r);
+		}
+		engine_model_free(m);
+	}
+	unlink(out);
+}
+
 static void test_parse(void)
 {
 	int m = 5;
@@ -377,5 +431,6 @@ int main(void)
 	TEST_RUN(test_q4_k_m);
 	TEST_RUN(test_anon_copy);
 	TEST_RUN(test_load_peak);
+	TEST_RUN(test_before_weights);
 	return test_finish();
 }
