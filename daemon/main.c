@@ -108,17 +108,56 @@ static void on_flag(void *ud, const struct monitor_flag_event *ev)
 		   ev->on ? "on" : "off", ev->reason);
 }
 
+/* What the load's memory check decided (fit_before_weights) */
+struct load_fit {
+	struct daemon *d;
+	struct engine_ctx_params cp;
+};
+
+/* The context as the config asks for it and the memory check, run by the
+ * engine once the model's shape is known and before its weights are read
+ * or copied: refused there, a model that does not fit never reaches the
+ * load's peak (the weights' copy, about the file's size). */
+static int fit_before_weights(void *ud, const engine_model *m, struct cm_err *err)
+{
+	struct load_fit *lf = ud;
+	struct daemon *d = lf->d;
+	const struct daemon_config *c = &d->cfg;
+	struct engine_model_info mi;
+	engine_model_get_info(m, &mi);
+	lf->cp = (struct engine_ctx_params){
+		.n_ctx = c->ctx_size && c->ctx_size < mi.n_ctx ? c->ctx_size : mi.n_ctx,
+		.n_seq = c->parallel,
+		.n_batch = c->batch_size + c->parallel,
+	};
+	/* the table admits only the engine's names */
+	if (engine_kv_type_from_name(c->kv_type, &lf->cp.kv_type) != 0)
+		return cm_err_set(err, -EINVAL, "kv_type '%s' unknown (%s)", c->kv_type,
+				  engine_kv_type_list());
+	uint64_t kv_tok = engine_model_kv_bytes_per_token(m, lf->cp.kv_type);
+	int r = daemon_config_fit_kv_budget(c, kv_tok, &lf->cp.n_ctx, err);
+	if (r)
+		return r;
+	uint64_t kv = kv_tok * lf->cp.n_ctx * lf->cp.n_seq;
+	if (tuning_memory_fit_check(&d->treport, file_size(c->model), kv, err) != 0)
+		return -ENOMEM;
+	return 0;
+}
+
 /* Load the model and its context as the config says (main thread). */
 static int load_model(struct daemon *d, engine_model **ret_m, engine_ctx **ret_c,
 		      struct cm_err *err)
 {
 	const struct daemon_config *c = &d->cfg;
+	struct load_fit lf = {.d = d};
 	struct engine_params ep = {
 		.n_threads = d->tplan.n_workers > 0 ? d->tplan.n_workers : c->threads,
 		.cpus = d->tplan.pin ? d->tplan.worker_cpus : NULL,
 		.n_cpus = d->tplan.pin ? d->tplan.n_workers : 0,
 		.ctx_max = c->ctx_size,
 		.isa = strcmp(c->isa, "auto") == 0 ? NULL : c->isa,
+		.before_weights = fit_before_weights,
+		.before_weights_ud = &lf,
 	};
 	(void)engine_repack_parse(c->repack, &ep.repack); /* the config table checked it */
 	/* the kernels follow the ISA the report shows, from the same probe */
@@ -134,33 +173,7 @@ static int load_model(struct daemon *d, engine_model **ret_m, engine_ctx **ret_c
 		(void)tuning_thread_sched_batch(false, NULL);
 	if (r)
 		return r;
-	struct engine_model_info mi;
-	engine_model_get_info(m, &mi);
-	struct engine_ctx_params cp = {
-		.n_ctx = d->cfg.ctx_size && d->cfg.ctx_size < mi.n_ctx ? d->cfg.ctx_size : mi.n_ctx,
-		.n_seq = c->parallel,
-		.n_batch = c->batch_size + c->parallel,
-	};
-	/* the table admits only the engine's names */
-	if (engine_kv_type_from_name(c->kv_type, &cp.kv_type) != 0) {
-		engine_model_free(m);
-		return cm_err_set(err, -EINVAL, "kv_type '%s' unknown (%s)", c->kv_type,
-				  engine_kv_type_list());
-	}
-	/* Refuse before anything big is allocated or read: the mapping is
-	 * still untouched, the KV cache not yet allocated. */
-	uint64_t kv_tok = engine_model_kv_bytes_per_token(m, cp.kv_type);
-	r = daemon_config_fit_kv_budget(c, kv_tok, &cp.n_ctx, err);
-	if (r) {
-		engine_model_free(m);
-		return r;
-	}
-	uint64_t kv = kv_tok * cp.n_ctx * cp.n_seq;
-	r = tuning_memory_fit_check(&d->treport, file_size(c->model), kv, err);
-	if (r) {
-		engine_model_free(m);
-		return -ENOMEM;
-	}
+	struct engine_ctx_params cp = lf.cp;
 	r = engine_ctx_new(m, &cp, &cx, err);
 	if (r) {
 		engine_model_free(m);
