@@ -143,7 +143,7 @@ docs: $(BUILD)/bin/edgelmd $(BUILD)/tests/unit/test_ipc_protocol
 # engine includes no nng, jansson, systemd, microhttpd or libproc2.
 DEPS_ROOT ?= .
 DEPS_MODULES := common engine tuning monitor ipc http daemon tools
-DEPS_ISA_FILES := ^engine\/kernels\/kern_(avx2|avx512[a-z0-9_]*|avxvnni|amx|neon[a-z0-9_]*)\.c$$
+DEPS_ISA_FILES := ^engine\/kernels\/kern_(avx2[a-z0-9_]*|avx512[a-z0-9_]*|avxvnni|amx|neon[a-z0-9_]*)\.c$$
 DEPS_AWK := \
   function layer(f) { \
     if (f ~ /^common\//) return "common/"; \
@@ -172,7 +172,7 @@ DEPS_AWK := \
     else if (ours && !allowed(p)) \
       bad("includes " name ": this layer may include only " allow); \
     if (!isa && (p ~ /intrin\.h$$/ || p ~ /^arm_(neon|sve|acle)\.h$$/)) \
-      bad("includes <" p ">: intrinsics only in the per-ISA kernel files (kern_avx2.c, kern_avx512*.c, kern_avxvnni.c, kern_amx.c, kern_neon*.c)"); \
+      bad("includes <" p ">: intrinsics only in the per-ISA kernel files (kern_avx2*.c, kern_avx512*.c, kern_avxvnni.c, kern_amx.c, kern_neon*.c)"); \
     if (FILENAME ~ /^engine\// && p ~ /^(nng\/|jansson|systemd\/|microhttpd|proc\/|libproc2)/) \
       bad("includes <" p ">: the engine uses libc, libm, pthreads and PCRE2 only"); \
   } \

@@ -21,6 +21,9 @@ ENGINE_LDLIBS := -lpcre2-8 -lm -pthread
 
 KERN_NOLTO := -fno-lto
 $(BUILD)/engine/kernels/kern_avx2.o: ISA_FLAGS = -mavx2 -mfma -mf16c $(KERN_NOLTO)
+# avx2's part tables (kern_select.c): more weight types, same flags.
+$(BUILD)/engine/kernels/kern_avx2_q32.o $(BUILD)/engine/kernels/kern_avx2_kq.o: \
+	ISA_FLAGS = -mavx2 -mfma -mf16c $(KERN_NOLTO)
 $(BUILD)/engine/kernels/kern_avxvnni.o: ISA_FLAGS = -mavx2 -mfma -mf16c -mavxvnni $(KERN_NOLTO)
 # VNNI functions in kern_avx512.c enable -mavx512vnni per function.
 $(BUILD)/engine/kernels/kern_avx512.o: ISA_FLAGS = -mavx512f -mavx512bw -mavx512vl -mavx512dq \
@@ -29,7 +32,8 @@ $(BUILD)/engine/kernels/kern_avx512.o: ISA_FLAGS = -mavx512f -mavx512bw -mavx512
 KERN_AMX_BASE_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c $(KERN_NOLTO)
 $(BUILD)/engine/kernels/kern_amx.o: ISA_FLAGS = $(KERN_AMX_BASE_FLAGS) -mamx-tile -mamx-int8
 # Two tables from one file: plain NEON, and dotprod (per-function target).
-$(BUILD)/engine/kernels/kern_neon.o: ISA_FLAGS = -march=armv8-a $(KERN_NOLTO)
+$(BUILD)/engine/kernels/kern_neon.o $(BUILD)/engine/kernels/kern_neon_q.o: \
+	ISA_FLAGS = -march=armv8-a $(KERN_NOLTO)
 # Without variants (fuzz builds, other architectures) kern_select.c lists
 # only the scalar table.
 ifeq ($(ENGINE_ISA_SRCS),)

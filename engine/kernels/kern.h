@@ -9,7 +9,13 @@
  * kern_generic.c is the portable reference and the oracle for every variant.
  * Variant files (kern_avx2.c, kern_avx512.c, ...) are compiled with their own
  * -m flags and fill the entries they accelerate; the rest fall back to the
- * generic functions. kern_select() runs once at engine init. */
+ * generic functions. kern_select() runs once at engine init.
+ *
+ * Part tables: a variant's kernels for more weight types may live in files
+ * of their own (kern_avx2_q32.c, kern_avx2_kq.c, kern_neon_q.c), each
+ * exporting a table with only those types' entries, which kern_select.c
+ * lays over the variant's table in order; to everything above they are
+ * the variant's own entries. */
 #ifndef EDGELM_KERN_H
 #define EDGELM_KERN_H
 

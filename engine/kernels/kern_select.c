@@ -28,6 +28,10 @@ bool kern_amx_request(void)
  * once, on first use. */
 extern const struct kern_ops kern_amx_ops, kern_avx512vnni_ops, kern_avx512_ops,
 	kern_avxvnni_ops, kern_avx2_ops, kern_neon_dotprod_ops, kern_neon_ops;
+/* Part tables: a variant's kernels for more weight types, in files of their
+ * own (kern.h, "part tables"), overlaid on the variant's table in order. */
+extern const struct kern_ops kern_avx2_q32_ops, kern_avx2_kq_ops, kern_neon_q_ops,
+	kern_neon_dotprod_q_ops;
 
 static bool caps_none(const struct cm_cpu_isa *c)
 {
@@ -66,12 +70,15 @@ static bool caps_amx(const struct cm_cpu_isa *c)
 	return caps_avx512vnni(c) && c->amx_tile && c->amx_int8 && cm_amx_permitted();
 }
 
-#define KERN_ISA_VARIANTS(X)                                                \
-	X("amx", &kern_amx_ops, caps_amx, "avx512vnni")                     \
-	X("avx512vnni", &kern_avx512vnni_ops, caps_avx512vnni, "avx512")    \
-	X("avx512", &kern_avx512_ops, caps_avx512, "avx2")                  \
-	X("avxvnni", &kern_avxvnni_ops, caps_avxvnni, "avx2")               \
-	X("avx2", &kern_avx2_ops, caps_avx2, "scalar")
+static const struct kern_ops *const avx2_parts[] = { &kern_avx2_q32_ops, &kern_avx2_kq_ops,
+						       NULL };
+
+#define KERN_ISA_VARIANTS(X)                                                       \
+	X("amx", &kern_amx_ops, caps_amx, "avx512vnni", NULL)                      \
+	X("avx512vnni", &kern_avx512vnni_ops, caps_avx512vnni, "avx512", NULL)     \
+	X("avx512", &kern_avx512_ops, caps_avx512, "avx2", NULL)                   \
+	X("avxvnni", &kern_avxvnni_ops, caps_avxvnni, "avx2", NULL)                \
+	X("avx2", &kern_avx2_ops, caps_avx2, "scalar", avx2_parts)
 #elif !defined(EDGELM_NO_ISA_VARIANTS) && defined(__aarch64__)
 static bool caps_neon(const struct cm_cpu_isa *c)
 {
@@ -83,31 +90,36 @@ static bool caps_dotprod(const struct cm_cpu_isa *c)
 	return c->neon && c->dotprod;
 }
 
-#define KERN_ISA_VARIANTS(X)                                              \
-	X("neon-dotprod", &kern_neon_dotprod_ops, caps_dotprod, "neon")   \
-	X("neon", &kern_neon_ops, caps_neon, "scalar")
+static const struct kern_ops *const neon_parts[] = { &kern_neon_q_ops, NULL };
+static const struct kern_ops *const neon_dotprod_parts[] = { &kern_neon_dotprod_q_ops, NULL };
+
+#define KERN_ISA_VARIANTS(X)                                                           \
+	X("neon-dotprod", &kern_neon_dotprod_ops, caps_dotprod, "neon", neon_dotprod_parts) \
+	X("neon", &kern_neon_ops, caps_neon, "scalar", neon_parts)
 #else
 #define KERN_ISA_VARIANTS(X)
 #endif
 
 /* The compiled-in variants, best first: {name, table, CPU predicate, the
- * variant it builds on}. A variant's predicate implies that of the one it
- * builds on. A new variant is one line here (plus its predicate above). */
-#define KERN_VARIANTS(X) KERN_ISA_VARIANTS(X) X("scalar", &kern_generic_ops, caps_none, NULL)
+ * variant it builds on, its part tables (NULL-terminated, or NULL)}. A
+ * variant's predicate implies that of the one it builds on. A new variant
+ * is one line here (plus its predicate above). */
+#define KERN_VARIANTS(X) KERN_ISA_VARIANTS(X) X("scalar", &kern_generic_ops, caps_none, NULL, NULL)
 
 static const struct variant {
 	const char *name;
 	const struct kern_ops *ops;
 	bool (*supported)(const struct cm_cpu_isa *caps);
 	const char *under;
+	const struct kern_ops *const *parts;
 } variants[] = {
-#define VARIANT_ENTRY(n, o, p, u) { n, o, p, u },
+#define VARIANT_ENTRY(n, o, p, u, pt) { n, o, p, u, pt },
 	KERN_VARIANTS(VARIANT_ENTRY)
 #undef VARIANT_ENTRY
 };
 
 static const char *const variant_names[] = {
-#define VARIANT_NAME(n, o, p, u) n,
+#define VARIANT_NAME(n, o, p, u, pt) n,
 	KERN_VARIANTS(VARIANT_NAME)
 #undef VARIANT_NAME
 	NULL,
@@ -189,6 +201,11 @@ static void merge_all(void)
 			if (strcmp(variants[j].name, variants[i].under) == 0)
 				under = &merged[j];
 		merge_one(&merged[i], under, variants[i].ops);
+		for (const struct kern_ops *const *pt = variants[i].parts; pt && *pt; pt++) {
+			struct kern_ops base = merged[i];
+			merge_one(&merged[i], &base, *pt);
+			merged[i].name = variants[i].name;
+		}
 	}
 }
 
