@@ -211,7 +211,8 @@ static int cmp_data(const void *a, const void *b)
  * where they lie) and the bytes between and around them. */
 static int load_plan(struct load_job *j, struct weight **sel, int n_w, size_t size)
 {
-	qsort(sel, (size_t)n_w, sizeof(*sel), cmp_data);
+	if (n_w > 0) /* (the caller's relocation has none, and sel NULL) */
+		qsort(sel, (size_t)n_w, sizeof(*sel), cmp_data);
 	int64_t pos = 0;
 	for (int i = 0; i < n_w; i++) {
 		struct weight *w = sel[i];
