@@ -14,7 +14,9 @@
  *     loads (kern_ops.read_stream_chain, which read 20-30 % more on a Zen 5
  *     VM), the better of the two kept, so the ratio in (d) is against what
  *     this CPU can read;
- * (b) prefill tokens/s for prompts of 128 and 512 tokens;
+ * (b) prefill tokens/s and time to first token for prompts of 128 and 512
+ *     tokens: from a cleared KV cache, the prompt's prefill and the first
+ *     token sampled from its logits (llama.cpp's default sampler chain);
  * (c) decode tokens/s at context 0 and 512;
  * (d) effective decode bandwidth: bytes of weights read per token (every
  *     matrix once, the output matrix included, one embedding row) times
@@ -23,10 +25,15 @@
  *     just before and just after it, the median over reps (on a VM whose
  *     bandwidth drifts by 2x within a minute, the run's best read sample
  *     can come from a moment no decode saw);
- * plus the first step's time after load and its page faults (cold: every
- * weight page faults in unless prefaulted or locked), the second step's
- * time, and memory (RSS, peak, locked, huge pages). Each figure is the best of --reps runs (default 3): the best run
- * is the one least disturbed by the rest of the box.
+ * plus the load's wall time and the peak RSS during it (VmHWM reset just
+ * before it where the kernel allows), the first one-token step's time after
+ * the load and its page faults (cold: every weight page faults in unless
+ * prefaulted or locked), the second step's time, and memory: the peak RSS
+ * of the model, KV cache and scratch over the load and the runs (the
+ * bandwidth buffer, resident from before the warm-up to the end, taken
+ * out: see bench_run), RSS at the end, locked, huge pages. Each speed
+ * figure is the best of --reps runs (default 3): the best run is the one
+ * least disturbed by the rest of the box.
  *
  * Tuning switches (tools/lib/bench_tuning.c): --pin, --hugepages,
  * --prefault, --mlock apply what edgelmd applies, through the same tuning
@@ -48,6 +55,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -67,13 +75,15 @@ static void usage(FILE *o)
 		"                       off (also EDGELM_REPACK; default auto)\n"
 		"      --repack-segment BYTES  K-segment of a repacked panel: 0 the type's\n"
 		"                       default, -1 whole rows (for comparisons)\n"
-		"      --prompts LIST   prefill prompt lengths (default 128,512)\n"
+		"      --prompts LIST   prompt lengths for prefill tok/s and time to first token\n"
+		"                       (default 128,512)\n"
 		"      --contexts LIST  decode context depths (default 0,512)\n"
 		"  -n, --n-gen N        tokens per decode run (default 32)\n"
 		"      --reps N         repetitions, best kept (default 3)\n"
 		"  -b, --batch N        prefill chunk, tokens per engine call (default 512)\n"
 		"      --kv-type TYPE   KV cache type: %s (default %s)\n"
-		"      --bw-mib N       bandwidth buffer size in MiB (default 1024)\n"
+		"      --bw-mib N       bandwidth buffer size in MiB (default 1024; reported apart,\n"
+		"                       not in the peak RSS)\n"
 		"      --json           one JSON object instead of a table\n"
 		"\n"
 		"tuning (as edgelmd applies it; the report says what applied and what failed):\n"
@@ -150,9 +160,14 @@ static int bw_open(struct bw_meter *b, int n_threads, size_t bytes,
 {
 	*b = (struct bw_meter){.words = bytes / 8, .n_threads = CM_MIN(n_threads, 256),
 			       .read = read, .read2 = read2, .tt = tt};
-	b->buf = cm_aligned_alloc(b->words * 8);
-	if (!b->buf)
+	/* its own mapping, not malloc's: its pages are its alone (mincore
+	 * counts them exactly) and go back on bw_close, where a sanitizer's
+	 * allocator would keep a freed block resident in quarantine */
+	void *p = mmap(NULL, b->words * 8, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		       -1, 0);
+	if (p == MAP_FAILED)
 		return -1;
+	b->buf = p;
 	for (size_t i = 0; i < b->words; i++)
 		b->buf[i] = i * 0x9e3779b97f4a7c15ull; /* touch every page */
 	return 0;
@@ -160,8 +175,32 @@ static int bw_open(struct bw_meter *b, int n_threads, size_t bytes,
 
 static void bw_close(struct bw_meter *b)
 {
-	cm_free(b->buf);
+	if (b->buf)
+		munmap(b->buf, b->words * 8);
 	b->buf = NULL;
+}
+
+/* Bytes of the buffer in RAM (mincore), to take it out of the process's
+ * peak RSS. A static vector in steps: an allocated one would itself show
+ * in the RSS being measured. */
+static uint64_t bw_resident(const struct bw_meter *b)
+{
+	static unsigned char vec[4096];
+	long pgl = sysconf(_SC_PAGESIZE);
+	uintptr_t pg = pgl > 0 ? (uintptr_t)pgl : 4096;
+	uintptr_t a = (uintptr_t)b->buf, end = a + b->words * 8; /* page-aligned: mmap */
+	uint64_t n = 0;
+	if (!b->buf)
+		return 0;
+	while (a < end) {
+		size_t len = CM_MIN(end - a, sizeof(vec) * pg);
+		if (mincore((void *)a, len, vec) != 0)
+			return 0;
+		for (size_t i = 0; i < (len + pg - 1) / pg; i++)
+			n += vec[i] & 1;
+		a += len;
+	}
+	return n * pg;
 }
 
 /* Bytes per second over all threads: total bytes / (last end - first start),
@@ -423,19 +462,28 @@ struct bench {
 	struct tools_tuning *tt;
 	engine_model *m;
 	engine_ctx *cx;
+	engine_sampler *smp;
 	struct engine_model_info info;
 	struct bw_meter bwm;
 	struct cm_err err;
 	/* the figures */
 	double t_load, first_ms, second_ms;
 	long first_faults;
-	double pre[8], dec[8], paired[8];
-	double rss_mib;
+	double pre[8], ttft_ms[8], dec[8], paired[8];
+	/* memory, bytes (0: /proc/self/status unreadable) */
+	bool hwm_reset;          /* VmHWM reset before the load */
+	struct cm_err hwm_err;   /* why not */
+	uint64_t load_peak, load_rss;
+	uint64_t peak_before_bw; /* VmHWM as the bandwidth buffer was allocated */
+	uint64_t bw_bytes;       /* the buffer's resident bytes */
+	uint64_t process_peak;   /* VmHWM at the end, the buffer included */
+	uint64_t peak;           /* without the buffer */
 };
 
 static void bench_free(struct bench *b)
 {
 	bw_close(&b->bwm);
+	engine_sampler_free(b->smp);
 	engine_ctx_free(b->cx);
 	engine_model_free(b->m);
 	tools_tuning_free(b->tt); /* after the model: it may hold the weights */
@@ -452,12 +500,20 @@ static int bench_setup(const struct bench_opts *o, int repack, struct bench *b)
 		return EXIT_RUNTIME;
 	}
 	tools_tuning_engine_params(b->tt, &ep);
+	/* The load's own peak: where the reset fails, VmHWM is the peak since
+	 * the process started, which before this is option parsing and the
+	 * tuning detection (a few MiB; the report says which). */
+	b->hwm_reset = tools_mem_hwm_reset(&b->hwm_err) == 0;
 	double t0 = cm_now();
 	if (engine_model_load(o->model, &ep, &b->m, &b->err) != 0) {
 		fprintf(stderr, "edgelm-bench: %s: %s\n", o->model, b->err.msg);
 		return EXIT_INPUT;
 	}
 	b->t_load = cm_now() - t0;
+	struct tools_mem mm;
+	(void)tools_mem_read(&mm);
+	b->load_peak = mm.hwm;
+	b->load_rss = mm.rss;
 	engine_model_get_info(b->m, &b->info);
 	int max_ctx = 1;
 	for (int i = 0; i < o->n_prompts; i++)
@@ -481,6 +537,16 @@ static int bench_setup(const struct bench_opts *o, int repack, struct bench *b)
 	}
 	/* huge-page copy, lock, prefault: before anything is timed */
 	tools_tuning_apply(b->tt, b->m, b->cx);
+	/* llama.cpp's default chain, as edgelmd's when a request sets none */
+	struct engine_sampler_params sp;
+	engine_sampler_params_default(&sp);
+	sp.seed = 1;
+	if (engine_sampler_new(&sp, (int)b->info.n_vocab, &b->smp, &b->err) != 0) {
+		fprintf(stderr, "edgelm-bench: %s\n", b->err.msg);
+		return EXIT_RUNTIME;
+	}
+	(void)tools_mem_read(&mm);
+	b->peak_before_bw = mm.hwm;
 
 	/* the same variant the engine chose */
 	const struct kern_ops *ko = kern_select(NULL, o->isa);
@@ -492,6 +558,7 @@ static int bench_setup(const struct bench_opts *o, int repack, struct bench *b)
 			o->bw_mib);
 		return EXIT_RUNTIME;
 	}
+	b->bw_bytes = bw_resident(&b->bwm);
 	return 0;
 }
 
@@ -520,15 +587,57 @@ static int warm_up(struct bench *b)
 	return rc;
 }
 
+/* One prompt as edgelmd serves a request once it is tokenized and
+ * admitted: the KV cache cleared, the prompt into the sampler's history,
+ * the prefill, the first token sampled from its logits. *ret_prefill is
+ * the prefill alone (llama-bench's pp times just that); returns the time
+ * to first token in seconds, < 0 on error. */
+static double run_first_token(struct bench *b, int32_t *t, int n, double *ret_prefill)
+{
+	int n_vocab = (int)b->info.n_vocab;
+	for (int i = 0; i < n; i++)
+		t[i] = rand_token(n_vocab);
+	engine_seq_truncate(b->cx, 0, 0);
+	engine_sampler_reset(b->smp);
+	double t0 = cm_now();
+	for (int i = 0; i < n; i++)
+		engine_sampler_accept(b->smp, t[i]);
+	double t1 = cm_now();
+	if (engine_eval(b->cx, t, n, 0, &b->err) != 0)
+		return -1;
+	double t2 = cm_now();
+	const float *logits = engine_get_logits_last(b->cx);
+	int32_t id = logits ? engine_sampler_sample(b->smp, logits) : -1;
+	double t3 = cm_now();
+	if (id < 0 || id >= n_vocab) {
+		cm_err_set(&b->err, -EPROTO, "no first token after a prompt of %d", n);
+		return -1;
+	}
+	*ret_prefill = t2 - t1;
+	return t3 - t0;
+}
+
 static int prefill_runs(const struct bench_opts *o, struct bench *b)
 {
+	int n_max = 1;
+	for (int i = 0; i < o->n_prompts; i++)
+		n_max = CM_MAX(n_max, o->prompts[i]);
+	int32_t *t = malloc(sizeof(int32_t) * (size_t)n_max);
+	if (!t) {
+		cm_err_set(&b->err, -ENOMEM, "no memory for a prompt of %d", n_max);
+		return EXIT_RUNTIME;
+	}
 	for (int i = 0; i < o->n_prompts; i++)
 		for (int r = 0; r < o->reps; r++) {
-			double t = run_prefill(b->cx, o->prompts[i], (int)b->info.n_vocab, &b->err);
-			if (t < 0)
+			double pre, ttft = run_first_token(b, t, o->prompts[i], &pre);
+			if (ttft < 0) {
+				free(t);
 				return EXIT_RUNTIME;
-			b->pre[i] = CM_MAX(b->pre[i], o->prompts[i] / t);
+			}
+			b->pre[i] = CM_MAX(b->pre[i], o->prompts[i] / pre);
+			b->ttft_ms[i] = r ? CM_MIN(b->ttft_ms[i], ttft * 1e3) : ttft * 1e3;
 		}
+	free(t);
 	return 0;
 }
 
@@ -569,7 +678,13 @@ static int decode_runs(const struct bench_opts *o, struct bench *b)
 }
 
 /* The timed runs, then what the kernel did with the tuning and the memory
- * figures (the bandwidth buffer freed first). */
+ * figures (the bandwidth buffer freed first).
+ *
+ * The peak without the buffer: it stays resident, whole, from bw_open to
+ * here (every sample reads all of it), so while it lives VmHWM is the rest's
+ * peak plus its size; before it, VmHWM was read as it was allocated. The
+ * samples between decode reps need it alive, hence the subtraction rather
+ * than freeing it first. */
 static int bench_run(const struct bench_opts *o, struct bench *b)
 {
 	(void)bw_sample(&b->bwm, CM_MAX(o->reps, 3));
@@ -578,19 +693,42 @@ static int bench_run(const struct bench_opts *o, struct bench *b)
 		rc = prefill_runs(o, b);
 	if (!rc)
 		rc = decode_runs(o, b);
+	struct tools_mem mm;
+	(void)tools_mem_read(&mm);
+	uint64_t bw_end = bw_resident(&b->bwm);
 	bw_close(&b->bwm);
 	if (rc) {
 		fprintf(stderr, "edgelm-bench: %s\n", b->err.msg);
 		return rc;
 	}
+	/* pages reclaimed from it would make the figure low by up to those */
+	if (bw_end + (b->bw_bytes >> 6) < b->bw_bytes)
+		fprintf(stderr,
+			"edgelm-bench: warning: the bandwidth buffer lost %.1f of its %.1f MiB "
+			"while resident: the peak RSS may be low by up to that\n",
+			(double)(b->bw_bytes - bw_end) / (1 << 20), (double)b->bw_bytes / (1 << 20));
+	b->process_peak = mm.hwm;
+	if (mm.hwm && b->peak_before_bw)
+		b->peak = CM_MAX(b->peak_before_bw, mm.hwm - CM_MIN(mm.hwm, b->bw_bytes));
 	tools_tuning_check(b->tt, b->m);
-	struct rusage ru;
-	getrusage(RUSAGE_SELF, &ru);
-	b->rss_mib = (double)ru.ru_maxrss / 1024.0;
 	return 0;
 }
 
 /* ---- the report -------------------------------------------------------------- */
+
+static double mib(uint64_t bytes)
+{
+	return (double)bytes / (1 << 20);
+}
+
+/* bytes as MiB, or null when /proc/self/status was unreadable */
+static void json_mib(const char *key, uint64_t bytes)
+{
+	if (bytes)
+		printf(",\"%s\":%.1f", key, mib(bytes));
+	else
+		printf(",\"%s\":null", key);
+}
 
 static void report_json(const struct bench_opts *o, const struct bench *b)
 {
@@ -610,16 +748,28 @@ static void report_json(const struct bench_opts *o, const struct bench *b)
 	       info->weights_anon ? "true" : "false", wb,
 	       bw / 1e9, b->bwm.lowest / 1e9, b->bwm.samples);
 	for (int i = 0; i < o->n_prompts; i++)
-		printf("%s{\"tokens\":%d,\"tok_s\":%.2f}", i ? "," : "", o->prompts[i], b->pre[i]);
+		printf("%s{\"tokens\":%d,\"tok_s\":%.2f,\"ttft_ms\":%.2f}", i ? "," : "",
+		       o->prompts[i], b->pre[i], b->ttft_ms[i]);
 	printf("],\"decode\":[");
 	for (int i = 0; i < o->n_ctxs; i++)
 		printf("%s{\"context\":%d,\"tok_s\":%.2f,\"bandwidth_gbs\":%.3f,"
 		       "\"bandwidth_ratio\":%.4f,\"bandwidth_ratio_paired\":%.4f}",
 		       i ? "," : "", o->ctxs[i], b->dec[i], b->dec[i] * wb / 1e9,
 		       b->dec[i] * wb / bw, b->paired[i]);
-	printf("],\"load_ms\":%.1f,\"first_token_ms\":%.2f,\"first_token_faults\":%ld,"
-	       "\"second_token_ms\":%.2f,\"peak_rss_mib\":%.1f,",
-	       b->t_load * 1e3, b->first_ms, b->first_faults, b->second_ms, b->rss_mib);
+	printf("],\"load_ms\":%.1f", b->t_load * 1e3);
+	json_mib("load_peak_rss_mib", b->load_peak);
+	json_mib("load_rss_mib", b->load_rss);
+	printf(",\"hwm_reset\":%s", b->hwm_reset ? "true" : "false");
+	if (!b->hwm_reset) {
+		printf(",\"hwm_reset_error\":");
+		tools_json_str(stdout, b->hwm_err.msg);
+	}
+	printf(",\"first_step_ms\":%.2f,\"first_step_faults\":%ld,\"second_step_ms\":%.2f",
+	       b->first_ms, b->first_faults, b->second_ms);
+	json_mib("peak_rss_mib", b->peak);
+	printf(",\"bw_buffer_mib\":%.1f", mib(b->bw_bytes));
+	json_mib("process_peak_rss_mib", b->process_peak);
+	printf(",");
 	tools_tuning_json(b->tt, stdout);
 	printf("}\n");
 }
@@ -648,17 +798,30 @@ static void report_text(const struct bench_opts *o, const struct bench *b)
 	       "across the run, the lowest %.2f)\n",
 	       bw / 1e9, info->n_threads, b->bwm.read2 ? ", the better of 2 loops" : "",
 	       b->bwm.samples, b->bwm.lowest / 1e9);
-	printf("first token  %.1f ms, %ld page faults (the first step after a %.0f ms load; "
+	printf("load         %.0f ms, peak RSS %.1f MiB during it, %.1f after", b->t_load * 1e3,
+	       mib(b->load_peak), mib(b->load_rss));
+	if (b->hwm_reset)
+		printf("\n");
+	else
+		printf(" (VmHWM not reset: %s; the peak since the process started)\n",
+		       b->hwm_err.msg);
+	printf("first step   %.1f ms, %ld page faults (one token, the first step after the load; "
 	       "the second: %.1f ms)\n",
-	       b->first_ms, b->first_faults, b->t_load * 1e3, b->second_ms);
+	       b->first_ms, b->first_faults, b->second_ms);
 	for (int i = 0; i < o->n_prompts; i++)
-		printf("prefill %-4d %.1f tok/s\n", o->prompts[i], b->pre[i]);
+		printf("prefill %-4d %.1f tok/s, time to first token %.1f ms\n", o->prompts[i],
+		       b->pre[i], b->ttft_ms[i]);
 	for (int i = 0; i < o->n_ctxs; i++)
 		printf("decode @%-4d %.2f tok/s  = %.2f GB/s of weights, %.0f%% of read bw "
 		       "(paired: %.0f%%)\n",
 		       o->ctxs[i], b->dec[i], b->dec[i] * wb / 1e9, 100 * b->dec[i] * wb / bw,
 		       100 * b->paired[i]);
-	printf("peak RSS     %.1f MiB\n", b->rss_mib);
+	if (b->peak)
+		printf("peak RSS     %.1f MiB: model, KV cache and scratch over the load and the runs "
+		       "(not the %.1f MiB bandwidth buffer; with it the process peaked at %.1f)\n",
+		       mib(b->peak), mib(b->bw_bytes), mib(b->process_peak));
+	else
+		printf("peak RSS     unknown (/proc/self/status unreadable)\n");
 }
 
 int main(int argc, char **argv)

@@ -23,12 +23,17 @@
  *
  * Not touched (edgelmd's, process- or system-wide, or persistent): governor
  * and EPP, nice, SCHED_BATCH, I/O priority, OOM score, NUMA policy, the AMX
- * permission, the service threads' affinity. */
+ * permission, the service threads' affinity.
+ *
+ * Also here, beside the other /proc/self/status reader: the peak RSS
+ * (VmHWM) and its reset, from which the bench takes its load and run peaks. */
 #include "tools/lib/tools.h"
 
 #include "tuning/tuning.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -73,7 +78,7 @@ struct tools_tuning {
 	bool hp_engine; /* hp is the engine's own copy (info.weights_anon) */
 	/* memory, bytes */
 	uint64_t weights, kv, resident_before, hp_rss, hp_huge;
-	uint64_t rss, rss_anon, rss_file, locked, peak;
+	uint64_t rss, rss_anon, rss_file, locked;
 	/* each worker's allowed cpus as the kernel reports them */
 	int n_workers;
 	char observed[MAX_WORKERS][32];
@@ -300,10 +305,63 @@ static void read_status(struct tools_tuning *t)
 			t->rss_file = v << 10;
 		else if (sscanf(line, "VmLck: %llu", &v) == 1)
 			t->locked = v << 10;
-		else if (sscanf(line, "VmHWM: %llu", &v) == 1)
-			t->peak = v << 10;
 	}
 	fclose(f);
+}
+
+int tools_mem_read(struct tools_mem *ret)
+{
+	*ret = (struct tools_mem){0};
+	FILE *f = fopen("/proc/self/status", "r");
+	if (!f)
+		return -errno;
+	char line[256];
+	unsigned long long v;
+	while (fgets(line, sizeof(line), f)) {
+		if (sscanf(line, "VmRSS: %llu", &v) == 1)
+			ret->rss = v << 10;
+		else if (sscanf(line, "VmHWM: %llu", &v) == 1)
+			ret->hwm = v << 10;
+	}
+	fclose(f);
+	if (!ret->rss || !ret->hwm) {
+		*ret = (struct tools_mem){0};
+		return -ENODATA;
+	}
+	return 0;
+}
+
+/* How far VmHWM may sit above VmRSS just after a reset that worked: what
+ * the process allocates between the write and the read back. */
+#define HWM_SLACK (1u << 20)
+
+int tools_mem_hwm_reset(struct cm_err *err)
+{
+	struct tools_mem before, after;
+	int r = tools_mem_read(&before);
+	if (r < 0)
+		return cm_err_set(err, r, "/proc/self/status: %s", strerror(-r));
+	int fd = open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
+	if (fd < 0) {
+		r = -errno;
+		return cm_err_set(err, r, "/proc/self/clear_refs: %s", strerror(-r));
+	}
+	ssize_t n = write(fd, "5", 1);
+	r = n == 1 ? 0 : n < 0 ? -errno : -EIO;
+	close(fd);
+	if (r < 0)
+		return cm_err_set(err, r, "/proc/self/clear_refs: writing 5: %s", strerror(-r));
+	r = tools_mem_read(&after);
+	if (r < 0)
+		return cm_err_set(err, r, "/proc/self/status: %s", strerror(-r));
+	/* a kernel that takes the write and ignores it: the peak stays up */
+	if (before.hwm > before.rss + HWM_SLACK && after.hwm > after.rss + HWM_SLACK &&
+	    after.hwm >= before.hwm)
+		return cm_err_set(err, -ENOTSUP,
+		                  "/proc/self/clear_refs took 5, but VmHWM stayed at %.1f MiB "
+		                  "(VmRSS %.1f MiB)",
+		                  after.hwm / 1048576.0, after.rss / 1048576.0);
+	return 0;
 }
 
 /* Cpus_allowed_list of a /proc status file, "" if unreadable. */
@@ -501,12 +559,12 @@ void tools_tuning_json(const struct tools_tuning *t, FILE *o)
 	        "},\"memory\":{\"weights_bytes\":%llu,\"kv_bytes\":%llu,"
 	        "\"weights_resident_before_bytes\":%llu,\"hugepage_rss_bytes\":%llu,"
 	        "\"hugepage_huge_bytes\":%llu,\"rss_bytes\":%llu,\"rss_anon_bytes\":%llu,"
-	        "\"rss_file_bytes\":%llu,\"locked_bytes\":%llu,\"peak_rss_bytes\":%llu}",
+	        "\"rss_file_bytes\":%llu,\"locked_bytes\":%llu}",
 	        (unsigned long long)t->weights, (unsigned long long)t->kv,
 	        (unsigned long long)t->resident_before, (unsigned long long)t->hp_rss,
 	        (unsigned long long)t->hp_huge, (unsigned long long)t->rss,
 	        (unsigned long long)t->rss_anon, (unsigned long long)t->rss_file,
-	        (unsigned long long)t->locked, (unsigned long long)t->peak);
+	        (unsigned long long)t->locked);
 }
 
 void tools_tuning_print(const struct tools_tuning *t, FILE *o)
@@ -525,9 +583,8 @@ void tools_tuning_print(const struct tools_tuning *t, FILE *o)
 		fprintf(o, "\n");
 	}
 	fprintf(o,
-	        "memory       RSS %.1f MiB (anon %.1f, file %.1f), peak %.1f, locked %.1f; weights "
-	        "%.1f MiB, %.1f resident before the first step\n",
+	        "memory       RSS %.1f MiB (anon %.1f, file %.1f) after the runs, locked %.1f; "
+	        "weights %.1f MiB, %.1f resident before the first step\n",
 	        t->rss / 1048576.0, t->rss_anon / 1048576.0, t->rss_file / 1048576.0,
-	        t->peak / 1048576.0, t->locked / 1048576.0, t->weights / 1048576.0,
-	        t->resident_before / 1048576.0);
+	        t->locked / 1048576.0, t->weights / 1048576.0, t->resident_before / 1048576.0);
 }

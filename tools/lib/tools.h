@@ -105,9 +105,22 @@ void tools_tuning_check(struct tools_tuning *t, engine_model *m);
 /* Bytes of the weights in huge pages (after tools_tuning_check): the
  * hugepages copy's, or the engine's own copy when repacking made one. */
 uint64_t tools_tuning_huge_bytes(const struct tools_tuning *t);
-/* The report: lines for the table, or `"tuning":{...},"memory":{...}`. */
+/* The report: lines for the table, or `"tuning":{...},"memory":{...}`.
+ * The memory figures are of the moment of tools_tuning_check; the peaks
+ * are the bench's own (tools_mem_*), which keep its bandwidth buffer out. */
 void tools_tuning_print(const struct tools_tuning *t, FILE *o);
 void tools_tuning_json(const struct tools_tuning *t, FILE *o);
+
+/* This process's VmRSS and VmHWM (the peak RSS), bytes, from
+ * /proc/self/status: 0, or -errno (*ret zeroed) when unreadable. */
+struct tools_mem {
+	uint64_t rss, hwm;
+};
+int tools_mem_read(struct tools_mem *ret);
+/* Reset VmHWM to the current RSS (writes "5" to /proc/self/clear_refs,
+ * Linux 4.0 on), checked by reading it back: 0, or -errno with the reason
+ * in err (no clear_refs, not writable, or accepted but VmHWM stayed). */
+int tools_mem_hwm_reset(struct cm_err *err);
 
 /* ---- numeric arguments (args.c) ----------------------------------------- */
 
