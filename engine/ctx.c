@@ -93,6 +93,16 @@ static int ctx_alloc(float **p, size_t n)
 	return 0;
 }
 
+/* Not zeroed: only the rows a step writes are ever read, and a large
+ * allocation comes from fresh pages that take no memory until written.
+ * The logits (n_batch x n_vocab floats, 297 MiB for Qwen2.5's vocabulary
+ * and 512-token batches) cost only the rows steps ask for. */
+static int ctx_alloc_lazy(float **p, size_t n)
+{
+	*p = cm_aligned_alloc(n * sizeof(float));
+	return *p ? 0 : -ENOMEM;
+}
+
 static int ctx_alloc_bytes(uint8_t **p, size_t n)
 {
 	*p = cm_aligned_alloc(n);
@@ -197,7 +207,7 @@ int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ct
 	    ctx_alloc(&c->k, B * kvd) || ctx_alloc(&c->v, B * kvd) || ctx_alloc(&c->att, B * QD) ||
 	    ctx_alloc(&c->hb, B * FF) || ctx_alloc(&c->hb2, B * FF) ||
 	    ctx_alloc(&c->scores, (size_t)nt * (size_t)c->attn_mq * c->n_ctx) ||
-	    ctx_alloc(&c->logits, B * hp->n_vocab) ||
+	    ctx_alloc_lazy(&c->logits, B * hp->n_vocab) ||
 	    ctx_alloc(&c->rope_cos, (size_t)c->n_ctx * hp->n_rot / 2) ||
 	    ctx_alloc(&c->rope_sin, (size_t)c->n_ctx * hp->n_rot / 2) ||
 	    (hp->rope_base_local > 0 &&
