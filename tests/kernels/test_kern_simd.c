@@ -258,6 +258,22 @@ static void check_x16(const struct kern_ops *k, uint32_t type, int64_t n, const 
 
 /* One weight type, one variant: vec_dot over rows against the reference,
  * and the tile kernel (if any) against the variant's vec_dot. */
+/* The variants whose kernels for `type` follow the reference's float steps
+ * in its order: the x86 K-quant kernels (each super-block ends with the
+ * reference's own expression) and the NEON kernels of the types added in
+ * kern_neon_q.c (one chain per row and token, the reference's). */
+static bool bit_exact(const struct kern_ops *k, uint32_t type)
+{
+	bool kq = type == ENGINE_DTYPE_Q2_K || type == ENGINE_DTYPE_Q3_K ||
+		  type == ENGINE_DTYPE_Q5_K || type == ENGINE_DTYPE_IQ4_XS;
+	if (strncmp(k->name, "avx", 3) == 0)
+		return kq || type == ENGINE_DTYPE_Q4_K || type == ENGINE_DTYPE_Q6_K;
+	if (strncmp(k->name, "neon", 4) == 0)
+		return kq || type == ENGINE_DTYPE_Q4_1 || type == ENGINE_DTYPE_Q5_0 ||
+		       type == ENGINE_DTYPE_Q5_1 || type == ENGINE_DTYPE_IQ4_NL;
+	return false;
+}
+
 static void check_type(const struct kern_ops *k, uint32_t type, int64_t nblocks, int mode)
 {
 	const struct dtype_info *di = quant_dtype_get(type);
@@ -310,10 +326,9 @@ static void check_type(const struct kern_ops *k, uint32_t type, int64_t nblocks,
 					  "%.9g (tol %.3g)",
 					  k->name, di->name, (long long)n, mode, r, t, got, ref, tol);
 			}
-			/* the x86 K-quant kernels finish each super-block with the
-			 * reference's own float expression: bit-identical */
-			if ((type == ENGINE_DTYPE_Q4_K || type == ENGINE_DTYPE_Q6_K) &&
-			    strncmp(k->name, "avx", 3) == 0)
+			/* kernels that take the reference's own float steps in
+			 * its order: bit-identical */
+			if (bit_exact(k, type))
 				CHECK_MSG(memcmp(&ref, &got, sizeof(ref)) == 0,
 					  "%s %s not bit-identical: %.9g vs %.9g", k->name, di->name,
 					  got, ref);
