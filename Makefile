@@ -87,7 +87,7 @@ all: $(BINS)
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(EDGELM_CFLAGS) $(ISA_FLAGS) $(EXTRA_CFLAGS) $(CFLAGS) -c -o $@ $<
+	$(Q)$(CC) $(EDGELM_CFLAGS) $(ISA_FLAGS) $(EXTRA_CFLAGS) $(CFLAGS) $(LATE_CFLAGS) -c -o $@ $<
 
 $(BUILD)/%.a:
 	@mkdir -p $(dir $@)

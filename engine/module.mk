@@ -24,6 +24,13 @@ $(BUILD)/engine/kernels/kern_avx2.o: ISA_FLAGS = -mavx2 -mfma -mf16c $(KERN_NOLT
 # avx2's part tables (kern_select.c): more weight types, same flags.
 $(BUILD)/engine/kernels/kern_avx2_q32.o $(BUILD)/engine/kernels/kern_avx2_kq.o: \
 	ISA_FLAGS = -mavx2 -mfma -mf16c $(KERN_NOLTO)
+ifneq ($(SAN),)
+# Under the sanitizers GCC spends ~8 CPU-minutes at -O2 on these files'
+# always-inline tile kernels (~3 at -O1), the longest step of make check's
+# sanitizer pass: that pass builds them at -O1 (after CFLAGS' -O2).
+$(BUILD)/engine/kernels/kern_avx2_q32.o $(BUILD)/engine/kernels/kern_avx2_kq.o: \
+	LATE_CFLAGS = -O1
+endif
 $(BUILD)/engine/kernels/kern_avxvnni.o: ISA_FLAGS = -mavx2 -mfma -mf16c -mavxvnni $(KERN_NOLTO)
 # VNNI functions in kern_avx512.c enable -mavx512vnni per function.
 $(BUILD)/engine/kernels/kern_avx512.o: ISA_FLAGS = -mavx512f -mavx512bw -mavx512vl -mavx512dq \
