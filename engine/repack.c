@@ -174,6 +174,7 @@ struct load_job {
 	struct load_item *it;
 	int64_t n_it, cap;
 	uintptr_t page;
+	bool release; /* src is the file's mapping: its pages may go */
 	_Alignas(64) atomic_long next;
 };
 
@@ -247,7 +248,7 @@ static void load_worker(void *arg, int ith, int nth)
 		 * next item goes at the end (engine_weights_rebase) */
 		uintptr_t a0 = ((uintptr_t)(j->src + it->off) + j->page - 1) & ~(j->page - 1);
 		uintptr_t a1 = (uintptr_t)(j->src + it->off + it->len) & ~(j->page - 1);
-		if (a1 > a0)
+		if (j->release && a1 > a0)
 			(void)madvise((void *)a0, a1 - a0, MADV_DONTNEED);
 	}
 }
@@ -276,7 +277,9 @@ static int load_copy(struct engine_weights *ws, struct pool *pool, uint8_t *dst,
 		     struct weight **sel, int n_w, struct cm_err *err)
 {
 	const struct gguf_file *f = ws->file;
-	struct load_job j = {.w = sel, .src = f->base, .dst = dst};
+	/* caller memory (gguf_open_mem) is never dropped: DONTNEED would
+	 * zero it */
+	struct load_job j = {.w = sel, .src = f->base, .dst = dst, .release = f->mapped};
 	long page = sysconf(_SC_PAGESIZE);
 	j.page = page > 0 ? (uintptr_t)page : 4096;
 	if (load_plan(&j, sel, n_w, f->size)) {
