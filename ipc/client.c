@@ -61,6 +61,9 @@ struct edgelm_client {
 	nng_dialer dialer;
 	atomic_int timeout_ms;
 	atomic_size_t max_msg;
+	char *url;
+	pthread_mutex_t dial_mu; /* fresh dials (redial) */
+	int redials;
 };
 
 /* ---- errors --------------------------------------------------------------- */
@@ -154,6 +157,13 @@ static int nng_err(struct edgelm_error *err, int rv, int timeout_ms, const char 
 
 /* ---- connection ----------------------------------------------------------- */
 
+static void client_free(struct edgelm_client *c)
+{
+	pthread_mutex_destroy(&c->dial_mu);
+	cm_free(c->url);
+	cm_free(c);
+}
+
 EDGELM_API int edgelm_connect(const char *url, edgelm_client **ret_client, struct edgelm_error *err)
 {
 	clear_err(err);
@@ -166,13 +176,17 @@ EDGELM_API int edgelm_connect(const char *url, edgelm_client **ret_client, struc
 			url = EDGELM_DEFAULT_URL;
 	}
 	struct edgelm_client *c = cm_calloc(1, sizeof(*c));
-	if (!c)
+	if (!c || !(c->url = cm_strdup(url)) || pthread_mutex_init(&c->dial_mu, NULL) != 0) {
+		if (c)
+			cm_free(c->url);
+		cm_free(c);
 		return set_err(err, EDGELM_E_NOMEM, "out of memory");
+	}
 	atomic_init(&c->timeout_ms, DEFAULT_TIMEOUT_MS);
 	atomic_init(&c->max_msg, (size_t)IPC_DEFAULT_MAX_MSG_BYTES);
 	int rv = nng_req0_open(&c->sock);
 	if (rv != 0) {
-		cm_free(c);
+		client_free(c);
 		return set_err(err, EDGELM_E_NOMEM, "cannot open an nng req0 socket: %s",
 		               nng_strerror(rv));
 	}
@@ -187,7 +201,7 @@ EDGELM_API int edgelm_connect(const char *url, edgelm_client **ret_client, struc
 		rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, REPLY_MAX_BYTES);
 	if (rv != 0) {
 		nng_close(c->sock);
-		cm_free(c);
+		client_free(c);
 		return set_err(err, EDGELM_E_CONNECT, "cannot configure the socket: %s",
 		               nng_strerror(rv));
 	}
@@ -195,7 +209,7 @@ EDGELM_API int edgelm_connect(const char *url, edgelm_client **ret_client, struc
 	rv = nng_dial(c->sock, url, &c->dialer, 0);
 	if (rv != 0) {
 		nng_close(c->sock);
-		cm_free(c);
+		client_free(c);
 		const char *hint = rv == NNG_ENOENT || rv == NNG_ECONNREFUSED
 		                       ? " (is edgelmd running?)"
 		                   : rv == NNG_EPERM ? " (are you in the socket's group?)"
@@ -296,7 +310,7 @@ EDGELM_API void edgelm_close(edgelm_client *c)
 	}
 	if (!k) { /* no thread to be had: close here */
 		sock_close(c->sock);
-		cm_free(c);
+		client_free(c);
 		return;
 	}
 	struct timespec dl = cm_deadline(CLOCK_MONOTONIC, IPC_CLOSE_WAIT_MS);
@@ -306,7 +320,7 @@ EDGELM_API void edgelm_close(edgelm_client *c)
 			break;
 	pthread_mutex_unlock(&k->mu);
 	closer_unref(k);
-	cm_free(c);
+	client_free(c);
 }
 
 EDGELM_API void edgelm_set_timeout(edgelm_client *c, int timeout_ms)
@@ -325,6 +339,27 @@ EDGELM_API void edgelm_free(void *p)
 }
 
 /* ---- one request, one reply ----------------------------------------------- */
+
+/* A connection lost (the daemon restarted, or dropped an oversized
+ * request) comes back through the dialer's reconnect, which nng 1.5.2
+ * schedules from its shared reaper; when that stalls (nanomsg/nng#1543,
+ * seen after a drop), the dialer never dials again. A request that found no
+ * connection for IPC_REDIAL_AFTER_MS therefore dials once more itself: the
+ * new dialer's pipe serves it, and the old dialer's, should it come back,
+ * is just a second pipe. At most IPC_MAX_REDIALS extra dialers a client. */
+static void redial(struct edgelm_client *c)
+{
+	pthread_mutex_lock(&c->dial_mu);
+	nng_dialer d;
+	if (c->redials < IPC_MAX_REDIALS && nng_dial(c->sock, c->url, &d, 0) == 0)
+		c->redials++;
+	pthread_mutex_unlock(&c->dial_mu);
+}
+
+int ipc_client_stall_dialer(struct edgelm_client *c)
+{
+	return nng_dialer_close(c->dialer) == 0 ? 0 : -1;
+}
 
 /* timeout_ms <= 0: wait forever. */
 static int xfer(struct edgelm_client *c, const char *req, size_t len, int timeout_ms,
@@ -360,9 +395,17 @@ static int xfer(struct edgelm_client *c, const char *req, size_t len, int timeou
 	}
 	memcpy(nng_msg_body(m), req, len);
 	nng_aio_set_msg(aio, m);
-	nng_aio_set_timeout(aio, send_to);
+	int first = send_to > IPC_REDIAL_AFTER_MS ? IPC_REDIAL_AFTER_MS : send_to;
+	nng_aio_set_timeout(aio, first);
 	nng_ctx_send(ctx, aio);
 	nng_aio_wait(aio);
+	if (nng_aio_result(aio) == NNG_ETIMEDOUT && send_to > first) {
+		/* Not sent yet, so safe to send again on a fresh connection. */
+		redial(c);
+		nng_aio_set_timeout(aio, send_to - first);
+		nng_ctx_send(ctx, aio);
+		nng_aio_wait(aio);
+	}
 	if ((rv = nng_aio_result(aio)) != 0) {
 		nng_msg_free(nng_aio_get_msg(aio));
 		if (rv == NNG_ETIMEDOUT)

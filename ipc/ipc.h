@@ -515,4 +515,13 @@ int ipc_call_error(ipc_call *call, enum ipc_errcode code, int64_t retry_after_ms
 #define IPC_CLOSE_WAIT_MS 2000
 extern void (*ipc_client_close_fn)(uint32_t sock_id);
 
+/* A call that finds no connection for IPC_REDIAL_AFTER_MS dials the daemon
+ * again itself, at most IPC_MAX_REDIALS times a client (client.c: redial).
+ * ipc_client_stall_dialer closes the client's first dialer without a
+ * reconnect, as a stalled nng reaper leaves it (for tests). */
+#define IPC_REDIAL_AFTER_MS 1500
+#define IPC_MAX_REDIALS 4
+struct edgelm_client;
+int ipc_client_stall_dialer(struct edgelm_client *c);
+
 #endif
