@@ -192,14 +192,21 @@ void kern_act_aux(uint32_t act_type, const void *a, int64_t n, float *aux);
 	}
 
 /* ---- the x16 repacked layout ----------------------------------------------
- * Load-time repacking (model.c) turns each group of 16 rows of a Q4_0 or
- * Q8_0 matrix into one panel of the same size, laid out the way a vpdpbusd
- * (or sdot) kernel reads it: one 64-byte vector holds 4 consecutive
- * elements of each of the 16 rows, so a decode kernel streams the panel
- * front to back with no transpose and no horizontal sums. For nb blocks:
+ * Load-time repacking (model.c) turns each group of 16 rows of a matrix
+ * (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K, Q6_K) into one panel of the
+ * same size, laid out the way a vpdpbusd (or sdot) kernel reads it: one
+ * 64-byte vector holds 4 consecutive elements of each of the 16 rows, so a
+ * decode kernel streams the panel front to back with no transpose and no
+ * horizontal sums. For nb blocks:
  *   Q4_0: per block 256 bytes of codes and 32 of scales. Chunk j (0..3),
  *         byte j*64 + 4r + i of the codes is byte 4j + i of row r's block
- *         (low nibble: element 4j + i, high: 16 + 4j + i).
+ *         (low nibble: element 4j + i, high: 16 + 4j + i). IQ4_NL the same
+ *         (its nibbles are codebook indices).
+ *   Q4_1: Q4_0's codes; 64 bytes of metadata, 16 f16 scales then 16 mins.
+ *   Q5_0, Q5_1: Q4_0's nibbles, then 64 bytes of 5th bits: the 64-bit mask
+ *         of code vector g (g < 4: chunk g's low nibbles, else chunk g-4's
+ *         high ones) at byte 256 + 8g, bit 4r + i for row r's element i
+ *         there; metadata as Q4_0 and Q4_1.
  *   Q8_0: per block 512 bytes of codes and 32 of scales. Group g (0..7),
  *         byte g*64 + 4r + i of the codes is element 4g + i of row r,
  *         stored as an unsigned code q + 128.

@@ -756,26 +756,45 @@ static inline __attribute__((always_inline)) VNNI __m512i dpbusd_bcst(__m512i ac
 	return acc;
 }
 
+/* The 32-element types of the x16 layout; codes are unsigned (Q8_0 as
+ * q + 128, IQ4_NL through its codebook shifted by 128, Q5 with the 5th bit
+ * ORed in under a mask), the offset comes off per block from the
+ * activation's sum, and Q4_1/Q5_1 add min x s from their Q8_1 activations
+ * to the block's term before it is summed (kern_gemm_x16_ref's steps). */
+enum x16_kind { X16_Q8_0, X16_Q4_0, X16_Q4_1, X16_Q5_0, X16_Q5_1, X16_IQ4_NL };
+#define X16_CB(k) ((k) == X16_Q8_0 ? 512 : (k) == X16_Q5_0 || (k) == X16_Q5_1 ? 320 : 256)
+#define X16_WITH_MIN(k) ((k) == X16_Q4_1 || (k) == X16_Q5_1)
+#define X16_MB(k) (X16_WITH_MIN(k) ? 64 : 32)
+#define X16_OFF(k) \
+	((k) == X16_Q4_0 ? 8.0f : (k) == X16_Q5_0 ? 16.0f : X16_WITH_MIN(k) ? 0.0f : 128.0f)
+
 static inline __attribute__((always_inline)) VNNI void
-x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
-	  const float *aux, size_t aux_stride, float *s, size_t s_stride, bool from_s)
+x16_panel(enum x16_kind kind, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a,
+	  size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride,
+	  bool from_s)
 {
-	const size_t cb = q4 ? 256 : 512;
-	const __m512i low = _mm512_set1_epi8(0x0f);
-	const __m512 offv = _mm512_set1_ps(q4 ? 8.0f : 128.0f);
+	const size_t cb = X16_CB(kind), mb = X16_MB(kind);
+	const bool q4 = kind != X16_Q8_0, hi = kind == X16_Q4_0 && NT <= X16_HI_TOKENS;
+	const bool min = X16_WITH_MIN(kind), q5 = kind == X16_Q5_0 || kind == X16_Q5_1;
+	const size_t asz = min ? sizeof(struct block_q8_1) : sizeof(struct block_q8_0);
+	const __m512i low = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
+	const __m512i book = _mm512_broadcast_i32x4(_mm_add_epi8(
+		_mm_loadu_si128((const __m128i *)quant_iq4nl_values), _mm_set1_epi8((char)0x80)));
+	const __m512 offv = _mm512_set1_ps(X16_OFF(kind));
 	__m512 acc[X16_TOKENS];
 	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
 		acc[t] = from_s ? _mm512_loadu_ps(s + (size_t)t * s_stride) : _mm512_setzero_ps();
 	/* two blocks (a pair: codes, codes, metadata) per iteration: it
 	 * paid for Q4_0/Q8_0 decode, not for the K-quant loops (§4) */
 	_Pragma("GCC unroll 2") for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
+		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, mb, b);
+		const uint8_t *pm = KERN_X16_META(panel, nb, cb, mb, b);
 		__m512i c[8];
-		/* constant per inlined (q4, NT): 0 asks for nothing */
+		/* constant per inlined (kind, NT): 0 asks for nothing */
 		const size_t pf = q4 || NT >= X16_Q8_PF_NT ? X16_PREFETCH : X16_Q8_1T_PREFETCH;
 		if (pf)
-			KERN_X16_PREFETCH(X16_PF, pb, cb, 32, b, pf);
-		if (q4 && NT <= X16_HI_TOKENS) {
+			KERN_X16_PREFETCH(X16_PF, pb, cb, mb, b, pf);
+		if (hi) {
 			/* few tokens: keep the high nibbles in place (16 x code),
 			 * one and instead of a shift and an and per vector; the
 			 * token's high sum is taken down by 16 once (exact) */
@@ -790,17 +809,27 @@ x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, s
 				c[j] = _mm512_and_si512(v, low);
 				c[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
 			}
+			if (kind == X16_IQ4_NL)
+				_Pragma("GCC unroll 8") for (int g = 0; g < 8; g++)
+					c[g] = _mm512_shuffle_epi8(book, c[g]);
+			if (q5)
+				_Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {
+					__mmask64 k;
+					memcpy(&k, pb + 256 + 8 * g, 8);
+					c[g] = _mm512_mask_add_epi8(c[g], k, c[g], bit4);
+				}
 		} else {
 			_Pragma("GCC unroll 8") for (int g = 0; g < 8; g++)
 				c[g] = _mm512_loadu_si512(pb + 64 * g);
 		}
-		__m512 dw = _mm512_cvtph_ps(
-			_mm256_loadu_si256((const __m256i *)KERN_X16_META(panel, nb, cb, 32, b)));
+		__m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pm));
+		__m512 mw = min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pm + 32)))
+				: dw;
 		_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
-			const int8_t *q = ((const struct block_q8_0 *)(a + (size_t)t * a_stride))[b].qs;
-			const float *x = aux + (size_t)t * aux_stride + 2 * b;
+			const uint8_t *ab = a + (size_t)t * a_stride + (size_t)b * asz;
+			const int8_t *q = (const int8_t *)ab + (min ? 4 : 2);
 			__m512i s0 = _mm512_setzero_si512(), s1 = s0;
-			if (q4 && NT <= X16_HI_TOKENS) {
+			if (hi) {
 				/* s0: low nibbles (elements 0..15), s1: 16 x high */
 				_Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
 					s0 = dpbusd_bcst(s0, c[g], q + 4 * g);
@@ -813,9 +842,21 @@ x16_panel(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, s
 					s1 = dpbusd_bcst(s1, c[g + 1], q + 4 * g + 4);
 				}
 			}
-			__m512 f = _mm512_fnmadd_ps(offv, _mm512_set1_ps(x[1]),
-						    _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)));
-			acc[t] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(x[0])), acc[t]);
+			__m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+			if (min) {
+				uint16_t dh, sh;
+				memcpy(&dh, ab, 2);
+				memcpy(&sh, ab + 2, 2);
+				__m512 da = _mm512_set1_ps(_cvtsh_ss(dh));
+				__m512 ms = _mm512_mul_ps(mw, _mm512_set1_ps(_cvtsh_ss(sh)));
+				acc[t] = _mm512_add_ps(
+					acc[t], _mm512_fmadd_ps(isum, _mm512_mul_ps(dw, da), ms));
+			} else {
+				const float *x = aux + (size_t)t * aux_stride + 2 * b;
+				__m512 f = _mm512_fnmadd_ps(offv, _mm512_set1_ps(x[1]), isum);
+				acc[t] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(x[0])),
+							 acc[t]);
+			}
 		}
 	}
 	_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
@@ -896,14 +937,14 @@ x16_q8_pair(int64_t nb, int NT, const uint8_t *p0, const uint8_t *p1, const uint
 }
 
 static inline __attribute__((always_inline)) VNNI void
-x16_gemm(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, const void *va,
+x16_gemm(enum x16_kind kind, int64_t n, int nr, int nt, const void *vw, size_t w_stride, const void *va,
 	 size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride,
 	 bool from_s)
 {
 	const uint8_t *w = vw, *a = va;
 	int64_t nb = n / 32;
 	int r0 = 0;
-	if (!q4 && nt >= X16_PAIR_MIN_NT)
+	if (kind == X16_Q8_0 && nt >= X16_PAIR_MIN_NT)
 		for (; r0 + 2 * KERN_X16_ROWS <= nr; r0 += 2 * KERN_X16_ROWS) {
 			const uint8_t *p0 = w + (size_t)r0 * w_stride;
 			const uint8_t *p1 = p0 + KERN_X16_ROWS * w_stride;
@@ -916,28 +957,29 @@ x16_gemm(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, co
 		}
 	for (; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {
 		const uint8_t *panel = w + (size_t)r0 * w_stride;
-#define X16_TILE(q4, t, NT)                                                                \
-	x16_panel(q4, nb, NT, panel, a + (size_t)(t) * a_stride, a_stride,                 \
+#define X16_TILE(kind, t, NT)                                                                \
+	x16_panel(kind, nb, NT, panel, a + (size_t)(t) * a_stride, a_stride,                 \
 		  aux + (size_t)(t) * aux_stride, aux_stride,                              \
 		  s + (size_t)(t) * s_stride + r0, s_stride, from_s)
-		KERN_TILES(nt, X16_TOKENS, X16_TILE, q4);
+		KERN_TILES(nt, X16_TOKENS, X16_TILE, kind);
 #undef X16_TILE
 	}
 }
 
-static VNNI void gemm_x16_q4_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
-			       const void *a, size_t a_stride, const float *aux, size_t aux_stride,
-			       float *s, size_t s_stride, bool from_s)
-{
-	x16_gemm(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride, from_s);
-}
-
-static VNNI void gemm_x16_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
-			       const void *a, size_t a_stride, const float *aux, size_t aux_stride,
-			       float *s, size_t s_stride, bool from_s)
-{
-	x16_gemm(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride, from_s);
-}
+#define X16_GEMM_FN(NAME, KIND)                                                            \
+	static VNNI void NAME(int64_t n, int nr, int nt, const void *w, size_t w_stride,     \
+			      const void *a, size_t a_stride, const float *aux,               \
+			      size_t aux_stride, float *s, size_t s_stride, bool from_s)      \
+	{                                                                                  \
+		x16_gemm(KIND, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s,     \
+			 s_stride, from_s);                                                 \
+	}
+X16_GEMM_FN(gemm_x16_q4_0, X16_Q4_0)
+X16_GEMM_FN(gemm_x16_q8_0, X16_Q8_0)
+X16_GEMM_FN(gemm_x16_q4_1, X16_Q4_1)
+X16_GEMM_FN(gemm_x16_q5_0, X16_Q5_0)
+X16_GEMM_FN(gemm_x16_q5_1, X16_Q5_1)
+X16_GEMM_FN(gemm_x16_iq4_nl, X16_IQ4_NL)
 
 /* ---- VNNI: x16 K-quants (Q4_K, Q6_K) --------------------------------------
  * The same panel walk as above over 256-element super-blocks. Per super-
@@ -1604,6 +1646,12 @@ const struct kern_ops kern_avx512vnni_ops = {
 		 * the x16 kernels */
 		[ENGINE_DTYPE_Q4_K] = { .act_type = ENGINE_DTYPE_Q8_K, .gemm_x16 = gemm_x16_q4_K },
 		[ENGINE_DTYPE_Q6_K] = { .act_type = ENGINE_DTYPE_Q8_K, .gemm_x16 = gemm_x16_q6_K },
+		/* so do these (their vec_dot: kern_avx2_q32.c) */
+		[ENGINE_DTYPE_Q4_1] = { .act_type = ENGINE_DTYPE_Q8_1, .gemm_x16 = gemm_x16_q4_1 },
+		[ENGINE_DTYPE_Q5_0] = { .act_type = ENGINE_DTYPE_Q8_0, .gemm_x16 = gemm_x16_q5_0 },
+		[ENGINE_DTYPE_Q5_1] = { .act_type = ENGINE_DTYPE_Q8_1, .gemm_x16 = gemm_x16_q5_1 },
+		[ENGINE_DTYPE_IQ4_NL] = { .act_type = ENGINE_DTYPE_Q8_0,
+					  .gemm_x16 = gemm_x16_iq4_nl },
 		[ENGINE_DTYPE_Q8_0] = { .act_type = ENGINE_DTYPE_Q8_0,
 					.vec_dot = vec_dot_q8_0_q8_0, .gemm = gemm_q8_0,
 					.gemv = gemv_q8_0, .gemm_x16 = gemm_x16_q8_0 },

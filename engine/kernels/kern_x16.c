@@ -21,8 +21,17 @@
 
 bool kern_x16_supported(uint32_t type)
 {
-	return type == ENGINE_DTYPE_Q4_0 || type == ENGINE_DTYPE_Q8_0 ||
-	       type == ENGINE_DTYPE_Q4_K || type == ENGINE_DTYPE_Q6_K;
+	switch (type) {
+	case ENGINE_DTYPE_Q4_0:
+	case ENGINE_DTYPE_Q4_1:
+	case ENGINE_DTYPE_Q5_0:
+	case ENGINE_DTYPE_Q5_1:
+	case ENGINE_DTYPE_IQ4_NL:
+	case ENGINE_DTYPE_Q8_0:
+	case ENGINE_DTYPE_Q4_K:
+	case ENGINE_DTYPE_Q6_K: return true;
+	default: return false;
+	}
 }
 
 /* Bytes of codes and of metadata per block of a 16-row panel; blocks are
@@ -30,7 +39,11 @@ bool kern_x16_supported(uint32_t type)
 static size_t codes_per_block(uint32_t type)
 {
 	switch (type) {
-	case ENGINE_DTYPE_Q4_0: return 256;
+	case ENGINE_DTYPE_Q4_0:
+	case ENGINE_DTYPE_Q4_1:
+	case ENGINE_DTYPE_IQ4_NL: return 256;
+	case ENGINE_DTYPE_Q5_0:
+	case ENGINE_DTYPE_Q5_1: return 320; /* the Q4 nibbles, then 8 bit masks */
 	case ENGINE_DTYPE_Q8_0: return 512;
 	case ENGINE_DTYPE_Q4_K: return 2048;
 	default: return 3072; /* Q6_K */
@@ -40,8 +53,12 @@ static size_t codes_per_block(uint32_t type)
 static size_t meta_per_block(uint32_t type)
 {
 	switch (type) {
-	case ENGINE_DTYPE_Q4_0: return 32;
+	case ENGINE_DTYPE_Q4_0:
+	case ENGINE_DTYPE_Q5_0:
+	case ENGINE_DTYPE_IQ4_NL:
 	case ENGINE_DTYPE_Q8_0: return 32;
+	case ENGINE_DTYPE_Q4_1:
+	case ENGINE_DTYPE_Q5_1: return 64; /* 16 scales, then 16 mins */
 	case ENGINE_DTYPE_Q4_K: return 256;
 	default: return 288; /* Q6_K */
 	}
@@ -62,11 +79,49 @@ static inline __attribute__((always_inline)) void x16_block(uint32_t type, bool 
 			memcpy((nat), (pan), (len)); \
 	} while (0)
 	switch (type) {
-	case ENGINE_DTYPE_Q4_0: {
+	case ENGINE_DTYPE_Q4_0:
+	case ENGINE_DTYPE_IQ4_NL: {
+		/* the same bytes: d, then 16 bytes of nibbles */
 		struct block_q4_0 *x = (struct block_q4_0 *)blk;
 		MOVE(&x->d, pm + 2 * r, 2);
 		for (int j = 0; j < 4; j++)
 			MOVE(x->qs + 4 * j, pc + j * 64 + 4 * r, 4);
+		break;
+	}
+	case ENGINE_DTYPE_Q4_1: {
+		struct block_q4_1 *x = (struct block_q4_1 *)blk;
+		MOVE(&x->d, pm + 2 * r, 2);
+		MOVE(&x->m, pm + 32 + 2 * r, 2);
+		for (int j = 0; j < 4; j++)
+			MOVE(x->qs + 4 * j, pc + j * 64 + 4 * r, 4);
+		break;
+	}
+	case ENGINE_DTYPE_Q5_0:
+	case ENGINE_DTYPE_Q5_1: {
+		bool one = type == ENGINE_DTYPE_Q5_1;
+		uint8_t *qs = blk + (one ? 8 : 6), *qh = blk + (one ? 4 : 2);
+		MOVE(blk, pm + 2 * r, 2);
+		if (one)
+			MOVE(blk + 2, pm + 32 + 2 * r, 2);
+		for (int j = 0; j < 4; j++)
+			MOVE(qs + 4 * j, pc + j * 64 + 4 * r, 4);
+		/* the 5th bits as the 64-bit masks of the 8 code vectors:
+		 * vector g (elements 4g..4g+3 for g < 4, 16 + 4(g-4).. else),
+		 * bit 4r + i for element i of row r, so that a kernel ORs
+		 * 0x10 into the code bytes under a mask register */
+		uint8_t *m = pc + 256;
+		for (int g = 0; g < 8; g++) {
+			uint8_t *mb = m + 8 * g + r / 2, sh = (uint8_t)(4 * (r & 1));
+			int e0 = g < 4 ? 4 * g : 16 + 4 * (g - 4);
+			if (pack) {
+				uint8_t bits = (uint8_t)((qh[e0 / 8] >> (e0 % 8)) & 0x0f);
+				*mb = (uint8_t)((*mb & ~(0x0f << sh)) | (bits << sh));
+			} else {
+				uint8_t bits = (uint8_t)((*mb >> sh) & 0x0f);
+				qh[e0 / 8] = (uint8_t)((qh[e0 / 8] & ~(0x0f << (e0 % 8))) |
+						       (bits << (e0 % 8)));
+			}
+		}
 		break;
 	}
 	case ENGINE_DTYPE_Q8_0: {
@@ -140,6 +195,10 @@ static void x16_move(uint32_t type, bool pack, uint8_t *rows, size_t row_stride,
 		break;
 	switch (type) {
 	X16_MOVE_CASE(ENGINE_DTYPE_Q4_0)
+	X16_MOVE_CASE(ENGINE_DTYPE_Q4_1)
+	X16_MOVE_CASE(ENGINE_DTYPE_Q5_0)
+	X16_MOVE_CASE(ENGINE_DTYPE_Q5_1)
+	X16_MOVE_CASE(ENGINE_DTYPE_IQ4_NL)
 	X16_MOVE_CASE(ENGINE_DTYPE_Q8_0)
 	X16_MOVE_CASE(ENGINE_DTYPE_Q4_K)
 	default: X16_MOVE_CASE(ENGINE_DTYPE_Q6_K)
@@ -169,15 +228,32 @@ void kern_x16_unpack(uint32_t type, const void *panel, int64_t n, void *rows, si
 	x16_move(type, false, rows, row_stride, n, (uint8_t *)(uintptr_t)panel);
 }
 
-/* Unsigned code of row r, element e of a panel block, and its offset. */
+/* The code of row r, element e of a panel block: unsigned (Q8_0 as q + 128,
+ * Q5 with its 5th bit), IQ4_NL's codebook index. */
 static int code_at(uint32_t type, const uint8_t *pb, int r, int e)
 {
-	if (type == ENGINE_DTYPE_Q4_0) {
-		int lo = e < 16, k = lo ? e : e - 16;
-		uint8_t byte = pb[(k / 4) * 64 + 4 * r + k % 4];
-		return lo ? byte & 0x0f : byte >> 4;
+	if (type == ENGINE_DTYPE_Q8_0)
+		return pb[(e / 4) * 64 + 4 * r + e % 4];
+	int lo = e < 16, k = lo ? e : e - 16;
+	uint8_t byte = pb[(k / 4) * 64 + 4 * r + k % 4];
+	int c = lo ? byte & 0x0f : byte >> 4;
+	if (type == ENGINE_DTYPE_Q5_0 || type == ENGINE_DTYPE_Q5_1) {
+		int g = (lo ? 0 : 4) + k / 4, bit = 4 * r + k % 4;
+		c |= ((pb[256 + 8 * g + bit / 8] >> (bit % 8)) & 1) << 4;
 	}
-	return pb[(e / 4) * 64 + 4 * r + e % 4];
+	return c;
+}
+
+/* The signed weight value (before scales) a code stands for. */
+static int value_of(uint32_t type, int code)
+{
+	switch (type) {
+	case ENGINE_DTYPE_Q4_0: return code - 8;
+	case ENGINE_DTYPE_Q5_0: return code - 16;
+	case ENGINE_DTYPE_Q8_0: return code - 128;
+	case ENGINE_DTYPE_IQ4_NL: return quant_iq4nl_values[code];
+	default: return code; /* Q4_1, Q5_1: offset by the block's min */
+	}
 }
 
 /* The K-quants: their SIMD kernels finish each super-block with the scalar
@@ -226,28 +302,43 @@ void kern_gemm_x16_ref(uint32_t type, int64_t n, int nr, int nt, const void *w,
 		return;
 	}
 	int64_t nb = n / 32;
-	size_t cb = codes_per_block(type);
-	int32_t off = type == ENGINE_DTYPE_Q4_0 ? 8 : 128;
+	size_t cb = codes_per_block(type), mb = meta_per_block(type);
+	/* Q4_1 and Q5_1 read Q8_1 activations and add min x the block's s */
+	bool with_min = type == ENGINE_DTYPE_Q4_1 || type == ENGINE_DTYPE_Q5_1;
+	size_t ab_size = with_min ? sizeof(struct block_q8_1) : sizeof(struct block_q8_0);
 	(void)aux;
 	(void)aux_stride;
 	for (int p = 0; p < nr / KERN_X16_ROWS; p++) {
 		const uint8_t *panel = (const uint8_t *)w + (size_t)p * KERN_X16_ROWS * w_stride;
 		for (int t = 0; t < nt; t++) {
-			const struct block_q8_0 *ab =
-				(const struct block_q8_0 *)((const uint8_t *)a + (size_t)t * a_stride);
+			const uint8_t *at = (const uint8_t *)a + (size_t)t * a_stride;
 			for (int r = 0; r < KERN_X16_ROWS; r++) {
 				float *o = &s[(size_t)t * s_stride + (size_t)p * KERN_X16_ROWS + r];
 				float acc = from_s ? *o : 0.0f;
 				for (int64_t b = 0; b < nb; b++) {
-					const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
+					const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, mb, b);
+					const uint8_t *pm = KERN_X16_META(panel, nb, cb, mb, b);
+					const uint8_t *ab = at + (size_t)b * ab_size;
+					const int8_t *q = (const int8_t *)ab + (with_min ? 4 : 2);
 					int32_t isum = 0;
 					for (int e = 0; e < 32; e++)
-						isum += (code_at(type, pb, r, e) - off) * ab[b].qs[e];
-					uint16_t dh;
-					memcpy(&dh, KERN_X16_META(panel, nb, cb, 32, b) + 2 * r, 2);
+						isum += value_of(type, code_at(type, pb, r, e)) * q[e];
+					uint16_t dh, ah;
+					memcpy(&dh, pm + 2 * r, 2);
+					memcpy(&ah, ab, 2);
 					float dw = quant_fp16_to_f32(dh);
-					float da = quant_fp16_to_f32(ab[b].d);
-					acc = fmaf((float)isum, dw * da, acc);
+					float da = quant_fp16_to_f32(ah);
+					if (with_min) {
+						/* the block's two terms first, as vec_dot: they
+						 * can be large and of opposite signs */
+						uint16_t mh, sh;
+						memcpy(&mh, pm + 32 + 2 * r, 2);
+						memcpy(&sh, ab + 2, 2);
+						float ms = quant_fp16_to_f32(mh) * quant_fp16_to_f32(sh);
+						acc = acc + fmaf((float)isum, dw * da, ms);
+					} else {
+						acc = fmaf((float)isum, dw * da, acc);
+					}
 				}
 				*o = acc;
 			}

@@ -1602,8 +1602,9 @@ static void check_x16_segments(uint32_t type, int64_t n, int64_t k, const uint8_
 
 static void test_variant_x16(void)
 {
-	static const uint32_t types[] = { ENGINE_DTYPE_Q4_0, ENGINE_DTYPE_Q8_0, ENGINE_DTYPE_Q4_K,
-					  ENGINE_DTYPE_Q6_K };
+	static const uint32_t types[] = { ENGINE_DTYPE_Q4_0, ENGINE_DTYPE_Q8_0,   ENGINE_DTYPE_Q4_K,
+					  ENGINE_DTYPE_Q6_K, ENGINE_DTYPE_Q4_1,   ENGINE_DTYPE_Q5_0,
+					  ENGINE_DTYPE_Q5_1, ENGINE_DTYPE_IQ4_NL };
 	/* three panels: avx512vnni's Q8_0 pairs two of them from
 	 * X16_PAIR_MIN_NT (64) tokens on, the third runs alone */
 	enum { NR = 48, NT = 130 };
