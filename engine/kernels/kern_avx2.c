@@ -813,36 +813,75 @@ static inline int32_t ld32(const void *p)
 	return v;
 }
 
-/* int32 lanes += sum of 4 products (codes c, activation bytes broadcast) */
-static inline __attribute__((always_inline)) __m256i x16_dot(bool q4, __m256i acc, __m256i c,
+/* The 32-element types of the x16 layout. Q8_0 = 0 and Q4_0 = 1, so
+ * kern_tiles.h's driver takes the kind where it took "q4". */
+enum x16a_kind { XA_Q8_0, XA_Q4_0, XA_Q4_1, XA_Q5_0, XA_Q5_1, XA_IQ4_NL };
+#define XA_CB(k) ((k) == XA_Q8_0 ? 512 : (k) == XA_Q5_0 || (k) == XA_Q5_1 ? 320 : 256)
+#define XA_WITH_MIN(k) ((k) == XA_Q4_1 || (k) == XA_Q5_1)
+#define XA_MB(k) (XA_WITH_MIN(k) ? 64 : 32)
+/* the activation block: Q8_1 (d, s, codes) for the types with a min */
+#define XA_ASZ(k) (XA_WITH_MIN(k) ? sizeof(struct block_q8_1) : sizeof(struct block_q8_0))
+
+/* int32 lanes += sum of 4 products (codes c, activation bytes broadcast):
+ * unsigned codes through vpmaddubsw (pair sums within 2 x 31 x 128), signed
+ * ones (Q8_0's, turned back from q + 128, and IQ4_NL's codebook values)
+ * through dot_i8's sign trick */
+static inline __attribute__((always_inline)) __m256i x16_dot(int kind, __m256i acc, __m256i c,
 							     __m256i a)
 {
-	if (q4)
-		return _mm256_add_epi32(
-			acc, _mm256_madd_epi16(_mm256_maddubs_epi16(c, a), _mm256_set1_epi16(1)));
-	return _mm256_add_epi32(acc, dot_i8(_mm256_xor_si256(c, _mm256_set1_epi8((char)0x80)), a));
+	if (kind == XA_Q8_0)
+		return _mm256_add_epi32(acc,
+					dot_i8(_mm256_xor_si256(c, _mm256_set1_epi8((char)0x80)), a));
+	if (kind == XA_IQ4_NL)
+		return _mm256_add_epi32(acc, dot_i8(c, a));
+	return _mm256_add_epi32(
+		acc, _mm256_madd_epi16(_mm256_maddubs_epi16(c, a), _mm256_set1_epi16(1)));
+}
+
+/* The codes of half h of code vector g: nibbles (lo/hi of the loaded v),
+ * through IQ4_NL's codebook, or with Q5's 5th bits from their 64-bit mask
+ * (the 32 bits of this half, one per byte: broadcast, pick each byte's
+ * byte, test its bit) */
+static inline __attribute__((always_inline)) __m256i x16_codes(int kind, __m256i nib,
+							       const uint8_t *pb, int g, int h)
+{
+	if (kind == XA_IQ4_NL)
+		return _mm256_shuffle_epi8(
+			_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_iq4nl_values)),
+			nib);
+	if (kind == XA_Q5_0 || kind == XA_Q5_1) {
+		const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+						      2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+		const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+		__m256i m = _mm256_shuffle_epi8(_mm256_set1_epi32(ld32(pb + 256 + 8 * g + 4 * h)),
+						pick);
+		m = _mm256_cmpeq_epi8(_mm256_and_si256(m, bit), bit);
+		return _mm256_or_si256(nib, _mm256_and_si256(m, _mm256_set1_epi8(0x10)));
+	}
+	return nib;
 }
 
 /* 8 rows (half h of the panel) x one block: the exact integer sums */
-static inline __attribute__((always_inline)) __m256i x16_isum(bool q4, const uint8_t *pb, int h,
+static inline __attribute__((always_inline)) __m256i x16_isum(int kind, const uint8_t *pb, int h,
 							      const int8_t *q)
 {
 	__m256i s0 = _mm256_setzero_si256(), s1 = s0;
-	if (q4) {
+	if (kind != XA_Q8_0) {
 		const __m256i low = _mm256_set1_epi8(0x0f);
 		_Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
 			__m256i v = _mm256_loadu_si256((const __m256i *)(pb + 64 * j + 32 * h));
-			s0 = x16_dot(true, s0, _mm256_and_si256(v, low),
-				     _mm256_set1_epi32(ld32(q + 4 * j)));
-			s1 = x16_dot(true, s1, _mm256_and_si256(_mm256_srli_epi16(v, 4), low),
-				     _mm256_set1_epi32(ld32(q + 16 + 4 * j)));
+			__m256i lo = x16_codes(kind, _mm256_and_si256(v, low), pb, j, h);
+			__m256i hi = x16_codes(kind, _mm256_and_si256(_mm256_srli_epi16(v, 4), low),
+					       pb, j + 4, h);
+			s0 = x16_dot(kind, s0, lo, _mm256_set1_epi32(ld32(q + 4 * j)));
+			s1 = x16_dot(kind, s1, hi, _mm256_set1_epi32(ld32(q + 16 + 4 * j)));
 		}
 	} else {
 		_Pragma("GCC unroll 4") for (int g = 0; g < 8; g += 2) {
-			s0 = x16_dot(false, s0,
+			s0 = x16_dot(kind, s0,
 				     _mm256_loadu_si256((const __m256i *)(pb + 64 * g + 32 * h)),
 				     _mm256_set1_epi32(ld32(q + 4 * g)));
-			s1 = x16_dot(false, s1,
+			s1 = x16_dot(kind, s1,
 				     _mm256_loadu_si256((const __m256i *)(pb + 64 * (g + 1) + 32 * h)),
 				     _mm256_set1_epi32(ld32(q + 4 * g + 4)));
 		}
@@ -850,54 +889,71 @@ static inline __attribute__((always_inline)) __m256i x16_isum(bool q4, const uin
 	return _mm256_add_epi32(s0, s1);
 }
 
-/* acc += (isum - off sum(a)) * (d_w * d_a): the reference's float steps */
-static inline __attribute__((always_inline)) __m256 x16_step(bool q4, __m256 acc, __m256i isum,
+/* The reference's float steps for one block: acc += (isum - off sum(a)) *
+ * (d_w * d_a), or with a min acc += fma(isum, d_w * d_a, m_w * s_a). `ab`
+ * is the activation block, x its aux (none for Q8_1). */
+static inline __attribute__((always_inline)) __m256 x16_step(int kind, __m256 acc, __m256i isum,
 							     const uint8_t *sb, int h,
-							     const float *x)
+							     const uint8_t *ab, const float *x)
 {
 	__m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16 * h)));
-	__m256 f = _mm256_fnmadd_ps(_mm256_set1_ps(q4 ? 8.0f : 0.0f), _mm256_set1_ps(x[1]),
+	if (XA_WITH_MIN(kind)) {
+		uint16_t dh, sh;
+		memcpy(&dh, ab, 2);
+		memcpy(&sh, ab + 2, 2);
+		__m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 32 + 16 * h)));
+		__m256 ms = _mm256_mul_ps(mw, _mm256_set1_ps(_cvtsh_ss(sh)));
+		__m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(dh)));
+		return _mm256_add_ps(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, ms));
+	}
+	float off = kind == XA_Q4_0 ? 8.0f : kind == XA_Q5_0 ? 16.0f : 0.0f;
+	__m256 f = _mm256_fnmadd_ps(_mm256_set1_ps(off), _mm256_set1_ps(x[1]),
 				    _mm256_cvtepi32_ps(isum));
 	return _mm256_fmadd_ps(f, _mm256_mul_ps(dw, _mm256_set1_ps(x[0])), acc);
 }
 
 static inline __attribute__((always_inline)) void
-x16a_one(bool q4, int64_t nb, const uint8_t *panel, const uint8_t *a, const float *aux, float *s,
+x16a_one(int kind, int64_t nb, const uint8_t *panel, const uint8_t *a, const float *aux, float *s,
 	 bool from_s)
 {
-	const size_t cb = q4 ? 256 : 512;
+	const size_t cb = XA_CB(kind), mb = XA_MB(kind), asz = XA_ASZ(kind);
+	const int qo = XA_WITH_MIN(kind) ? 4 : 2;
 	__m256 acc0 = from_s ? _mm256_loadu_ps(s) : _mm256_setzero_ps();
 	__m256 acc1 = from_s ? _mm256_loadu_ps(s + 8) : _mm256_setzero_ps();
 	/* two blocks per iteration, as on avx512vnni (§4) */
 	_Pragma("GCC unroll 2") for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
-		const uint8_t *sb = KERN_X16_META(panel, nb, cb, 32, b);
-		KERN_X16_PREFETCH(PF_T0, pb, cb, 32, b, X16A_PREFETCH);
-		const int8_t *q = ((const struct block_q8_0 *)a)[b].qs;
-		acc0 = x16_step(q4, acc0, x16_isum(q4, pb, 0, q), sb, 0, aux + 2 * b);
-		acc1 = x16_step(q4, acc1, x16_isum(q4, pb, 1, q), sb, 1, aux + 2 * b);
+		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, mb, b);
+		const uint8_t *sb = KERN_X16_META(panel, nb, cb, mb, b);
+		KERN_X16_PREFETCH(PF_T0, pb, cb, mb, b, X16A_PREFETCH);
+		const uint8_t *ab = a + (size_t)b * asz;
+		const int8_t *q = (const int8_t *)ab + qo;
+		const float *x = aux ? aux + 2 * b : NULL;
+		acc0 = x16_step(kind, acc0, x16_isum(kind, pb, 0, q), sb, 0, ab, x);
+		acc1 = x16_step(kind, acc1, x16_isum(kind, pb, 1, q), sb, 1, ab, x);
 	}
 	_mm256_storeu_ps(s, acc0);
 	_mm256_storeu_ps(s + 8, acc1);
 }
 
 static inline __attribute__((always_inline)) void
-x16a_half(bool q4, int64_t nb, int NT, const uint8_t *panel, int h, const uint8_t *a,
+x16a_half(int kind, int64_t nb, int NT, const uint8_t *panel, int h, const uint8_t *a,
 	  size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride,
 	  bool from_s)
 {
-	const size_t cb = q4 ? 256 : 512;
+	const size_t cb = XA_CB(kind), mb = XA_MB(kind), asz = XA_ASZ(kind);
+	const int qo = XA_WITH_MIN(kind) ? 4 : 2;
 	__m256 acc[X16A_TOKENS];
 	_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
 		acc[t] = from_s ? _mm256_loadu_ps(s + (size_t)t * s_stride + 8 * h)
 				: _mm256_setzero_ps();
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
-		const uint8_t *sb = KERN_X16_META(panel, nb, cb, 32, b);
+		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, mb, b);
+		const uint8_t *sb = KERN_X16_META(panel, nb, cb, mb, b);
 		_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) {
-			const int8_t *q = ((const struct block_q8_0 *)(a + (size_t)t * a_stride))[b].qs;
-			acc[t] = x16_step(q4, acc[t], x16_isum(q4, pb, h, q), sb, h,
-					  aux + (size_t)t * aux_stride + 2 * b);
+			const uint8_t *ab = a + (size_t)t * a_stride + (size_t)b * asz;
+			const float *x = aux ? aux + (size_t)t * aux_stride + 2 * b : NULL;
+			acc[t] = x16_step(kind, acc[t], x16_isum(kind, pb, h, (const int8_t *)ab + qo),
+					  sb, h, ab, x);
 		}
 	}
 	_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
@@ -1133,19 +1189,20 @@ x16a_q6_K(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_s
 KERN_X16K_GEMM(gemm_x16_q4_K, , x16a_q4_K, X16A_TOKENS)
 KERN_X16K_GEMM(gemm_x16_q6_K, , x16a_q6_K, X16A_TOKENS)
 
-static void gemm_x16_q4_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
-			  const void *a, size_t a_stride, const float *aux, size_t aux_stride,
-			  float *s, size_t s_stride, bool from_s)
-{
-	x16a_gemm(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride, from_s);
-}
-
-static void gemm_x16_q8_0(int64_t n, int nr, int nt, const void *w, size_t w_stride,
-			  const void *a, size_t a_stride, const float *aux, size_t aux_stride,
-			  float *s, size_t s_stride, bool from_s)
-{
-	x16a_gemm(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride, from_s);
-}
+#define XA_GEMM_FN(NAME, KIND)                                                             \
+	static void NAME(int64_t n, int nr, int nt, const void *w, size_t w_stride,          \
+			 const void *a, size_t a_stride, const float *aux, size_t aux_stride,  \
+			 float *s, size_t s_stride, bool from_s)                              \
+	{                                                                                  \
+		x16a_gemm(KIND, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s,    \
+			  s_stride, from_s);                                                \
+	}
+XA_GEMM_FN(gemm_x16_q4_0, XA_Q4_0)
+XA_GEMM_FN(gemm_x16_q8_0, XA_Q8_0)
+XA_GEMM_FN(gemm_x16_q4_1, XA_Q4_1)
+XA_GEMM_FN(gemm_x16_q5_0, XA_Q5_0)
+XA_GEMM_FN(gemm_x16_q5_1, XA_Q5_1)
+XA_GEMM_FN(gemm_x16_iq4_nl, XA_IQ4_NL)
 
 const struct kern_ops kern_avx2_ops = {
 	.name = "avx2",
@@ -1161,6 +1218,13 @@ const struct kern_ops kern_avx2_ops = {
 					.vec_dot = vec_dot_q4_K_q8_K, .gemm_x16 = gemm_x16_q4_K },
 		[ENGINE_DTYPE_Q6_K] = { .act_type = ENGINE_DTYPE_Q8_K,
 					.vec_dot = vec_dot_q6_K_q8_K, .gemm_x16 = gemm_x16_q6_K },
+		/* x16 only: their vec_dot and tile kernels are kern_avx2_q32.c's,
+		 * on the same activations */
+		[ENGINE_DTYPE_Q4_1] = { .act_type = ENGINE_DTYPE_Q8_1, .gemm_x16 = gemm_x16_q4_1 },
+		[ENGINE_DTYPE_Q5_0] = { .act_type = ENGINE_DTYPE_Q8_0, .gemm_x16 = gemm_x16_q5_0 },
+		[ENGINE_DTYPE_Q5_1] = { .act_type = ENGINE_DTYPE_Q8_1, .gemm_x16 = gemm_x16_q5_1 },
+		[ENGINE_DTYPE_IQ4_NL] = { .act_type = ENGINE_DTYPE_Q8_0,
+					  .gemm_x16 = gemm_x16_iq4_nl },
 	},
 	.quant_act = {
 		[ENGINE_DTYPE_F16] = quant_f16,

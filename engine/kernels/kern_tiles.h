@@ -44,14 +44,15 @@
 	case 6: CALL(ARG, t, 6); break;                                   \
 	case 7: CALL(ARG, t, 7); break;
 
-/* The x16 Q4_0/Q8_0 gemm driver of the 256-bit files (avx2, avxvnni),
- * whose vectors hold half a panel's rows: ONE(q4, nb, panel, a, aux, s,
- * from_s) walks a panel once for one token, HALF(q4, nb, NT, panel, h, a,
- * a_stride, aux, aux_stride, s, s_stride, from_s) walks half h for up to
- * TOKENS (from_s: kern.h's gemm_x16 contract). */
+/* The x16 gemm driver of the 32-element types in the 256-bit files (avx2,
+ * avxvnni), whose vectors hold half a panel's rows: ONE(kind, nb, panel, a,
+ * aux, s, from_s) walks a panel once for one token, HALF(kind, nb, NT,
+ * panel, h, a, a_stride, aux, aux_stride, s, s_stride, from_s) walks half h
+ * for up to TOKENS (from_s: kern.h's gemm_x16 contract). `kind` is the
+ * file's own type code (avxvnni: Q4_0 or not). */
 #define KERN_X16_HALVES_GEMM(NAME, ONE, HALF, TOKENS)                              \
 	static inline __attribute__((always_inline)) void NAME(                    \
-		bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, \
+		int kind, int64_t n, int nr, int nt, const void *vw, size_t w_stride, \
 		const void *va, size_t a_stride, const float *aux, size_t aux_stride, \
 		float *s, size_t s_stride, bool from_s)                            \
 	{                                                                          \
@@ -60,7 +61,7 @@
 		for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {  \
 			const uint8_t *panel = w + (size_t)r0 * w_stride;          \
 			if (nt == 1) {                                             \
-				ONE(q4, nb, panel, a, aux, s + r0, from_s);        \
+				ONE(kind, nb, panel, a, aux, s + r0, from_s);      \
 				continue;                                          \
 			}                                                          \
 			KERN_TILES(nt, TOKENS, KERN_X16_HALVES_TILE_, HALF);       \
@@ -68,7 +69,7 @@
 	}
 #define KERN_X16_HALVES_TILE_(HALF, t, NT)                                         \
 	for (int h = 0; h < 2; h++)                                                \
-		HALF(q4, nb, NT, panel, h, a + (size_t)(t) * a_stride, a_stride,   \
+		HALF(kind, nb, NT, panel, h, a + (size_t)(t) * a_stride, a_stride, \
 		     aux + (size_t)(t) * aux_stride, aux_stride,                   \
 		     s + (size_t)(t) * s_stride + r0, s_stride, from_s)
 
