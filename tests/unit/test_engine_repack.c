@@ -149,10 +149,13 @@ static void check_type(const char *type)
 	 * and the K-quants' vec_dot everywhere: then the two layouts agree to
 	 * rounding. A variant that runs the file's Q4_0/Q8_0 through vec_dot
 	 * (avx2, avxvnni: lanes summed at the end) differs from it by its
-	 * float order, which a random 4-layer model amplifies to ~6e-3. */
+	 * float order, which a random 4-layer model amplifies to ~6e-3; so do
+	 * the file layout's kernels of the other 32-element types (no FMA). */
 	const struct kern_ops *ko = kern_select(NULL, getenv("EDGELM_ISA"));
+	bool q4q8 = strcmp(type, "Q4_0") == 0 || strcmp(type, "Q8_0") == 0;
 	bool same_order = ko && (strcmp(type, "Q4_K_M") == 0 ||
-				 (ko->t[ENGINE_DTYPE_Q4_0].gemm && ko->t[ENGINE_DTYPE_Q8_0].gemm));
+				 (q4q8 && ko->t[ENGINE_DTYPE_Q4_0].gemm &&
+				  ko->t[ENGINE_DTYPE_Q8_0].gemm));
 	double bound = same_order ? 1e-5 : 2e-2;
 	fprintf(stderr, "%s: %u tensors repacked (%.1f KiB), logits max relative diff %.3g "
 		"(bound %g)\n", type, on.n_x16_tensors, (double)on.x16_bytes / 1024, worst / scale,
@@ -204,6 +207,16 @@ static void test_q8_0(void)
 static void test_q4_k_m(void)
 {
 	check_type("Q4_K_M");
+}
+
+/* The other 32-element types with x16 kernels: the bulk of real Qwen2.5
+ * mixes (Q5_0 in Q4_K_M, Q5_1 in Q5_K_M, IQ4_NL in Q3_K_M, Q2_K, IQ4_XS) */
+static void test_q32_types(void)
+{
+	check_type("Q4_1");
+	check_type("Q5_0");
+	check_type("Q5_1");
+	check_type("IQ4_NL");
 }
 
 /* The VmFlags line of the smaps entry starting at addr ("" if none) */
@@ -429,6 +442,7 @@ int main(void)
 	TEST_RUN(test_q4_0);
 	TEST_RUN(test_q8_0);
 	TEST_RUN(test_q4_k_m);
+	TEST_RUN(test_q32_types);
 	TEST_RUN(test_anon_copy);
 	TEST_RUN(test_load_peak);
 	TEST_RUN(test_before_weights);
