@@ -59,7 +59,7 @@ static const struct opt options[] = {
 	{ "isa", OPT_STRING, FIELD(isa), "auto", 0, 0, 0, NULL, NULL, 0, NULL,
 	  "kernel variant: auto (best this CPU has), scalar, avx2, avx512, ... (EDGELM_ISA overrides the file; --isa and --set override both)" },
 	{ "repack", OPT_STRING, FIELD(repack), "auto", 0, 0, 0, "auto|on|off", NULL, 0, NULL,
-	  "repack Q4_0/Q8_0/Q4_K/Q6_K weights at load into the kernels' interleaved layout (faster decode and prefill; the repacked tensors become private memory): auto (when the kernels read it and it takes at most half the RAM), on, off" },
+	  "repack Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL/Q8_0/Q4_K/Q6_K weights at load into the kernels' interleaved layout (faster decode and prefill; the repacked tensors become private memory): auto (when the kernels read it and it takes at most half the RAM), on, off" },
 	{ "ctx_size", OPT_UINT, FIELD(ctx_size), "0", 0, 1048576, 0, NULL, NULL, 0, NULL,
 	  "tokens per sequence; 0: the model's context, capped by kv_budget_mib" },
 	{ "parallel", OPT_UINT, FIELD(parallel), "4", 1, 256, 0, NULL, NULL, 0, NULL,
