@@ -535,41 +535,80 @@ static void attn_vsum_q8_0(int hd, int n, const float *w, const void *v, size_t 
  * block, each quarter's codes are unpacked once for up to 4 tokens. */
 #define X16N_TOKENS 4
 
+/* The 32-element types of the x16 layout (signed codes: Q5 with the 5th
+ * bit from its mask, minus 16; IQ4_NL through its codebook; Q4_1/Q5_1 as
+ * they are, with min x s from their Q8_1 activations added to the block's
+ * term first, kern_gemm_x16_ref's steps). */
+enum x16n_kind { XN_Q8_0, XN_Q4_0, XN_Q4_1, XN_Q5_0, XN_Q5_1, XN_IQ4_NL };
+#define XN_WITH_MIN(k) ((k) == XN_Q4_1 || (k) == XN_Q5_1)
+
+/* Quarter qr of Q5 code vector g: 0x10 where the 5th bit is set (the 16
+ * bits of the quarter, one per byte: each byte picks its byte of the two,
+ * then tests its bit) */
+static inline __attribute__((always_inline)) DOTPROD uint8x16_t x16_q5_bits(const uint8_t *pb,
+									    int g, int qr)
+{
+	static const uint8_t pick[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+	static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128,
+					1, 2, 4, 8, 16, 32, 64, 128};
+	uint16_t m;
+	memcpy(&m, pb + 256 + 8 * g + 2 * qr, 2);
+	uint8x16_t v = vqtbl1q_u8(vreinterpretq_u8_u16(vdupq_n_u16(m)), vld1q_u8(pick));
+	return vandq_u8(vtstq_u8(v, vld1q_u8(bit)), vdupq_n_u8(0x10));
+}
+
 static inline __attribute__((always_inline)) DOTPROD void
-x16_panel_dp(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
+x16_panel_dp(int kind, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
 	     const float *aux, size_t aux_stride, float *s, size_t s_stride, bool from_s)
 {
-	const size_t cb = q4 ? 256 : 512;
+	const bool min = XN_WITH_MIN(kind), q5 = kind == XN_Q5_0 || kind == XN_Q5_1;
+	const size_t cb = kind == XN_Q8_0 ? 512 : q5 ? 320 : 256, mb = min ? 64 : 32;
+	const size_t asz = min ? sizeof(struct block_q8_1) : sizeof(struct block_q8_0);
+	const int8x16_t book = vld1q_s8(quant_iq4nl_values);
 	float32x4_t acc[X16N_TOKENS][4];
 	for (int t = 0; t < NT; t++)
 		for (int qr = 0; qr < 4; qr++)
 			acc[t][qr] = from_s ? vld1q_f32(s + (size_t)t * s_stride + 4 * qr)
 					    : vdupq_n_f32(0);
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, 32, b);
+		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, mb, b);
 		const uint16_t *pd =
-			(const uint16_t *)(const void *)KERN_X16_META(panel, nb, cb, 32, b);
+			(const uint16_t *)(const void *)KERN_X16_META(panel, nb, cb, mb, b);
 		for (int qr = 0; qr < 4; qr++) {
 			int8x16_t c[8];
-			if (q4) {
+			if (kind != XN_Q8_0) {
 				for (int j = 0; j < 4; j++) {
 					uint8x16_t v = vld1q_u8(pb + 64 * j + 16 * qr);
-					c[j] = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f))),
-							vdupq_n_s8(8));
-					c[j + 4] = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)),
-							    vdupq_n_s8(8));
+					uint8x16_t lo = vandq_u8(v, vdupq_n_u8(0x0f)), hi = vshrq_n_u8(v, 4);
+					if (q5) {
+						lo = vorrq_u8(lo, x16_q5_bits(pb, j, qr));
+						hi = vorrq_u8(hi, x16_q5_bits(pb, j + 4, qr));
+					}
+					if (kind == XN_IQ4_NL) {
+						c[j] = vqtbl1q_s8(book, lo);
+						c[j + 4] = vqtbl1q_s8(book, hi);
+					} else {
+						int8_t off = kind == XN_Q4_0 ? 8 : kind == XN_Q5_0 ? 16 : 0;
+						c[j] = vsubq_s8(vreinterpretq_s8_u8(lo), vdupq_n_s8(off));
+						c[j + 4] = vsubq_s8(vreinterpretq_s8_u8(hi), vdupq_n_s8(off));
+					}
 				}
 			} else {
 				for (int g = 0; g < 8; g++)
 					c[g] = vreinterpretq_s8_u8(
 						veorq_u8(vld1q_u8(pb + 64 * g + 16 * qr), vdupq_n_u8(0x80)));
 			}
-			uint16_t dh[4];
+			uint16_t dh[4], mh[4];
 			memcpy(dh, pd + 4 * qr, sizeof(dh));
 			float32x4_t dw = {half(dh[0]), half(dh[1]), half(dh[2]), half(dh[3])};
+			float32x4_t mw = dw;
+			if (min) {
+				memcpy(mh, pd + 16 + 4 * qr, sizeof(mh));
+				mw = (float32x4_t){half(mh[0]), half(mh[1]), half(mh[2]), half(mh[3])};
+			}
 			for (int t = 0; t < NT; t++) {
-				const int8_t *q =
-					((const struct block_q8_0 *)(a + (size_t)t * a_stride))[b].qs;
+				const uint8_t *ab = a + (size_t)t * a_stride + (size_t)b * asz;
+				const int8_t *q = (const int8_t *)ab + (min ? 4 : 2);
 				int8x16_t a0 = vld1q_s8(q), a1 = vld1q_s8(q + 16);
 				int32x4_t i0 = vdupq_n_s32(0), i1 = i0;
 				i0 = vdotq_laneq_s32(i0, c[0], a0, 0);
@@ -580,9 +619,17 @@ x16_panel_dp(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a
 				i1 = vdotq_laneq_s32(i1, c[5], a1, 1);
 				i0 = vdotq_laneq_s32(i0, c[6], a1, 2);
 				i1 = vdotq_laneq_s32(i1, c[7], a1, 3);
-				float da = aux[(size_t)t * aux_stride + 2 * b];
-				acc[t][qr] = vfmaq_f32(acc[t][qr], vcvtq_f32_s32(vaddq_s32(i0, i1)),
-						       vmulq_n_f32(dw, da));
+				float32x4_t isum = vcvtq_f32_s32(vaddq_s32(i0, i1));
+				if (min) {
+					uint16_t h2[2];
+					memcpy(h2, ab, sizeof(h2));
+					float32x4_t ms = vmulq_n_f32(mw, half(h2[1]));
+					acc[t][qr] = vaddq_f32(
+						acc[t][qr], vfmaq_f32(ms, isum, vmulq_n_f32(dw, half(h2[0]))));
+				} else {
+					float da = aux[(size_t)t * aux_stride + 2 * b];
+					acc[t][qr] = vfmaq_f32(acc[t][qr], isum, vmulq_n_f32(dw, da));
+				}
 			}
 		}
 	}
@@ -592,7 +639,7 @@ x16_panel_dp(bool q4, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a
 }
 
 static inline __attribute__((always_inline)) DOTPROD void
-x16_gemm_dp(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride, const void *va,
+x16_gemm_dp(int kind, int64_t n, int nr, int nt, const void *vw, size_t w_stride, const void *va,
 	    size_t a_stride, const float *aux, size_t aux_stride, float *s, size_t s_stride,
 	    bool from_s)
 {
@@ -600,30 +647,29 @@ x16_gemm_dp(bool q4, int64_t n, int nr, int nt, const void *vw, size_t w_stride,
 	int64_t nb = n / 32;
 	for (int r0 = 0; r0 + KERN_X16_ROWS <= nr; r0 += KERN_X16_ROWS) {
 		const uint8_t *panel = w + (size_t)r0 * w_stride;
-#define X16N_TILE(q4, t, NT)                                                               \
-	x16_panel_dp(q4, nb, NT, panel, a + (size_t)(t) * a_stride, a_stride,              \
-		     aux + (size_t)(t) * aux_stride, aux_stride,                           \
+#define X16N_TILE(kind, t, NT)                                                             \
+	x16_panel_dp(kind, nb, NT, panel, a + (size_t)(t) * a_stride, a_stride,            \
+		     aux ? aux + (size_t)(t) * aux_stride : NULL, aux_stride,              \
 		     s + (size_t)(t) * s_stride + r0, s_stride, from_s)
-		KERN_TILES(nt, X16N_TOKENS, X16N_TILE, q4);
+		KERN_TILES(nt, X16N_TOKENS, X16N_TILE, kind);
 #undef X16N_TILE
 	}
 }
 
-static DOTPROD void gemm_x16_q4_0_dp(int64_t n, int nr, int nt, const void *w, size_t w_stride,
-				     const void *a, size_t a_stride, const float *aux,
-				     size_t aux_stride, float *s, size_t s_stride, bool from_s)
-{
-	x16_gemm_dp(true, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride,
-		    from_s);
-}
-
-static DOTPROD void gemm_x16_q8_0_dp(int64_t n, int nr, int nt, const void *w, size_t w_stride,
-				     const void *a, size_t a_stride, const float *aux,
-				     size_t aux_stride, float *s, size_t s_stride, bool from_s)
-{
-	x16_gemm_dp(false, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s, s_stride,
-		    from_s);
-}
+#define XN_GEMM_FN(NAME, KIND)                                                             \
+	static DOTPROD void NAME(int64_t n, int nr, int nt, const void *w, size_t w_stride,  \
+				 const void *a, size_t a_stride, const float *aux,           \
+				 size_t aux_stride, float *s, size_t s_stride, bool from_s)  \
+	{                                                                                  \
+		x16_gemm_dp(KIND, n, nr, nt, w, w_stride, a, a_stride, aux, aux_stride, s,  \
+			    s_stride, from_s);                                              \
+	}
+XN_GEMM_FN(gemm_x16_q4_0_dp, XN_Q4_0)
+XN_GEMM_FN(gemm_x16_q8_0_dp, XN_Q8_0)
+XN_GEMM_FN(gemm_x16_q4_1_dp, XN_Q4_1)
+XN_GEMM_FN(gemm_x16_q5_0_dp, XN_Q5_0)
+XN_GEMM_FN(gemm_x16_q5_1_dp, XN_Q5_1)
+XN_GEMM_FN(gemm_x16_iq4_nl_dp, XN_IQ4_NL)
 
 /* ---- dotprod: x16 K-quants (Q4_K, Q6_K; Q8_K activations) ----------------
  * kern_avx512.c's x16_q4_K_panel and x16_q6_K_panel on 4-row quarters of
@@ -864,6 +910,12 @@ const struct kern_ops kern_neon_dotprod_ops = {
 					.vec_dot = vec_dot_q4_0_q8_0_dp, .gemm_x16 = gemm_x16_q4_0_dp },
 		[ENGINE_DTYPE_Q4_K] = { .act_type = ENGINE_DTYPE_Q8_K, .gemm_x16 = gemm_x16_q4_K_dp },
 		[ENGINE_DTYPE_Q6_K] = { .act_type = ENGINE_DTYPE_Q8_K, .gemm_x16 = gemm_x16_q6_K_dp },
+		/* x16 only: their other kernels are kern_neon_q.c's */
+		[ENGINE_DTYPE_Q4_1] = { .act_type = ENGINE_DTYPE_Q8_1, .gemm_x16 = gemm_x16_q4_1_dp },
+		[ENGINE_DTYPE_Q5_0] = { .act_type = ENGINE_DTYPE_Q8_0, .gemm_x16 = gemm_x16_q5_0_dp },
+		[ENGINE_DTYPE_Q5_1] = { .act_type = ENGINE_DTYPE_Q8_1, .gemm_x16 = gemm_x16_q5_1_dp },
+		[ENGINE_DTYPE_IQ4_NL] = { .act_type = ENGINE_DTYPE_Q8_0,
+					  .gemm_x16 = gemm_x16_iq4_nl_dp },
 	},
 	.attn_score_q8_0 = attn_score_q8_0_dp,
 };
