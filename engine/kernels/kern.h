@@ -174,7 +174,9 @@ size_t kern_act_row_size(uint32_t act_type, int64_t n);
  * the layout has none), and its computation from a converted row: for Q8_0,
  * per 32-element block b, aux[2b] = d (as f32) and aux[2b + 1] = sum(q) (an
  * integer, exact in f32), which lets VNNI kernels feed unsigned weight codes
- * and take the offset off exactly once per block. */
+ * and take the offset off exactly once per block; for Q8_1, aux[2b] = d and
+ * aux[2b + 1] = s as f32 (the x16 kernels' per-token broadcasts, instead of
+ * two f16 conversions per block and token). */
 size_t kern_act_aux_len(uint32_t act_type, int64_t n);
 void kern_act_aux(uint32_t act_type, const void *a, int64_t n, float *aux);
 

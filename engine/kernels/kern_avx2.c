@@ -890,20 +890,17 @@ static inline __attribute__((always_inline)) __m256i x16_isum(int kind, const ui
 }
 
 /* The reference's float steps for one block: acc += (isum - off sum(a)) *
- * (d_w * d_a), or with a min acc += fma(isum, d_w * d_a, m_w * s_a). `ab`
- * is the activation block, x its aux (none for Q8_1). */
+ * (d_w * d_a), or with a min acc += fma(isum, d_w * d_a, m_w * s_a); x is
+ * the activation block's aux. */
 static inline __attribute__((always_inline)) __m256 x16_step(int kind, __m256 acc, __m256i isum,
-							     const uint8_t *sb, int h,
-							     const uint8_t *ab, const float *x)
+							     const uint8_t *sb, int h, const float *x)
 {
 	__m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16 * h)));
 	if (XA_WITH_MIN(kind)) {
-		uint16_t dh, sh;
-		memcpy(&dh, ab, 2);
-		memcpy(&sh, ab + 2, 2);
+		/* x: the Q8_1 block's d and s */
 		__m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 32 + 16 * h)));
-		__m256 ms = _mm256_mul_ps(mw, _mm256_set1_ps(_cvtsh_ss(sh)));
-		__m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(dh)));
+		__m256 ms = _mm256_mul_ps(mw, _mm256_set1_ps(x[1]));
+		__m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(x[0]));
 		return _mm256_add_ps(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, ms));
 	}
 	float off = kind == XA_Q4_0 ? 8.0f : kind == XA_Q5_0 ? 16.0f : 0.0f;
@@ -925,11 +922,9 @@ x16a_one(int kind, int64_t nb, const uint8_t *panel, const uint8_t *a, const flo
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, mb, b);
 		const uint8_t *sb = KERN_X16_META(panel, nb, cb, mb, b);
 		KERN_X16_PREFETCH(PF_T0, pb, cb, mb, b, X16A_PREFETCH);
-		const uint8_t *ab = a + (size_t)b * asz;
-		const int8_t *q = (const int8_t *)ab + qo;
-		const float *x = aux ? aux + 2 * b : NULL;
-		acc0 = x16_step(kind, acc0, x16_isum(kind, pb, 0, q), sb, 0, ab, x);
-		acc1 = x16_step(kind, acc1, x16_isum(kind, pb, 1, q), sb, 1, ab, x);
+		const int8_t *q = (const int8_t *)(a + (size_t)b * asz) + qo;
+		acc0 = x16_step(kind, acc0, x16_isum(kind, pb, 0, q), sb, 0, aux + 2 * b);
+		acc1 = x16_step(kind, acc1, x16_isum(kind, pb, 1, q), sb, 1, aux + 2 * b);
 	}
 	_mm256_storeu_ps(s, acc0);
 	_mm256_storeu_ps(s + 8, acc1);
@@ -950,10 +945,10 @@ x16a_half(int kind, int64_t nb, int NT, const uint8_t *panel, int h, const uint8
 		const uint8_t *pb = KERN_X16_CODES(panel, nb, cb, mb, b);
 		const uint8_t *sb = KERN_X16_META(panel, nb, cb, mb, b);
 		_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) {
-			const uint8_t *ab = a + (size_t)t * a_stride + (size_t)b * asz;
-			const float *x = aux ? aux + (size_t)t * aux_stride + 2 * b : NULL;
-			acc[t] = x16_step(kind, acc[t], x16_isum(kind, pb, h, (const int8_t *)ab + qo),
-					  sb, h, ab, x);
+			const int8_t *q =
+				(const int8_t *)(a + (size_t)t * a_stride + (size_t)b * asz) + qo;
+			acc[t] = x16_step(kind, acc[t], x16_isum(kind, pb, h, q), sb, h,
+					  aux + (size_t)t * aux_stride + 2 * b);
 		}
 	}
 	_Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)

@@ -843,16 +843,14 @@ x16_panel(enum x16_kind kind, int64_t nb, int NT, const uint8_t *panel, const ui
 				}
 			}
 			__m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+			const float *x = aux + (size_t)t * aux_stride + 2 * b;
 			if (min) {
-				uint16_t dh, sh;
-				memcpy(&dh, ab, 2);
-				memcpy(&sh, ab + 2, 2);
-				__m512 da = _mm512_set1_ps(_cvtsh_ss(dh));
-				__m512 ms = _mm512_mul_ps(mw, _mm512_set1_ps(_cvtsh_ss(sh)));
+				/* x: the Q8_1 block's d and s */
+				__m512 ms = _mm512_mul_ps(mw, _mm512_set1_ps(x[1]));
 				acc[t] = _mm512_add_ps(
-					acc[t], _mm512_fmadd_ps(isum, _mm512_mul_ps(dw, da), ms));
+					acc[t],
+					_mm512_fmadd_ps(isum, _mm512_mul_ps(dw, _mm512_set1_ps(x[0])), ms));
 			} else {
-				const float *x = aux + (size_t)t * aux_stride + 2 * b;
 				__m512 f = _mm512_fnmadd_ps(offv, _mm512_set1_ps(x[1]), isum);
 				acc[t] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(x[0])),
 							 acc[t]);

@@ -620,16 +620,13 @@ x16_panel_dp(int kind, int64_t nb, int NT, const uint8_t *panel, const uint8_t *
 				i0 = vdotq_laneq_s32(i0, c[6], a1, 2);
 				i1 = vdotq_laneq_s32(i1, c[7], a1, 3);
 				float32x4_t isum = vcvtq_f32_s32(vaddq_s32(i0, i1));
-				if (min) {
-					uint16_t h2[2];
-					memcpy(h2, ab, sizeof(h2));
-					float32x4_t ms = vmulq_n_f32(mw, half(h2[1]));
-					acc[t][qr] = vaddq_f32(
-						acc[t][qr], vfmaq_f32(ms, isum, vmulq_n_f32(dw, half(h2[0]))));
-				} else {
-					float da = aux[(size_t)t * aux_stride + 2 * b];
-					acc[t][qr] = vfmaq_f32(acc[t][qr], isum, vmulq_n_f32(dw, da));
-				}
+				const float *x = aux + (size_t)t * aux_stride + 2 * b;
+				if (min) /* x: the Q8_1 block's d and s */
+					acc[t][qr] = vaddq_f32(acc[t][qr],
+							       vfmaq_f32(vmulq_n_f32(mw, x[1]), isum,
+									 vmulq_n_f32(dw, x[0])));
+				else
+					acc[t][qr] = vfmaq_f32(acc[t][qr], isum, vmulq_n_f32(dw, x[0]));
 			}
 		}
 	}
@@ -649,7 +646,7 @@ x16_gemm_dp(int kind, int64_t n, int nr, int nt, const void *vw, size_t w_stride
 		const uint8_t *panel = w + (size_t)r0 * w_stride;
 #define X16N_TILE(kind, t, NT)                                                             \
 	x16_panel_dp(kind, nb, NT, panel, a + (size_t)(t) * a_stride, a_stride,            \
-		     aux ? aux + (size_t)(t) * aux_stride : NULL, aux_stride,              \
+		     aux + (size_t)(t) * aux_stride, aux_stride,                           \
 		     s + (size_t)(t) * s_stride + r0, s_stride, from_s)
 		KERN_TILES(nt, X16N_TOKENS, X16N_TILE, kind);
 #undef X16N_TILE

@@ -243,13 +243,21 @@ const struct kern_ops *kern_select(const struct cm_cpu_isa *caps, const char *fo
 
 size_t kern_act_aux_len(uint32_t act_type, int64_t n)
 {
-	if (act_type == ENGINE_DTYPE_Q8_0)
+	if (act_type == ENGINE_DTYPE_Q8_0 || act_type == ENGINE_DTYPE_Q8_1)
 		return (size_t)(n / QK8_0) * 2;
 	return 0;
 }
 
 void kern_act_aux(uint32_t act_type, const void *a, int64_t n, float *aux)
 {
+	if (act_type == ENGINE_DTYPE_Q8_1) {
+		const struct block_q8_1 *b = a;
+		for (int64_t i = 0; i < n / QK8_1; i++) {
+			aux[2 * i] = quant_fp16_to_f32(b[i].d);
+			aux[2 * i + 1] = quant_fp16_to_f32(b[i].s);
+		}
+		return;
+	}
 	if (act_type != ENGINE_DTYPE_Q8_0)
 		return;
 	const struct block_q8_0 *b = a;
