@@ -31,7 +31,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { EXIT_USAGE = 1, EXIT_MODEL = 2, EXIT_RUNTIME = 3, EXIT_MEMORY = 4 };
+/* The unit's RestartPreventExitStatus= lists the codes a restart cannot
+ * cure (configuration, model, and mlock = on refused). */
+enum { EXIT_USAGE = 1, EXIT_MODEL = 2, EXIT_RUNTIME = 3, EXIT_MEMORY = 4, EXIT_MLOCK = 5 };
 
 static void usage(FILE *o)
 {
@@ -242,10 +244,10 @@ static int lock_memory(struct daemon *d)
 	struct cm_err err = {0};
 	if (tuning_memory_lock(&d->tplan, &d->treport, regs, n, &d->tstate, &err) != 0) {
 		if (d->cfg.tuning && strcmp(d->cfg.mlock, "on") == 0) {
-			log_err("%s (mlock is `on`: refusing to serve unlocked)", err.msg);
+			log_err("%s; refusing to start (mlock = on; try: serve unlocked)", err.msg);
 			return -1;
 		}
-		log_warning("%s", err.msg);
+		log_warning("%s; serving unlocked", err.msg);
 	}
 	if (d->cfg.tuning && d->cfg.prefault)
 		for (int i = 0; i < n; i++)
@@ -757,7 +759,7 @@ static int start_memory(struct daemon *d)
 	if (d->cfg.tuning && d->cfg.hugepages)
 		copy_to_hugepages(d);
 	if (lock_memory(d) != 0)
-		return EXIT_MEMORY;
+		return EXIT_MLOCK;
 	update_tuning_json(d);
 	if (d->mi) {
 		monitor_gauge_set(d->mi->loading, 0);

@@ -155,16 +155,25 @@ int tuning_memory_fit_check(const struct tuning_report *r, uint64_t model_bytes,
 
 /* ---- locking ------------------------------------------------------------ */
 
-/* The one warning, with the exact fix. Kept under 256 bytes (struct cm_err). */
-static int memlock_warning(struct cm_err *err, int code, uint64_t bytes, const char *why)
+/* The one warning, with the fix for its cause: LimitMEMLOCK only when the
+ * limit is what refused (the unit already sets it, so under the unit a
+ * failure is something else, usually too little free RAM). The caller says
+ * what it does next (serve unlocked, or refuse). Kept under 256 bytes
+ * (struct cm_err). */
+static int memlock_warning(struct cm_err *err, int code, const struct tuning_mem *m,
+                           uint64_t bytes, const char *why)
 {
 	char b[32];
 	tuning_fmt_bytes(b, sizeof(b), bytes);
-	return cm_err_set(err, code,
-	                  "mlock: cannot lock %s of weights and KV cache in RAM (%s); fix: "
-	                  "LimitMEMLOCK=infinity in edgelmd.service (systemctl edit edgelmd); "
-	                  "serving unlocked",
-	                  b, why);
+	bool limit = !(m->cap_ipc_lock || m->memlock_unlimited || m->memlock_limit >= bytes);
+	const char *fix = limit ? "fix: LimitMEMLOCK=infinity in edgelmd.service (systemctl edit "
+	                          "edgelmd)"
+	                  : code == -ENOMEM || code == -EAGAIN
+	                      ? "not the limit: too little free RAM to pin it; free memory, or a "
+	                        "smaller model or ctx_size"
+	                      : "see mlock(2)";
+	return cm_err_set(err, code, "mlock: cannot lock %s of weights and KV cache in RAM (%s); %s",
+	                  b, why, fix);
 }
 
 int tuning_memlock_check(const struct tuning_report *r, uint64_t bytes, struct cm_err *err)
@@ -175,7 +184,7 @@ int tuning_memlock_check(const struct tuning_report *r, uint64_t bytes, struct c
 	char lim[32], why[96];
 	tuning_fmt_bytes(lim, sizeof(lim), m->memlock_limit);
 	snprintf(why, sizeof(why), "RLIMIT_MEMLOCK is %s and CAP_IPC_LOCK is missing", lim);
-	return memlock_warning(err, -EPERM, bytes, why);
+	return memlock_warning(err, -EPERM, m, bytes, why);
 }
 
 int tuning_memory_lock(const struct tuning_plan *plan, const struct tuning_report *r,
@@ -210,7 +219,7 @@ int tuning_memory_lock(const struct tuning_plan *plan, const struct tuning_repor
 	if (mode == TUNING_MLOCK_ALL) {
 		if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0) {
 			int e = errno;
-			ret = memlock_warning(err, -e, total, strerror(e));
+			ret = memlock_warning(err, -e, &r->mem, total, strerror(e));
 			tuning_change_fail(st, c, ret, "%s", err ? err->msg : strerror(e));
 			return ret;
 		}
@@ -226,7 +235,7 @@ int tuning_memory_lock(const struct tuning_plan *plan, const struct tuning_repor
 			         regions[i].what ? regions[i].what : "region", strerror(e));
 			for (int j = 0; j < i; j++)
 				(void)munlock(regions[j].addr, regions[j].len);
-			ret = memlock_warning(err, -e, total, why);
+			ret = memlock_warning(err, -e, &r->mem, total, why);
 			tuning_change_fail(st, c, ret, "%s", err ? err->msg : why);
 			return ret;
 		}

@@ -2,7 +2,7 @@
 # Tuning on this box, through the real daemon (issue 6, "Must show" 2):
 # - under `taskset -c 0` edgelmd uses one worker;
 # - with RLIMIT_MEMLOCK of 64 KiB and no CAP_IPC_LOCK it warns once (naming
-#   LimitMEMLOCK=infinity) and serves;
+#   LimitMEMLOCK=infinity) and serves; with mlock = on it refuses (exit 5);
 # - a model whose KV cache cannot fit in memory is refused before anything
 #   big is allocated, with exit code 4 and a message that says why;
 # - `edgelmd --check` prints the report and changes nothing.
@@ -45,7 +45,14 @@ if command -v setpriv >/dev/null && command -v prlimit >/dev/null; then
 		prlimit --memlock=65536 $D --set mlock=try --model "$T/tiny.gguf" --listen "ipc://$T/b.sock"
 	rc=$?
 	n=$(grep -c "LimitMEMLOCK=infinity" "$T/memlock.log")
-	if [ $rc -eq 0 ] && [ "$n" -eq 1 ] && grep -q "serving" "$T/memlock.log"; then ok; else ko "memlock: rc $rc, $n warnings: $(cat "$T/memlock.log")"; fi
+	if [ $rc -eq 0 ] && [ "$n" -eq 1 ] && grep -q "serving unlocked" "$T/memlock.log"; then ok; else ko "memlock: rc $rc, $n warnings: $(cat "$T/memlock.log")"; fi
+	# mlock = on refuses with its own exit code (5, which the unit does
+	# not restart), not 4 ("does not fit in memory"), and says so once
+	setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock prlimit --memlock=65536 \
+		$D --set mlock=on --model "$T/tiny.gguf" --listen "ipc://$T/b2.sock" >"$T/mlock-on.log" 2>&1
+	rc=$?
+	if [ $rc -eq 5 ] && grep -q "refusing to start" "$T/mlock-on.log" &&
+		! grep -q "serving unlocked" "$T/mlock-on.log"; then ok; else ko "mlock=on: rc $rc: $(cat "$T/mlock-on.log")"; fi
 else
 	echo "SKIP memlock: setpriv or prlimit missing" >&2
 fi

@@ -121,9 +121,13 @@ else
 fi
 
 # the exit codes that no restart can fix stop the restarts (edgelmd(8):
-# 1 configuration, 2 model): an unconfigured box must not restart forever
+# 1 configuration, 2 model, 5 mlock = on refused): an unconfigured box must
+# not restart forever; and each code is edgelmd's own (daemon/main.c)
 prevent=$(sed -n 's/^RestartPreventExitStatus=//p' "$UNIT")
-if [ "$prevent" = "1 2" ]; then ok "RestartPreventExitStatus=1 2"
-else bad "RestartPreventExitStatus is '$prevent', want '1 2'"; fi
+if [ "$prevent" = "1 2 5" ]; then ok "RestartPreventExitStatus=1 2 5"
+else bad "RestartPreventExitStatus is '$prevent', want '1 2 5'"; fi
+if grep -q "EXIT_USAGE = 1, EXIT_MODEL = 2, .* EXIT_MLOCK = 5" daemon/main.c; then
+	ok "the codes are edgelmd's"
+else bad "daemon/main.c's exit codes moved: check RestartPreventExitStatus"; fi
 
 finish

@@ -49,7 +49,7 @@ static void test_fit_cgroup(void)
 static const char *const warning_64k =
     "mlock: cannot lock 100 MiB of weights and KV cache in RAM (RLIMIT_MEMLOCK is 64 KiB and "
     "CAP_IPC_LOCK is missing); fix: LimitMEMLOCK=infinity in edgelmd.service (systemctl edit "
-    "edgelmd); serving unlocked";
+    "edgelmd)";
 
 /* prlimit --memlock=65536 without CAP_IPC_LOCK, on a fake tree */
 static void test_memlock_warning(void)
@@ -100,6 +100,48 @@ static void test_memlock_warning(void)
 	CHECK_STREQ(err.msg, "");
 	CHECK_EQ_INT(st.n_failed, 1);
 	CHECK(!st.mlocked);
+	tuning_state_fini(&st);
+	tuning_plan_fini(&plan);
+	tuning_report_fini(&r);
+}
+
+/* With the limit out of the way (unlimited, as the unit sets it) a failing
+ * mlock is not the limit's fault: the warning must not send the operator to
+ * LimitMEMLOCK again (issue 23: it did). An unmapped range fails with
+ * ENOMEM, as too little free RAM does. */
+static void test_memlock_not_the_limit(void)
+{
+	struct tuning_paths p;
+	struct tuning_report r;
+	struct tuning_plan plan;
+	struct tuning_config c;
+	struct cm_err err = {0};
+	if (fake_tree("vm", &p) < 0) {
+		CHECK(0);
+		return;
+	}
+	CHECK_OK(fake_write(
+	    p.procfs_root, "self/limits",
+	    "Limit                     Soft Limit           Hard Limit           Units\n"
+	    "Max locked memory         unlimited            unlimited            bytes"));
+	CHECK_OK(fake_write(p.procfs_root, "self/status",
+	                    "Name:\tedgelmd\nCapEff:\t0000000000000000\nCpus_allowed_list:\t0-1"));
+	tuning_report_init(&r);
+	tuning_plan_init(&plan);
+	CHECK_OK(tuning_detect(&p, &r, &err));
+	CHECK(r.mem.memlock_unlimited);
+	tuning_config_default(&c);
+	c.model_bytes = 1 << 20;
+	CHECK_OK(tuning_plan_make(&r, &c, &plan, &err));
+	void *hole = mmap(NULL, 1 << 20, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(hole != MAP_FAILED);
+	munmap(hole, 1 << 20);
+	struct tuning_region reg[1] = {{hole, 1 << 20, "weights"}};
+	struct tuning_state st;
+	tuning_state_init(&st);
+	CHECK_EQ_INT(tuning_memory_lock(&plan, &r, reg, 1, &st, &err), -ENOMEM);
+	CHECK_MSG(strstr(err.msg, "too little free RAM") && !strstr(err.msg, "LimitMEMLOCK"),
+		  "%s", err.msg);
 	tuning_state_fini(&st);
 	tuning_plan_fini(&plan);
 	tuning_report_fini(&r);
@@ -308,6 +350,7 @@ int main(void)
 	TEST_RUN(test_fit);
 	TEST_RUN(test_fit_cgroup);
 	TEST_RUN(test_memlock_warning);
+	TEST_RUN(test_memlock_not_the_limit);
 	TEST_RUN(test_live_memlock);
 	TEST_RUN(test_live_lock);
 	TEST_RUN(test_hugepage_buf);
