@@ -11,11 +11,16 @@
 #include "tests/test.h"
 
 #include <grp.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdatomic.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 /* ---- the emulated daemon -------------------------------------------------- */
@@ -1174,6 +1179,81 @@ static void test_redial_after_stall(void)
 	daemon_stop(d);
 }
 
+/* In this process from now on, the chown family fails with EPERM, as
+ * under the unit's SystemCallFilter=~@privileged. */
+static int deny_chown(void)
+{
+#define DENY(nr)                                                            \
+	BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (nr), 0, 1),                     \
+	    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA))
+	struct sock_filter f[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+#ifdef __NR_chown
+		DENY(__NR_chown),
+		DENY(__NR_lchown),
+#endif
+		DENY(__NR_fchown),
+		DENY(__NR_fchownat),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+	};
+#undef DENY
+	struct sock_fprog prog = {.len = (unsigned short)CM_ARRAY_LEN(f), .filter = f};
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+		return -1;
+	return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
+}
+
+/* `test_ipc_server --socket-group-child URL GROUP`: under deny_chown(),
+ * start a server on URL with socket_group GROUP; exit 0 when it started
+ * without a warning. A process of its own: nng's threads do not survive a
+ * fork. */
+static int socket_group_child(const char *url, const char *group)
+{
+	if (deny_chown() != 0)
+		return 10;
+	if (chown(test_tmpdir(), (uid_t)-1, getegid()) == 0 || errno != EPERM)
+		return 11; /* the filter must bite, or this proves nothing */
+	const char *u[] = {url};
+	struct ipc_server_params p = {.socket_group = group, .urls = u, .n_urls = 1};
+	struct tdaemon dd = {0};
+	pthread_mutex_init(&dd.mu, NULL);
+	ipc_server *srv = NULL;
+	struct cm_err err = {0};
+	if (ipc_server_new(&p, handler, &dd, &srv, &err) != 0) {
+		printf("ipc_server_new: %s\n", err.msg);
+		return 12;
+	}
+	int rc = ipc_server_start(srv, &err);
+	if (rc != 0 || err.code != 0)
+		printf("start: %d: %s\n", rc, err.msg);
+	int ret = rc != 0 ? 13 : err.code != 0 ? 1 : 0;
+	ipc_server_free(srv);
+	return ret;
+}
+
+/* The unit makes the socket in its own group (Group=edgelm) and forbids
+ * chown: a socket_group that is already the socket's group must start
+ * without the chgrp warning (it was logged at every start). */
+static void test_socket_group_already_set(void)
+{
+	struct group *g = getgrgid(getegid());
+	if (!g) {
+		TEST_SKIP("no name for group %d", (int)getegid());
+		return;
+	}
+	char path[512], self[4096], cmd[8192], *out = NULL;
+	snprintf(path, sizeof(path), "%s/grp-same-%d.sock", test_tmpdir(), (int)getpid());
+	ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	CHECK(sl > 0);
+	self[sl > 0 ? sl : 0] = '\0';
+	snprintf(cmd, sizeof(cmd), "'%s' --socket-group-child 'ipc://%s' '%s' 2>&1", self, path,
+		 g->gr_name);
+	int rc = test_run_capture(cmd, &out);
+	CHECK_MSG(rc == 0, "socket group child: exit %d: %s", rc, out);
+	free(out);
+	unlink(path);
+}
+
 static void test_setup_errors(void)
 {
 	ipc_server *srv = NULL;
@@ -1254,6 +1334,8 @@ int main(int argc, char **argv)
 {
 	if (argc == 3 && strcmp(argv[1], "--oversized-client") == 0)
 		return oversized_client(argv[2]);
+	if (argc == 4 && strcmp(argv[1], "--socket-group-child") == 0)
+		return socket_group_child(argv[2], argv[3]);
 	TEST_RUN(test_ops_and_socket_file);
 	TEST_RUN(test_streaming);
 	TEST_RUN(test_concurrent_clients);
@@ -1264,6 +1346,7 @@ int main(int argc, char **argv)
 	TEST_RUN(test_close_bounded);
 	TEST_RUN(test_redial_after_stall);
 	TEST_RUN(test_setup_errors);
+	TEST_RUN(test_socket_group_already_set);
 	TEST_RUN(test_second_server_refused);
 	return test_finish();
 }
