@@ -23,6 +23,8 @@
 
 #include <getopt.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,12 +183,19 @@ static int load_model(struct daemon *d, engine_model **ret_m, engine_ctx **ret_c
 		engine_model_free(m);
 		return r;
 	}
-	/* warm-up: one token through every layer, then forget it */
+	/* warm-up: one token through every layer, then forget it. The decode
+	 * pins this thread to worker 0's cpu (the engine's thread is whoever
+	 * decodes): give it its own cpus back, which the IPC threads started
+	 * from it inherit; the scheduler's thread binds at its first step. */
+	cpu_set_t own;
+	bool have_own = pthread_getaffinity_np(pthread_self(), sizeof(own), &own) == 0;
 	int32_t bos = engine_tokenizer_bos(engine_model_tokenizer(m));
 	int32_t pos0 = 0, seq0 = 0;
 	struct engine_batch b = {.n = 1, .tokens = &bos, .pos = &pos0, .seq = &seq0};
 	if (bos >= 0 && engine_decode(cx, &b, err) == 0)
 		engine_seq_truncate(cx, 0, 0);
+	if (have_own)
+		(void)pthread_setaffinity_np(pthread_self(), sizeof(own), &own);
 	*ret_m = m;
 	*ret_c = cx;
 	return 0;

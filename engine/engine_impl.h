@@ -45,6 +45,11 @@ int engine_pool_new(int n_threads, const int *cpus, int n_cpus, struct pool **re
 void engine_pool_free(struct pool *p);
 int engine_pool_size(const struct pool *p);
 void engine_pool_run(struct pool *p, pool_fn fn, void *arg);
+/* With pinning (cpus given), pin the calling thread to worker 0's cpu,
+ * once per thread that calls it: the thread that decodes, not the one that
+ * made the pool or loaded the model (whose affinity stays its own; in
+ * edgelmd the main and IPC threads keep the service cpus). */
+void engine_pool_bind_caller(struct pool *p);
 
 /* Ask for every cache line of n bytes at p before a serial pass reads
  * them: the rows a parallel run leaves behind sit partly in other cores'

@@ -456,6 +456,7 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 	int r = check_batch(c, b, err);
 	if (r)
 		return r;
+	engine_pool_bind_caller(m->pool);
 	int T = b->n;
 	c->seq = b->seq ? b->seq : c->zero_seq; /* NULL: all in sequence 0 */
 	c->pos = b->pos;

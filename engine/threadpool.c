@@ -62,6 +62,8 @@ struct pool {
 	pthread_cond_t cv;      /* workers wait for a new generation */
 	pthread_cond_t done_cv; /* caller waits for the active count to drop */
 	bool caller_sleeping;
+	bool bound;       /* a caller was pinned as worker 0 ... */
+	pthread_t caller; /* ... this one (engine_pool_bind_caller) */
 };
 
 /* Spin until pred(p, v) is false or the spin budget is spent; returns
@@ -176,13 +178,9 @@ int engine_pool_new(int n_threads, const int *cpus, int n_cpus, struct pool **re
 		p->w[i].ith = i;
 		p->w[i].cpu = (cpus && n_cpus > 0) ? cpus[i % n_cpus] : -1;
 	}
-	/* Worker 0 is the calling thread; pin it only if asked. */
-	if (p->w[0].cpu >= 0) {
-		cpu_set_t set;
-		CPU_ZERO(&set);
-		CPU_SET(p->w[0].cpu, &set);
-		(void)pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-	}
+	/* Worker 0 is whoever runs the engine, which need not be the thread
+	 * that made the pool (edgelmd loads on its main thread and decodes on
+	 * its scheduler's): engine_pool_bind_caller pins that one. */
 	for (int i = 1; i < n_threads; i++) {
 		int r = pthread_create(&p->w[i].th, NULL, worker_main, &p->w[i]);
 		if (r != 0) {
@@ -213,6 +211,19 @@ void engine_pool_free(struct pool *p)
 	pthread_cond_destroy(&p->cv);
 	pthread_cond_destroy(&p->done_cv);
 	cm_free(p);
+}
+
+void engine_pool_bind_caller(struct pool *p)
+{
+	pthread_t self = pthread_self();
+	if (p->w[0].cpu < 0 || (p->bound && pthread_equal(p->caller, self)))
+		return;
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	CPU_SET(p->w[0].cpu, &set);
+	(void)pthread_setaffinity_np(self, sizeof(set), &set); /* best effort, as workers */
+	p->caller = self;
+	p->bound = true;
 }
 
 int engine_pool_size(const struct pool *p)

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Tuning on this box, through the real daemon (issue 6, "Must show" 2):
-# - under `taskset -c 0` edgelmd uses one worker;
+# - under `taskset -c 0` edgelmd uses one worker; pinned, its service
+#   threads keep the service cpus (only the decoding thread is pinned);
 # - with RLIMIT_MEMLOCK of 64 KiB and no CAP_IPC_LOCK it warns once (naming
 #   LimitMEMLOCK=infinity) and serves; with mlock = on it refuses (exit 5);
 # - a model whose KV cache cannot fit in memory is refused before anything
@@ -38,6 +39,29 @@ run_daemon() {
 run_daemon taskset taskset -c 0 $D --model "$T/tiny.gguf" --listen "ipc://$T/a.sock"
 rc=$?
 if [ $rc -eq 0 ] && grep -q "tuning: 1 workers" "$T/taskset.log" && grep -q "1 threads" "$T/taskset.log"; then ok; else ko "taskset -c 0: rc $rc, $(cat "$T/taskset.log")"; fi
+
+# pinned workers, service threads on the service cpus: after a generation
+# the decoding thread (sched) and worker 1 are on one cpu each, the main and
+# nng threads keep the whole set (they had followed worker 0 to its cpu)
+all=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)
+case $all in
+*-*|*,*)
+	$D --model "$T/tiny.gguf" --listen "ipc://$T/p.sock" >"$T/pin.log" 2>&1 &
+	pid=$!
+	i=0
+	while [ $i -lt 100 ] && ! grep -q "serving" "$T/pin.log"; do sleep 0.1; i=$((i + 1)); done
+	"$BUILD/bin/edgelmctl" --socket "ipc://$T/p.sock" generate -n 3 "hi" >/dev/null 2>&1
+	aff() { for t in /proc/$pid/task/*; do
+		[ "$(cat "$t/comm")" = "$1" ] && sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' "$t/status"
+	done | head -n 1; }
+	main=$(aff edgelmd) nng=$(aff nng:timer) sched=$(aff edgelmd:sched)
+	kill -TERM $pid; wait $pid
+	case $sched in *-*|*,*|"") sched_one=no ;; *) sched_one=yes ;; esac
+	if [ "$main" = "$all" ] && [ "$nng" = "$all" ] && [ $sched_one = yes ]; then ok
+	else ko "pinning: main '$main', nng '$nng', sched '$sched' (all '$all')"; fi
+	;;
+*) echo "SKIP pinning: one cpu" >&2 ;;
+esac
 
 # memlock 64 KiB without CAP_IPC_LOCK: one warning, then it serves
 if command -v setpriv >/dev/null && command -v prlimit >/dev/null; then

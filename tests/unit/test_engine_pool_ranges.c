@@ -11,6 +11,7 @@
 #include "tests/test.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -163,11 +164,77 @@ static void test_late_and_absent(void)
 	CHECK_EQ_INT(run_threads(absent), 0);
 }
 
+static int my_cpus(char *buf, size_t cap)
+{
+	cpu_set_t set;
+	int n = 0;
+	buf[0] = '\0';
+	if (pthread_getaffinity_np(pthread_self(), sizeof(set), &set) != 0)
+		return -1;
+	for (int i = 0; i < CPU_SETSIZE; i++)
+		if (CPU_ISSET(i, &set)) {
+			size_t l = strlen(buf);
+			snprintf(buf + l, cap - l, "%s%d", n++ ? "," : "", i);
+		}
+	return n;
+}
+
+struct bind_arg {
+	struct pool *p;
+	char cpus[256];
+};
+
+static void *bind_thread(void *argp)
+{
+	struct bind_arg *a = argp;
+	engine_pool_bind_caller(a->p);
+	my_cpus(a->cpus, sizeof(a->cpus));
+	return NULL;
+}
+
+/* Worker 0 is the thread that decodes: making a pinned pool leaves the
+ * maker's affinity alone (edgelmd's main thread, and the IPC threads it
+ * starts after loading, had been pinned to worker 0's cpu with it), and
+ * binding pins the caller. */
+static void test_bind_caller(void)
+{
+	char before[256], after[256];
+	if (my_cpus(before, sizeof(before)) < 2) {
+		TEST_SKIP("this thread may run on one cpu only: nothing to tell apart");
+		return;
+	}
+	int last = -1;
+	cpu_set_t set;
+	CHECK(pthread_getaffinity_np(pthread_self(), sizeof(set), &set) == 0);
+	for (int i = 0; i < CPU_SETSIZE; i++)
+		if (CPU_ISSET(i, &set))
+			last = i;
+	struct pool *p = NULL;
+	struct cm_err err = {0};
+	int cpus[2] = {last, last};
+	CHECK_OK(engine_pool_new(2, cpus, 2, &p, &err));
+	if (!p)
+		return;
+	my_cpus(after, sizeof(after));
+	CHECK_STREQ(after, before);
+	struct bind_arg a = {.p = p};
+	pthread_t th;
+	CHECK(pthread_create(&th, NULL, bind_thread, &a) == 0);
+	pthread_join(th, NULL);
+	char want[16];
+	snprintf(want, sizeof(want), "%d", last);
+	CHECK_STREQ(a.cpus, want);
+	my_cpus(after, sizeof(after));
+	CHECK_STREQ(after, before);
+	engine_pool_free(p);
+}
+
 int main(void)
 {
 	TEST_RUN(test_alone);
 	TEST_RUN(test_edges);
 	TEST_RUN(test_concurrent);
 	TEST_RUN(test_late_and_absent);
+	TEST_RUN(test_bind_caller);
 	return test_finish();
 }
