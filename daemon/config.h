@@ -53,6 +53,7 @@ struct daemon_config {
 
 	/* monitor */
 	char metrics_listen[128]; /* ADDR:PORT or "off" */
+	bool metrics_bind_required; /* a metrics_listen that cannot be bound stops the start */
 	uint32_t monitor_interval_ms;
 	char metrics_textfile[4096]; /* node_exporter textfile path, "" = off */
 	double peak_bandwidth_gbs;   /* measured read bandwidth (edgelm-bench); 0 = unknown */

@@ -55,6 +55,8 @@ struct daemon {
 	monitor_family *fam_requests;
 	monitor_series *ipc_selfcheck_failures; /* from ipc_server_stats, each STATUS= */
 	monitor_series *ipc_recoveries;
+	monitor_family *fam_build_info, *fam_model_info; /* metrics.c */
+	monitor_series *build_info, *model_info;         /* the label sets in force */
 
 	struct sched *sched;
 	pthread_mutex_t mu;
@@ -83,5 +85,17 @@ void sched_counts(struct sched *s, int *ret_running, int *ret_queued, double *re
 
 /* The IPC handler (registered with ipc_server_new; userdata = daemon). */
 void daemon_handle_call(ipc_call *call, void *userdata);
+
+/* metrics.c: the daemon's own metrics (docs/monitor.md, "The daemon").
+ * daemon_metrics_init adds the families once the monitor exists;
+ * daemon_metrics_model sets edgelm_build_info and edgelm_model_info to the
+ * model in force (after the load and after each swap; takes d->mu). */
+void daemon_metrics_init(struct daemon *d);
+void daemon_metrics_model(struct daemon *d);
+/* The server's on_reply: every reply counted once in
+ * edgelm_requests_total{op,outcome} (ipc_reply_fn; userdata = daemon). */
+void daemon_count_reply(void *userdata, enum ipc_op op, enum ipc_errcode code);
+/* The `outcome` label of a reply: "ok" or the error code's name. */
+const char *daemon_outcome_name(enum ipc_errcode code);
 
 #endif

@@ -667,8 +667,11 @@ static void stop_tuning(struct daemon *d)
 		log_warning("tuning restore: %s", err.msg);
 }
 
+static void stop_monitor(struct daemon *d);
+
 /* The monitor before the model, so the load itself is observed. Serving
- * without metrics beats not serving: its failures are warnings. */
+ * without metrics beats not serving: its failures are warnings, but for an
+ * endpoint that cannot be bound (metrics_bind_required). */
 static int start_monitor(struct daemon *d)
 {
 	struct cm_err err = {0};
@@ -689,9 +692,19 @@ static int start_monitor(struct daemon *d)
 	monitor_gauge_set(d->mi->loading, 1);
 	if (d->cfg.peak_bandwidth_gbs > 0)
 		monitor_gauge_set(d->mi->peak_bandwidth, d->cfg.peak_bandwidth_gbs * 1e9);
+	daemon_metrics_init(d);
 	if (strcmp(d->cfg.metrics_listen, "off") != 0 &&
-	    monitor_http_start(d->mon, d->cfg.metrics_listen, &err) != 0)
+	    monitor_http_start(d->mon, d->cfg.metrics_listen, &err) != 0) {
+		/* a scraper would see a dead target, or another process' metrics */
+		if (d->cfg.metrics_bind_required) {
+			log_err("metrics endpoint %s: %s (set metrics_bind_required no to serve "
+				"without it)",
+				d->cfg.metrics_listen, err.msg);
+			stop_monitor(d); /* a step that fails is not stopped */
+			return EXIT_RUNTIME;
+		}
 		log_warning("metrics endpoint %s: %s; ignoring", d->cfg.metrics_listen, err.msg);
+	}
 	return 0;
 }
 
@@ -705,6 +718,8 @@ static void stop_monitor(struct daemon *d)
 	d->mon = NULL;
 	d->mi = NULL;
 	d->fam_requests = NULL;
+	d->fam_build_info = d->fam_model_info = NULL;
+	d->build_info = d->model_info = NULL;
 }
 
 static void log_model(struct daemon *d)
@@ -775,6 +790,7 @@ static int start_memory(struct daemon *d)
 		monitor_gauge_set(d->mi->workers, d->minfo.n_threads);
 		monitor_gauge_set(d->mi->kv_capacity, (double)d->cfg.ctx_size * d->cfg.parallel);
 	}
+	daemon_metrics_model(d);
 	return 0;
 }
 
@@ -851,6 +867,7 @@ static int start_socket(struct daemon *d)
 		 * server checks its listeners and re-creates one that fails */
 		.selfcheck_ms = IPC_SELFCHECK_DEFAULT_MS,
 		.on_event = on_ipc_event,
+		.on_reply = daemon_count_reply,
 	};
 	sp.limits.max_msg_bytes = (size_t)d->cfg.max_msg_kib * 1024;
 	ipc_server *srv = NULL;

@@ -9,7 +9,10 @@
  * Every generation belongs to its caller's identity (policy_identity: the
  * peer uid over ipc://). poll and cancel find only the caller's own ids
  * (admin_uids excepted), and another identity's id answers not_found like
- * one that never existed. Ids the daemon makes are 128 random bits. */
+ * one that never existed. Ids the daemon makes are 128 random bits.
+ *
+ * Nothing here counts requests: the server reports every reply, refusals
+ * of its own included, to daemon_count_reply (metrics.c). */
 #include "daemon/log.h"
 #include "daemon/serve.h"
 
@@ -107,7 +110,6 @@ static void handle_generate(struct daemon *d, ipc_call *call, const struct ipc_r
 	struct sched *s = d->sched;
 	if ((q->sampling.set & IPC_SET_MAX_TOKENS) &&
 	    (uint32_t)q->sampling.max_tokens > d->cfg.max_tokens_limit) {
-		store_count(d, q->op, ipc_errcode_name(IPC_ERR_INVALID_FIELD));
 		ipc_call_error(call, IPC_ERR_INVALID_FIELD, -1,
 			       "max_tokens: %d is over this daemon's limit of %u (max_tokens_limit)",
 			       q->sampling.max_tokens, d->cfg.max_tokens_limit);
@@ -156,7 +158,6 @@ static void handle_generate(struct daemon *d, ipc_call *call, const struct ipc_r
 	if (code != IPC_ERR_NONE) {
 		pthread_mutex_unlock(&d->mu);
 		req_free(r);
-		store_count(d, q->op, ipc_errcode_name(code));
 		ipc_call_error(call, code, retry, msg[0] ? "%s" : NULL, msg);
 		return;
 	}
@@ -297,13 +298,11 @@ static void do_tokenize(void *arg)
 		pthread_rwlock_unlock(&j->s->model_lock);
 	}
 	if (rc) {
-		store_count(d, IPC_OP_TOKENIZE, ipc_errcode_name(ipc_errcode_from_errno(rc)));
 		ipc_call_error(j->call, ipc_errcode_from_errno(rc), -1, "%s", err.msg);
 	} else {
 		struct ipc_reply rep = {.op = IPC_OP_TOKENIZE, .retry_after_ms = -1};
 		rep.u.tokenize.ids = ids;
 		rep.u.tokenize.n_ids = (size_t)n;
-		store_count(d, IPC_OP_TOKENIZE, "ok");
 		ipc_call_reply_encode(j->call, &rep);
 	}
 	cm_free(ids);
@@ -329,13 +328,11 @@ static void do_detokenize(void *arg)
 		rc = engine_detokenize(tok, q->ids, (int)q->n_ids, false, &text, &err);
 	pthread_rwlock_unlock(&j->s->model_lock);
 	if (rc) {
-		store_count(d, IPC_OP_DETOKENIZE, ipc_errcode_name(ipc_errcode_from_errno(rc)));
 		ipc_call_error(j->call, ipc_errcode_from_errno(rc), -1, "%s", err.msg);
 	} else {
 		struct ipc_reply rep = {.op = IPC_OP_DETOKENIZE, .retry_after_ms = -1};
 		rep.u.detokenize.text = text;
 		rep.u.detokenize.text_len = strlen(text);
-		store_count(d, IPC_OP_DETOKENIZE, "ok");
 		ipc_call_reply_encode(j->call, &rep);
 	}
 	cm_free(text);
@@ -345,7 +342,6 @@ static void do_detokenize(void *arg)
 static void submit_text_op(struct daemon *d, ipc_call *call, textpool_fn fn)
 {
 	struct sched *s = d->sched;
-	enum ipc_op op = ipc_call_request(call)->op;
 	struct text_job *j = cm_calloc(1, sizeof(*j));
 	if (!j) {
 		ipc_call_error(call, IPC_ERR_INTERNAL, -1, "out of memory");
@@ -361,7 +357,6 @@ static void submit_text_op(struct daemon *d, ipc_call *call, textpool_fn fn)
 	atomic_fetch_sub(&s->n_text_ops, 1);
 	cm_free(j);
 	enum ipc_errcode code = rc == -ESHUTDOWN ? IPC_ERR_SHUTTING_DOWN : IPC_ERR_QUEUE_FULL;
-	store_count(d, op, ipc_errcode_name(code));
 	ipc_call_error(call, code, code == IPC_ERR_QUEUE_FULL ? 200 : -1,
 		       code == IPC_ERR_QUEUE_FULL ? "%d text requests in progress" : NULL,
 		       TEXT_OPS_MAX);
@@ -475,7 +470,6 @@ void daemon_handle_call(ipc_call *call, void *userdata)
 	case IPC_OP_DETOKENIZE:
 		if (draining) {
 			/* new work is refused; polls, cancels, health go on */
-			store_count(d, op, ipc_errcode_name(IPC_ERR_SHUTTING_DOWN));
 			ipc_call_error(call, IPC_ERR_SHUTTING_DOWN, -1, NULL);
 			return;
 		}
@@ -494,5 +488,4 @@ void daemon_handle_call(ipc_call *call, void *userdata)
 	case IPC_OP_METRICS: handle_metrics(d, call); break;
 	default: ipc_call_error(call, IPC_ERR_UNKNOWN_OP, -1, NULL); return;
 	}
-	store_count(d, op, "ok");
 }

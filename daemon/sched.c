@@ -345,6 +345,7 @@ static void do_swap(struct sched *s)
 	atomic_store(&d->reloading, false);
 	daemon_log(LOG_NOTICE, NULL, "model swapped in: %s", d->cfg.model);
 	daemon_log_set_model(d->model_name);
+	daemon_metrics_model(d);
 	daemon_notify_ready();
 }
 

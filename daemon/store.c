@@ -77,7 +77,8 @@ void store_count(struct daemon *d, enum ipc_op op, const char *outcome)
 {
 	if (!d->fam_requests)
 		return;
-	const char *vals[2] = {ipc_op_name(op), outcome};
+	const char *name = ipc_op_name(op);
+	const char *vals[2] = {name ? name : "unknown", outcome};
 	monitor_series *ser = NULL;
 	if (monitor_series_get(d->fam_requests, vals, &ser, NULL) == 0 && ser)
 		monitor_counter_inc(ser);
@@ -240,7 +241,7 @@ void store_finish(struct sched *s, struct daemon_request *r, enum ipc_finish f,
 	const char *outcome = f == IPC_FINISH_CANCELLED ? "cancelled"
 			      : f == IPC_FINISH_DEADLINE ? "deadline"
 							  : "ok";
-	store_count(d, r->op, outcome);
+	bool counted = false; /* by the reply, when it turns into an error */
 	if (d->mi) {
 		if (r->admit_ns)
 			monitor_histogram_observe(d->mi->duration,
@@ -261,21 +262,29 @@ void store_finish(struct sched *s, struct daemon_request *r, enum ipc_finish f,
 				g->text_len = r->gen_len;
 				g->finish = f;
 				fill_stats(r, &g->usage, &g->timings);
-			} else if (m) {
-				m->rep.error = IPC_ERR_INTERNAL;
+			} else {
+				if (m)
+					m->rep.error = IPC_ERR_INTERNAL;
+				counted = true;
 			}
 		}
+		if (!counted)
+			store_count(d, r->op, outcome);
 		store_unlist(s, r); /* freed once its slot lets go */
 		return;
 	}
+	store_count(d, r->op, outcome);
 	store_answer_held_polls(s, r, true, out);
 }
 
 void store_fail(struct sched *s, struct daemon_request *r, enum ipc_errcode code, const char *msg,
 		struct outbox_list *out)
 {
-	store_count(s->d, r->op, ipc_errcode_name(code));
 	bool id_sent = r->stream && !r->call; /* a stream's id goes out once it is queued */
+	/* an error reply is counted when sent (daemon_count_reply); a stream
+	 * whose id went out counts its generate/chat here */
+	if (!r->call)
+		store_count(s->d, r->op, daemon_outcome_name(code));
 	if (r->call) {
 		outbox_error(out, r->call, r->id, code, -1, msg);
 		r->call = NULL;

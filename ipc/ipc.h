@@ -213,6 +213,11 @@ struct ipc_request {
  * sees the message, so no input can exhaust the stack. */
 int ipc_request_parse(const char *json, size_t len, const struct ipc_limits *lim,
                       struct ipc_request **ret_req, struct cm_err *err);
+/* As ipc_request_parse, and stores in *ret_op (may be NULL) the op the
+ * envelope named when it is a known one, even when a later field failed;
+ * else IPC_OP_NONE. The server counts refused requests by op with it. */
+int ipc_request_parse_op(const char *json, size_t len, const struct ipc_limits *lim,
+                         struct ipc_request **ret_req, enum ipc_op *ret_op, struct cm_err *err);
 void ipc_request_free(struct ipc_request *req); /* NULL-safe */
 
 /* A request with every field at its protocol default (for encoders). */
@@ -402,6 +407,14 @@ typedef void (*ipc_handler_fn)(ipc_call *call, void *userdata);
  * ipc_server_stop or ipc_server_free. */
 typedef void (*ipc_event_fn)(void *userdata, int level, const char *msg);
 
+/* Called once for every request answered, on the thread that completes it
+ * (the self-check's round trips excepted): the request's op (IPC_OP_NONE
+ * when the message named no known op) and the error code sent, or
+ * IPC_ERR_NONE. It covers the requests the server refuses itself (malformed,
+ * draining), which never reach the handler, so a daemon can count every
+ * reply by outcome. `userdata` is the handler's. It must not block. */
+typedef void (*ipc_reply_fn)(void *userdata, enum ipc_op op, enum ipc_errcode code);
+
 /* The self-check (struct ipc_server_params.selfcheck_ms): the period the
  * daemon should use, and the default bound of one round trip. */
 #define IPC_SELFCHECK_DEFAULT_MS 2000
@@ -431,6 +444,7 @@ struct ipc_server_params {
 	unsigned selfcheck_timeout_ms; /* bound of one dial and round trip;
 	                                * 0: IPC_SELFCHECK_TIMEOUT_MS */
 	ipc_event_fn on_event;         /* NULL: events are only counted */
+	ipc_reply_fn on_reply;         /* NULL: replies are counted in the stats only */
 };
 
 /* Check that nng can start the threads it creates on its first use (7, plus

@@ -107,6 +107,7 @@ struct ipc_pctx {
 	struct ipc_arena *arena;
 	const struct ipc_limits *lim; /* filled */
 	struct cm_err *err;
+	enum ipc_op op; /* the envelope's op once known, for ipc_request_parse_op */
 };
 
 /* Handlers of a field with a special shape. */

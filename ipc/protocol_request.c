@@ -195,6 +195,7 @@ static int parse_body(struct ipc_pctx *c, json_t *root, struct ipc_request **ret
 		                ipc_key_for_msg(json_string_value(jop), json_string_length(jop),
 		                                buf, sizeof(buf)));
 	}
+	c->op = (enum ipc_op)op;
 	if ((rc = check_fields(root, (enum ipc_op)op, err)))
 		return rc;
 
@@ -208,14 +209,22 @@ static int parse_body(struct ipc_pctx *c, json_t *root, struct ipc_request **ret
 	return 0;
 }
 
-int ipc_request_parse(const char *json, size_t len, const struct ipc_limits *lim_in,
+int ipc_request_parse(const char *json, size_t len, const struct ipc_limits *lim,
                       struct ipc_request **ret_req, struct cm_err *err)
+{
+	return ipc_request_parse_op(json, len, lim, ret_req, NULL, err);
+}
+
+int ipc_request_parse_op(const char *json, size_t len, const struct ipc_limits *lim_in,
+                         struct ipc_request **ret_req, enum ipc_op *ret_op, struct cm_err *err)
 {
 	struct ipc_limits lim = {0};
 	if (lim_in)
 		lim = *lim_in;
 	ipc_limits_fill(&lim);
 	*ret_req = NULL;
+	if (ret_op)
+		*ret_op = IPC_OP_NONE;
 
 	if (len > lim.max_msg_bytes)
 		return ipc_perr(err, IPC_ERR_TOO_LARGE, "message of %zu bytes, more than %zu", len,
@@ -241,6 +250,8 @@ int ipc_request_parse(const char *json, size_t len, const struct ipc_limits *lim
 	struct ipc_request *r = NULL;
 	rc = parse_body(&c, root, &r);
 	json_decref(root);
+	if (ret_op)
+		*ret_op = c.op;
 	if (rc) {
 		ipc_arena_free(arena);
 		return rc;

@@ -147,13 +147,21 @@ static int call_send(struct ipc_call *c, const char *json, size_t len)
 	return 0;
 }
 
-/* An error reply from the server itself (bad request, draining). */
-static void call_send_error(struct ipc_call *c, enum ipc_errcode code, const char *id,
-                            const char *msg, int64_t retry_after_ms)
+static void reply_notify(struct ipc_server *srv, enum ipc_op op, enum ipc_errcode code)
+{
+	if (srv->on_reply)
+		srv->on_reply(srv->userdata, op, code);
+}
+
+/* An error reply from the server itself (bad request, draining) to a
+ * request of `op` (IPC_OP_NONE: unknown). */
+static void call_send_error(struct ipc_call *c, enum ipc_op op, enum ipc_errcode code,
+                            const char *id, const char *msg, int64_t retry_after_ms)
 {
 	char *json;
 	size_t len;
 	struct ipc_server *srv = c->srv;
+	reply_notify(srv, op, code < IPC_ERR_COUNT ? code : IPC_ERR_INTERNAL);
 	atomic_store(&c->state, CALL_SEND);
 	atomic_fetch_add(&srv->sending, 1);
 	atomic_fetch_add(&srv->st_errors[code < IPC_ERR_COUNT ? code : IPC_ERR_INTERNAL], 1);
@@ -206,17 +214,22 @@ static void call_on_message(struct ipc_call *c, nng_msg *m)
 	c->arrival_ns = cm_now_ns();
 	call_peer_read(c, m);
 
+	struct ipc_request *req;
+	enum ipc_op op = IPC_OP_NONE;
 	if (atomic_load(&srv->draining)) {
+		/* parsed only to count the refusal by op */
+		if (srv->on_reply && ipc_request_parse_op(nng_msg_body(m), nng_msg_len(m),
+		                                          &srv->lim, &req, &op, NULL) == 0)
+			ipc_request_free(req);
 		nng_msg_free(m);
-		call_send_error(c, IPC_ERR_SHUTTING_DOWN, NULL, NULL, -1);
+		call_send_error(c, op, IPC_ERR_SHUTTING_DOWN, NULL, NULL, -1);
 		return;
 	}
-	struct ipc_request *req;
-	int rc = ipc_request_parse(nng_msg_body(m), nng_msg_len(m), &srv->lim, &req, &err);
+	int rc = ipc_request_parse_op(nng_msg_body(m), nng_msg_len(m), &srv->lim, &req, &op, &err);
 	nng_msg_free(m);
 	if (rc) {
 		enum ipc_errcode code = ipc_errcode_from_errno(rc);
-		call_send_error(c, code, NULL, err.msg, -1);
+		call_send_error(c, op, code, NULL, err.msg, -1);
 		return;
 	}
 	c->req = req;
@@ -308,11 +321,20 @@ static int call_take(struct ipc_call *c)
 	return 0;
 }
 
-int ipc_call_reply(ipc_call *call, const char *json, size_t len)
+/* Complete the call with `json`, which answers `code`; counted only when
+ * the call was the handler's to complete. */
+static int call_reply_code(ipc_call *call, enum ipc_errcode code, const char *json, size_t len)
 {
+	enum ipc_op op = call->req ? call->req->op : IPC_OP_NONE; /* freed by call_take */
 	if (call_take(call))
 		return -EALREADY;
+	reply_notify(call->srv, op, code);
 	return call_send(call, json, len); /* -ESHUTDOWN after ipc_server_stop */
+}
+
+int ipc_call_reply(ipc_call *call, const char *json, size_t len)
+{
+	return call_reply_code(call, IPC_ERR_NONE, json, len);
 }
 
 int ipc_call_reply_encode(ipc_call *call, const struct ipc_reply *r)
@@ -331,7 +353,8 @@ int ipc_call_reply_encode(ipc_call *call, const struct ipc_reply *r)
 		return ipc_call_error(call, IPC_ERR_INTERNAL, -1, "cannot encode the reply: %s",
 		                      err.msg);
 	}
-	rc = ipc_call_reply(call, json, len);
+	rc = call_reply_code(call, copy.error < IPC_ERR_COUNT ? copy.error : IPC_ERR_INTERNAL, json,
+	                     len);
 	cm_free(json);
 	return rc;
 }
@@ -357,8 +380,10 @@ int ipc_call_error(ipc_call *call, enum ipc_errcode code, int64_t retry_after_ms
 	                          &len);
 	if (rc) {
 		/* Out of memory: complete the call without a reply. */
+		enum ipc_op op = call->req ? call->req->op : IPC_OP_NONE;
 		if (call_take(call) == 0) {
 			struct ipc_server *srv = call->srv;
+			reply_notify(srv, op, code);
 			atomic_fetch_add(&srv->st_send_failures, 1);
 			call_recv(call); /* stays idle when closing */
 			busy_done(srv, &srv->sending);
@@ -366,7 +391,7 @@ int ipc_call_error(ipc_call *call, enum ipc_errcode code, int64_t retry_after_ms
 		return rc;
 	}
 	atomic_fetch_add(&call->srv->st_errors[code], 1);
-	rc = ipc_call_reply(call, json, len);
+	rc = call_reply_code(call, code, json, len);
 	cm_free(json);
 	return rc;
 }
@@ -580,6 +605,7 @@ int ipc_server_new(const struct ipc_server_params *p, ipc_handler_fn handler, vo
 	srv->sc_timeout_ms =
 	    p->selfcheck_timeout_ms ? p->selfcheck_timeout_ms : IPC_SELFCHECK_TIMEOUT_MS;
 	srv->on_event = p->on_event;
+	srv->on_reply = p->on_reply;
 	probe_init(srv);
 	int rc;
 	/* nng drops a connection whose message is over the limit: every

@@ -78,6 +78,7 @@ struct ipc_server {
 	char *socket_group;
 	ipc_handler_fn handler;
 	void *userdata;
+	ipc_reply_fn on_reply;
 
 	pthread_mutex_t mu; /* calls[], n_calls, waking stop() */
 	pthread_cond_t cv;

@@ -134,6 +134,15 @@ static const char *type_name(enum monitor_type t)
 	                                 : "histogram";
 }
 
+/* A family is left out while it has no series to render. */
+static bool family_shown(const struct monitor_family *f)
+{
+	for (const struct monitor_series *s = f->head; s; s = s->next)
+		if (mon_series_visible(s))
+			return true;
+	return false;
+}
+
 static void render_family(struct sb *b, const struct monitor_family *f)
 {
 	sb_puts(b, "# HELP ");
@@ -146,6 +155,8 @@ static void render_family(struct sb *b, const struct monitor_family *f)
 	sb_puts(b, type_name(f->type));
 	sb_puts(b, "\n");
 	for (const struct monitor_series *s = f->head; s; s = s->next) {
+		if (!mon_series_visible(s))
+			continue;
 		if (f->type != MONITOR_TYPE_HISTOGRAM) {
 			sb_series_name(b, f, s, "", NULL);
 			sb_puts(b, " ");
@@ -181,7 +192,7 @@ int monitor_prometheus_render(monitor *m, char **ret_text, size_t *ret_len, stru
 	sb_reserve(&b, 16384);
 	pthread_mutex_lock(&m->reg.mu);
 	for (const struct monitor_family *f = m->reg.head; f; f = f->next)
-		if (f->head)
+		if (family_shown(f))
 			render_family(&b, f);
 	pthread_mutex_unlock(&m->reg.mu);
 	if (b.oom) {
@@ -226,6 +237,8 @@ static json_t *json_family(const struct monitor_family *f, bool *bad)
 	jset(o, "type", json_string(type_name(f->type)), bad);
 	jset(o, "help", json_string(f->help), bad);
 	for (const struct monitor_series *s = f->head; s; s = s->next) {
+		if (!mon_series_visible(s))
+			continue;
 		json_t *js = json_object(), *labels = json_object();
 		for (size_t i = 0; labels && i < f->n_labels; i++)
 			jset(labels, f->labels[i], json_string(s->values[i]), bad);
@@ -306,7 +319,7 @@ int monitor_json_render(monitor *m, char **ret_text, size_t *ret_len, struct cm_
 	jset(root, "flags", flags, &bad);
 	pthread_mutex_lock(&m->reg.mu);
 	for (const struct monitor_family *f = m->reg.head; f; f = f->next)
-		if (f->head)
+		if (family_shown(f))
 			jset(metrics, f->name, json_family(f, &bad), &bad);
 	pthread_mutex_unlock(&m->reg.mu);
 	jset(root, "metrics", metrics, &bad);

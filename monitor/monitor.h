@@ -176,6 +176,10 @@ struct monitor_family_desc {
 	size_t n_labels;
 	const double *buckets; /* histogram upper bounds, strictly increasing, finite */
 	size_t n_buckets;      /* +Inf is implicit; max 64 */
+	/* An info gauge (name ending in _info): series at 0 are left out of both
+	 * renderings, so setting the label set replaced to 0 and the new one to
+	 * 1 shows only the one in force (series cannot be removed). */
+	bool info;
 };
 
 /* Register a family. Names are checked (charset, no ':', _total rule, no

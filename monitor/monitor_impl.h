@@ -40,6 +40,7 @@ struct monitor_family {
 	size_t n_buckets;
 	struct monitor_series *head, *tail;
 	size_t n_series;
+	bool info; /* series at 0 are not rendered */
 };
 
 struct mon_reg {
@@ -57,6 +58,8 @@ monitor_family *mon_reg_family_find(struct mon_reg *r, const char *name);
  * Returns NULL on failure (counted by the caller as a sampler error). */
 monitor_series *mon_reg_series(monitor_family *f, ...);
 double mon_load_double(const _Atomic uint64_t *p);
+/* Whether a series is rendered (an info family's series at 0 are not). */
+bool mon_series_visible(const struct monitor_series *s);
 bool mon_name_valid(const char *s);
 
 /* ---- fsutil.c -------------------------------------------------------- */

@@ -32,6 +32,11 @@ double mon_load_double(const _Atomic uint64_t *p)
 	return u2d(atomic_load_explicit((_Atomic uint64_t *)p, memory_order_relaxed));
 }
 
+bool mon_series_visible(const struct monitor_series *s)
+{
+	return !s->fam->info || mon_load_double(&s->v) != 0;
+}
+
 static void atomic_add_double(_Atomic uint64_t *p, double d)
 {
 	uint64_t old = atomic_load_explicit(p, memory_order_relaxed);
@@ -225,6 +230,11 @@ static int desc_check(const struct monitor_family_desc *d, struct cm_err *err)
 	} else if (d->n_buckets) {
 		return cm_err_set(err, -EINVAL, "monitor: %s: buckets on a non-histogram", d->name);
 	}
+	size_t nl = strlen(d->name);
+	if (d->info &&
+	    (d->type != MONITOR_TYPE_GAUGE || nl < 5 || strcmp(d->name + nl - 5, "_info")))
+		return cm_err_set(err, -EINVAL,
+		                  "monitor: %s: info families are gauges ending in _info", d->name);
 	return 0;
 }
 
@@ -242,6 +252,7 @@ int mon_reg_family_add(struct mon_reg *r, const struct monitor_family_desc *d,
 	f->name = cm_strdup(d->name);
 	f->help = cm_strdup(d->help);
 	f->n_labels = d->n_labels;
+	f->info = d->info;
 	bool oom = !f->name || !f->help;
 	for (size_t i = 0; i < d->n_labels; i++)
 		oom |= !(f->labels[i] = cm_strdup(d->labels[i]));

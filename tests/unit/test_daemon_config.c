@@ -60,7 +60,7 @@ static void test_table_covers_struct(void)
 	CHECK(sum <= sizeof(struct daemon_config));
 	CHECK_MSG(sizeof(struct daemon_config) - sum < 64, "struct has %zu bytes no row covers",
 	          sizeof(struct daemon_config) - sum);
-	CHECK_EQ_INT(n_options, 43);
+	CHECK_EQ_INT(n_options, 44);
 }
 
 static void test_every_default_parses(void)
@@ -432,7 +432,7 @@ static void test_doc(void)
 	}
 	for (char *p = buf; (p = strchr(p, '\n')); p++)
 		rows++;
-	CHECK_EQ_INT(rows, 2 + 42);
+	CHECK_EQ_INT(rows, 2 + 43);
 	CHECK(strstr(
 	    buf, "| `log_level` | choice | `info` | err, warning, notice, info, debug | yes |"));
 	CHECK(strstr(buf, "| `socket_mode` | octal | `0660` | 0000..0777 | no |"));

@@ -194,12 +194,13 @@ static void test_text_format(void)
 	monitor_gauge_set(gauge(m, "x_third", "h", NULL, NULL), 1.0 / 3);
 	/* a labelled family without series is left out */
 	const char *l[] = {"a"};
-	struct monitor_family_desc d = {MONITOR_TYPE_GAUGE, "x_empty", "h", l, 1, NULL, 0};
+	struct monitor_family_desc d = {MONITOR_TYPE_GAUGE, "x_empty", "h", l, 1, NULL, 0, false};
 	CHECK_OK(monitor_family_add(m, &d, NULL, NULL));
 	/* a labelled histogram */
 	static const double b[] = {0.5, 1, 2};
 	const char *hl[] = {"op"};
-	struct monitor_family_desc hd = {MONITOR_TYPE_HISTOGRAM, "x_lat_seconds", "h", hl, 1, b, 3};
+	struct monitor_family_desc hd = {
+	    MONITOR_TYPE_HISTOGRAM, "x_lat_seconds", "h", hl, 1, b, 3, false};
 	monitor_family *hf;
 	CHECK_OK(monitor_family_add(m, &hd, &hf, NULL));
 	monitor_series *h1 = mon_reg_series(hf, "a"), *h2 = mon_reg_series(hf, "b");
