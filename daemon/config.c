@@ -23,6 +23,7 @@
 #include "daemon/config.h"
 #include "daemon/config_impl.h"
 #include "daemon/policy.h"
+#include "engine/engine.h"
 
 #include "tuning/tuning.h"
 
@@ -43,6 +44,7 @@ static int check_abs_path(const char *v, struct cm_err *err);
 static int check_abs_path_or_empty(const char *v, struct cm_err *err);
 static int check_tenant_weights(const char *v, struct cm_err *err);
 static int check_uid_list(const char *v, struct cm_err *err);
+static int check_chat_template(const char *v, struct cm_err *err);
 
 #define FIELD(f) offsetof(struct daemon_config, f), sizeof(((struct daemon_config *)0)->f)
 #define LISTF(f) offsetof(struct daemon_config, f), sizeof(((struct daemon_config *)0)->f[0])
@@ -74,6 +76,9 @@ static const struct opt options[] = {
 	  "KV cache type: f16 (half the bytes of f32, the same greedy tokens in the reference tests), q8_0 (27% of f32's bytes; logits move more) or f32" },
 	{ "prefix_cache", OPT_BOOL, FIELD(prefix_cache), "yes", 0, 0, 0, NULL, NULL, 0, NULL,
 	  "keep finished sequences' KV cache to reuse shared prompt prefixes" },
+	{ "chat_template", OPT_STRING, FIELD(chat_template), "", 0, 0, 0, NULL,
+	  check_chat_template, 0, NULL,
+	  "chat format of chat requests: \"\" the model's tokenizer.chat_template (chatml when it has none); or a format name for a template edgelm does not recognise (edgelm-run --chat-template list prints them)" },
 
 	{ "queue_size", OPT_UINT, FIELD(queue_size), "16", 1, 65536, R, NULL, NULL, 0, "requests",
 	  "requests waiting for a slot; beyond it a request is refused with queue_full" },
@@ -197,6 +202,15 @@ static int check_numa(const char *v, struct cm_err *err)
 }
 
 /* "off", or ADDR:PORT with a port 1..65535 ("[::1]:9477" for IPv6). */
+static int check_chat_template(const char *v, struct cm_err *err)
+{
+	enum engine_chat_format f;
+	if (!*v || engine_chat_format_from_name(v, &f) == 0)
+		return 0;
+	return cm_err_set(err, -EINVAL, "'%.32s' is not a chat format (known: %s)", v,
+	                  engine_chat_format_list());
+}
+
 static int check_metrics_listen(const char *v, struct cm_err *err)
 {
 	const char *colon = strrchr(v, ':');

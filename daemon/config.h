@@ -31,6 +31,7 @@ struct daemon_config {
 	uint32_t prefill_chunk; /* max prompt tokens per step, so decodes never stall */
 	uint32_t kv_budget_mib; /* KV cache memory budget; 0: no cap */
 	char kv_type[8];        /* KV cache element type: f32, f16, q8_0 (engine names) */
+	char chat_template[32]; /* chat format name; "": the model's */
 	bool prefix_cache;      /* keep finished sequences' KV for prompt reuse */
 
 	/* requests */

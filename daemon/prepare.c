@@ -22,7 +22,7 @@ static int render_chat(struct daemon *d, const struct ipc_request *q, struct dae
 		msgs[i].content = q->messages[i].content;
 		msgs[i].len = q->messages[i].content_len;
 	}
-	int rc = engine_chat_detect(d->model, NULL, &f, err);
+	int rc = engine_chat_detect(d->model, d->cfg.chat_template, &f, err);
 	if (rc == 0)
 		rc = engine_chat_render(f, msgs, q->n_messages, true, &r->prompt_text,
 					&r->prompt_text_len, err);

@@ -79,5 +79,9 @@ msg=$(INVOCATION_ID=test $D 2>&1); rc=$?
 if [ $rc -eq 1 ]; then ok; else ko "no model: exit status $rc"; fi
 case $msg in "<3>"*"no model"*) ok ;; *) ko "no model: '$msg' is not at err priority" ;; esac
 
+# chat_template: a name edgelm knows, or refused before anything loads
+out=$($D --set chat_template=jinja 2>&1); rc=$?
+if [ $rc -eq 1 ] && echo "$out" | grep -q "'jinja' is not a chat format"; then ok; else ko "chat_template=jinja: $rc $out"; fi
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -60,7 +60,7 @@ static void test_table_covers_struct(void)
 	CHECK(sum <= sizeof(struct daemon_config));
 	CHECK_MSG(sizeof(struct daemon_config) - sum < 64, "struct has %zu bytes no row covers",
 	          sizeof(struct daemon_config) - sum);
-	CHECK_EQ_INT(n_options, 44);
+	CHECK_EQ_INT(n_options, 45);
 }
 
 static void test_every_default_parses(void)
@@ -162,6 +162,13 @@ static void test_set(void)
 	CHECK_EQ_INT(daemon_config_set(&c, "threads", "8x", &err), -EINVAL);
 	CHECK_EQ_INT(daemon_config_set(&c, "threads", "", &err), -EINVAL);
 	CHECK_EQ_INT(c.threads, 8); /* errors change nothing */
+
+	/* the engine's message for an unknown template names this key */
+	CHECK_OK(daemon_config_set(&c, "chat_template", "llama3", &err));
+	CHECK_STREQ(c.chat_template, "llama3");
+	CHECK_EQ_INT(daemon_config_set(&c, "chat_template", "jinja", &err), -EINVAL);
+	CHECK(strstr(err.msg, "'jinja' is not a chat format") && strstr(err.msg, "chatml"));
+	CHECK_OK(daemon_config_set(&c, "chat_template", "", &err));
 
 	CHECK_EQ_INT(daemon_config_set(&c, "parallel", "0", &err), -ERANGE);
 	CHECK_EQ_INT(daemon_config_set(&c, "parallel", "257", &err), -ERANGE);
@@ -432,7 +439,7 @@ static void test_doc(void)
 	}
 	for (char *p = buf; (p = strchr(p, '\n')); p++)
 		rows++;
-	CHECK_EQ_INT(rows, 2 + 43);
+	CHECK_EQ_INT(rows, 2 + 44);
 	CHECK(strstr(
 	    buf, "| `log_level` | choice | `info` | err, warning, notice, info, debug | yes |"));
 	CHECK(strstr(buf, "| `socket_mode` | octal | `0660` | 0000..0777 | no |"));
