@@ -171,7 +171,9 @@ static int memlock_warning(struct cm_err *err, int code, const struct tuning_mem
 	                  : code == -ENOMEM || code == -EAGAIN
 	                      ? "not the limit: too little free RAM to pin it; free memory, or a "
 	                        "smaller model or ctx_size"
-	                      : "see mlock(2)";
+	                  : code == -EPERM ? "not the limit: mlock was refused, as in a "
+	                                     "container without CAP_IPC_LOCK"
+	                                   : "see mlock(2)";
 	return cm_err_set(err, code, "mlock: cannot lock %s of weights and KV cache in RAM (%s); %s",
 	                  b, why, fix);
 }
