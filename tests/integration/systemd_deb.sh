@@ -135,6 +135,7 @@ C "install -m 0640 -g edgelm /opt/debs/tiny-a.gguf /var/lib/edgelm/models/tiny-a
    sed -i 's|^#metrics_listen .*|metrics_listen off|' /etc/edgelm/edgelm.conf &&
    useradd -m -G edgelm member && systemctl reset-failed edgelmd" >/dev/null
 out=$(C "systemctl start edgelmd"); rc=$?
+C "systemctl is-active edgelmd; systemctl show -p MainPID edgelmd" >/dev/null
 if [ $rc -eq 0 ] && [ "$(show SubState)" = running ]; then ok "configured: started"
 else bad "start (rc $rc)" "$out$(printf '\n')$(jctl -n 20)"; finish; fi
 ctl() { C "runuser -u member -- timeout 60 edgelmctl --timeout 10000 $1" "${2:-12}"; }
@@ -150,6 +151,7 @@ out=$(C "systemctl reload edgelmd"); rc=$?
 C "cp /etc/edgelm/edgelm.conf /tmp/good.conf && echo 'queue_size banana' >>/etc/edgelm/edgelm.conf" >/dev/null
 out=$(C "systemctl reload edgelmd"); rc=$?
 sleep 0.5
+C "journalctl -u edgelmd --no-pager -o cat -n 2 -p err" >/dev/null
 if [ $rc -ne 0 ] && [ "$(show MainPID)" = "$pid1" ] && [ "$(show ActiveState)" = active ] &&
 	ctl health >/dev/null; then
 	ok "reload, bad file: refused (exit $rc), still serving"
@@ -174,6 +176,7 @@ out=$(C "apt-get install -y /opt/debs/up/edgelmd_*.deb" 6); rc=$?
 for _ in $(seq 100); do [ "$(show SubState)" = running ] && break; sleep 0.1; done
 pid2=$(show MainPID)
 ver=$(E dpkg-query -W -f '${Version}' edgelmd)
+C "dpkg-query -W edgelmd; systemctl show -p MainPID -p ActiveState edgelmd" >/dev/null
 if [ $rc -eq 0 ] && [ "$ver" = "$v2" ] && [ "$pid2" != "$pid1" ] && [ "$(show SubState)" = running ]; then
 	ok "upgrade to $v2: restarted (MainPID $pid1 -> $pid2)"
 else
@@ -186,6 +189,7 @@ ctl health >/dev/null && ok "serves after the upgrade" || bad "health after upgr
 out=$(C "apt-get remove -y edgelmd" 6); rc=$?
 sleep 0.5
 procs=$(E pgrep -x edgelmd)
+C "pgrep -a edgelmd || echo 'no edgelmd process'; systemctl is-active edgelmd" >/dev/null
 if [ $rc -eq 0 ] && [ -z "$procs" ] && [ "$(show ActiveState)" != active ]; then
 	ok "remove: the daemon is stopped"
 else
@@ -199,5 +203,5 @@ left=$(E sh -c 'ls -d /etc/edgelm /run/edgelm /usr/sbin/edgelmd /lib/systemd/sys
 	2>/dev/null')
 if [ $rc -eq 0 ] && [ -z "$left" ]; then ok "purge: no config, unit, binary or runtime dir left"
 else bad "purge: rc $rc, left: $left" "$out"; fi
-C "id edgelm; ls -d /var/lib/edgelm 2>&1" >/dev/null
+C "ls -d /etc/edgelm 2>&1; id edgelm; ls /var/lib/edgelm/models" >/dev/null
 finish
