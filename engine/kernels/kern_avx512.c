@@ -287,6 +287,37 @@ static inline __attribute__((always_inline)) void quant_q8_0_body(const float *x
 
 KERN_QUANT_PAIR(quant_q8_0, quant_q8_0_body)
 
+/* Q8_1 (Q4_1/Q5_1's activations): Q8_0's steps per block, plus s, the f16
+ * of sum(q) d; aux (the x16 kernels') holds d and s as f32. Prefill runs
+ * it on every token of every matmul those types have. */
+static inline __attribute__((always_inline)) void quant_q8_1_body(const float *x, void *vy,
+								   int64_t n, float *aux)
+{
+	struct block_q8_1 *y = vy;
+	for (int64_t i = 0; i < n / QK8_1; i++) {
+		__m512 v0 = _mm512_loadu_ps(x + i * QK8_1), v1 = _mm512_loadu_ps(x + i * QK8_1 + 16);
+		float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+		float d = amax / 127.0f;
+		float id = d != 0.0f ? 1.0f / d : 0.0f;
+		__m512 vid = _mm512_set1_ps(id);
+		__m512i i0 = round_away_512(_mm512_mul_ps(v0, vid));
+		__m512i i1 = round_away_512(_mm512_mul_ps(v1, vid));
+		_mm_storeu_si128((__m128i *)y[i].qs, _mm512_cvtsepi32_epi8(i0));
+		_mm_storeu_si128((__m128i *)(y[i].qs + 16), _mm512_cvtsepi32_epi8(i1));
+		int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+		uint16_t dh = (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+		uint16_t sh = (uint16_t)_cvtss_sh((float)sum * d, _MM_FROUND_TO_NEAREST_INT);
+		memcpy(&y[i].d, &dh, 2);
+		memcpy(&y[i].s, &sh, 2);
+		if (aux) {
+			aux[2 * i] = _cvtsh_ss(dh);
+			aux[2 * i + 1] = _cvtsh_ss(sh);
+		}
+	}
+}
+
+KERN_QUANT_PAIR(quant_q8_1, quant_q8_1_body)
+
 /* Q8_K, the generic bytes (kern.h's contract). */
 static void quant_q8_K(const float *x, void *vy, int64_t n)
 {
@@ -1620,10 +1651,12 @@ const struct kern_ops kern_avx512_ops = {
 	.quant_act = {
 		[ENGINE_DTYPE_F16] = quant_f16,
 		[ENGINE_DTYPE_Q8_0] = quant_q8_0,
+		[ENGINE_DTYPE_Q8_1] = quant_q8_1,
 		[ENGINE_DTYPE_Q8_K] = quant_q8_K,
 	},
 	.quant_act_aux = {
 		[ENGINE_DTYPE_Q8_0] = quant_q8_0_aux,
+		[ENGINE_DTYPE_Q8_1] = quant_q8_1_aux,
 	},
 	.dot_f32 = dot_f32,
 	.silu_mul_f32 = silu_mul_f32,
