@@ -7,6 +7,7 @@
 #                           undefined, thread, or address,undefined)
 #   make NATIVE=1           add -march=native (local experiments only)
 #   make install DESTDIR=... PREFIX=...
+#   make deb                the Debian packages into build-deb/
 #   make V=1                print full commands
 
 comma := ,
@@ -27,9 +28,12 @@ SYSCONFDIR ?= /etc
 MANDIR     ?= $(PREFIX)/share/man
 PKG_CONFIG ?= pkg-config
 
-# CFLAGS/LDFLAGS belong to the user or distro; ours live in EDGELM_CFLAGS.
-CFLAGS  ?= -O2 -g
-LDFLAGS ?=
+# CPPFLAGS/CFLAGS/LDFLAGS belong to the user or distro (dpkg-buildflags puts
+# -D_FORTIFY_SOURCE=2 in CPPFLAGS, the hardening in the other two); ours live
+# in EDGELM_CFLAGS.
+CPPFLAGS ?=
+CFLAGS   ?= -O2 -g
+LDFLAGS  ?=
 EDGELM_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wmissing-prototypes \
 		-Wno-unused-parameter -fno-strict-aliasing -pthread -MMD -MP -I.
 ifneq ($(SAN),)
@@ -87,7 +91,7 @@ all: $(BINS)
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(EDGELM_CFLAGS) $(ISA_FLAGS) $(EXTRA_CFLAGS) $(CFLAGS) $(LATE_CFLAGS) -c -o $@ $<
+	$(Q)$(CC) $(EDGELM_CFLAGS) $(ISA_FLAGS) $(EXTRA_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(LATE_CFLAGS) -c -o $@ $<
 
 $(BUILD)/%.a:
 	@mkdir -p $(dir $@)

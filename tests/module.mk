@@ -43,7 +43,7 @@ $(KERN_AMX_EMU): engine/kernels/kern_amx.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $@ (AMX emulated)")
 	$(Q)$(CC) $(EDGELM_CFLAGS) $(KERN_AMX_BASE_FLAGS) -DKERN_AMX_EMULATE $(AMX_EMU_FLAGS) \
-		$(CFLAGS) -c -o $@ $<
+		$(CPPFLAGS) $(CFLAGS) -c -o $@ $<
 $(BUILD)/tests/kernels/test_kern: $(KERN_AMX_EMU)
 $(BUILD)/tests/kernels/test_kern.o: EXTRA_CFLAGS += -DKERN_TEST_AMX_EMU
 endif
@@ -111,7 +111,7 @@ $(BUILD)/tests/kernels/%.static: $(BUILD)/tests/kernels/%.o $(ENGINE_LIB) $(COMM
 $(BUILD)/tests/kernels/test_kern_simd_k.o: tests/kernels/test_kern_simd.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $@ (kernel tests only)")
-	$(Q)$(CC) $(EDGELM_CFLAGS) -DKERN_TEST_KERNELS_ONLY $(CFLAGS) -c -o $@ $<
+	$(Q)$(CC) $(EDGELM_CFLAGS) -DKERN_TEST_KERNELS_ONLY $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
 
 aarch64-kernel-tests: $(AARCH64_TESTS:%=$(BUILD)/tests/kernels/%.static)
 
