@@ -9,7 +9,9 @@ SYSUSERSDIR ?= $(or $(shell $(PKG_CONFIG) --variable=sysusersdir systemd 2>/dev/
 TMPFILESDIR ?= $(or $(shell $(PKG_CONFIG) --variable=tmpfilesdir systemd 2>/dev/null),/usr/lib/tmpfiles.d)
 MANDIR      ?= $(PREFIX)/share/man
 
-PACKAGING_MAN := packaging/man/edgelmctl.1 packaging/man/edgelm-bench.1 packaging/man/edgelm.conf.5 packaging/man/edgelmd.8
+PACKAGING_MAN := packaging/man/edgelmctl.1 packaging/man/edgelm-bench.1 packaging/man/edgelm-gguf.1 \
+		 packaging/man/edgelm-quantize.1 packaging/man/edgelm-run.1 packaging/man/edgelm.conf.5 \
+		 packaging/man/edgelmd.8
 
 .PHONY: install-packaging uninstall-packaging check-systemd
 
