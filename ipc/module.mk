@@ -24,7 +24,7 @@ $(BUILD)/ipc/pic/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $@")
 	$(Q)$(CC) $(EDGELM_CFLAGS) -fPIC -fvisibility=hidden \
-		-DEDGELM_VERSION='"$(EDGELM_VERSION)"' $(CFLAGS) -c -o $@ $<
+		-DEDGELM_VERSION='"$(EDGELM_VERSION)"' $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
 
 $(LIBEDGELM_A): $(LIBEDGELM_OBJS)
 
@@ -33,9 +33,19 @@ $(LIBEDGELM_SO): $(LIBEDGELM_OBJS)
 	$(Q)$(CC) -shared -Wl,-soname,libedgelm.so.$(EDGELM_SOVERSION) $(CFLAGS) $(LDFLAGS) \
 		-o $@ $^ $(NNG_LIBS) $(JANSSON_LIBS) -lm -pthread
 
+# A static link (pkg-config --static) needs all of libnng.a's own libraries:
+# an nng.pc names them, but nng installs none (Debian's 1.5.2 neither), and
+# Debian's libnng.a is built with TLS over mbedtls (libnng-dev depends on
+# libmbedtls-dev, which has no .pc either). Set NNG_STATIC_LIBS for an nng
+# built without TLS. tests/integration/static_link.sh checks the result.
+NNG_HAS_PC       := $(shell $(PKG_CONFIG) --exists nng 2>/dev/null && echo yes)
+NNG_STATIC_LIBS  ?= -lnng -lmbedtls -lmbedx509 -lmbedcrypto
+EDGELM_PC_REQS   := jansson$(if $(NNG_HAS_PC), nng)
+EDGELM_PC_PRIV   := $(if $(NNG_HAS_PC),,$(NNG_STATIC_LIBS) )-lm -pthread
+
 # Regenerated whenever this file changes; `install-ipc` writes its own copy
 # so that PREFIX/LIBDIR given at install time are the ones recorded.
-edgelm_pc_text = prefix=$(PREFIX)\nlibdir=$(LIBDIR)\nincludedir=$(INCLUDEDIR)\n\nName: edgelm\nDescription: client library of the edgelm local LLM daemon\nVersion: $(EDGELM_VERSION)\nRequires.private: jansson\nCflags: -I$${includedir}\nLibs: -L$${libdir} -ledgelm\nLibs.private: $(NNG_LIBS) -lm -pthread\n
+edgelm_pc_text = prefix=$(PREFIX)\nlibdir=$(LIBDIR)\nincludedir=$(INCLUDEDIR)\n\nName: edgelm\nDescription: client library of the edgelm local LLM daemon\nVersion: $(EDGELM_VERSION)\nRequires.private: $(EDGELM_PC_REQS)\nCflags: -I$${includedir}\nLibs: -L$${libdir} -ledgelm\nLibs.private: $(EDGELM_PC_PRIV)\n
 
 $(EDGELM_PC): ipc/module.mk
 	@mkdir -p $(dir $@)
