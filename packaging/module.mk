@@ -4,6 +4,7 @@
 #   make install-packaging     (the top-level `install` should depend on it)
 #   make check-systemd         the end-to-end test under a real systemd
 #                              (systemd-nspawn; builds its cached root first)
+#   make deb                   the .debs into $(DEB_DIR), then lintian
 UNITDIR     ?= $(or $(shell $(PKG_CONFIG) --variable=systemdsystemunitdir systemd 2>/dev/null),/usr/lib/systemd/system)
 SYSUSERSDIR ?= $(or $(shell $(PKG_CONFIG) --variable=sysusersdir systemd 2>/dev/null),/usr/lib/sysusers.d)
 TMPFILESDIR ?= $(or $(shell $(PKG_CONFIG) --variable=tmpfilesdir systemd 2>/dev/null),/usr/lib/tmpfiles.d)
@@ -13,7 +14,13 @@ PACKAGING_MAN := packaging/man/edgelmctl.1 packaging/man/edgelm-bench.1 packagin
 		 packaging/man/edgelm-quantize.1 packaging/man/edgelm-run.1 packaging/man/edgelm.conf.5 \
 		 packaging/man/edgelmd.8
 
-.PHONY: install-packaging uninstall-packaging check-systemd
+# The dashboard, alert rules and scrape example (docs/operations.md), for
+# the operator to import: /usr/share/edgelm/{grafana,prometheus}/.
+DATADIR ?= $(PREFIX)/share
+PACKAGING_MONITORING := packaging/grafana/edgelm.json packaging/prometheus/edgelm-rules.yml \
+			packaging/prometheus/scrape-example.yml
+
+.PHONY: install-packaging uninstall-packaging check-systemd deb
 
 # The unit names /usr/sbin/edgelmd and /etc/edgelm: rewritten for other
 # SBINDIR/SYSCONFDIR. An existing edgelm.conf is never overwritten.
@@ -33,15 +40,50 @@ install-packaging:
 	for m in $(PACKAGING_MAN); do \
 		s=$${m##*.}; install -D -m 0644 $$m $(DESTDIR)$(MANDIR)/man$$s/$${m##*/}; \
 	done
+	for f in $(PACKAGING_MONITORING); do \
+		install -D -m 0644 $$f $(DESTDIR)$(DATADIR)/edgelm/$${f#packaging/}; \
+	done
 
 # The configuration stays (it may hold the admin's changes), as dpkg does.
 uninstall-packaging:
 	rm -f $(DESTDIR)$(UNITDIR)/edgelmd.service $(DESTDIR)$(SYSUSERSDIR)/edgelm.conf \
 	      $(DESTDIR)$(TMPFILESDIR)/edgelm.conf
 	for m in $(PACKAGING_MAN); do s=$${m##*.}; rm -f $(DESTDIR)$(MANDIR)/man$$s/$${m##*/}; done
+	for f in $(PACKAGING_MONITORING); do rm -f $(DESTDIR)$(DATADIR)/edgelm/$${f#packaging/}; done
 
 # Needs root, systemd-nspawn and debootstrap (apt-get install
 # systemd-container debootstrap); the root is cached in
 # /var/cache/edgelm-test/root (EDGELM_E2E_ROOT), outside the tree.
+# Then the packages' lifecycle (install to purge, tests/integration/
+# systemd_deb.sh) on .debs built without their tests into build-deb-e2e.
 check-systemd: all
 	EDGELM_E2E_BUILD_ROOT=1 BUILD=$(BUILD) bash tests/integration/systemd_e2e.sh
+	DEB_BUILD_OPTIONS=nocheck $(MAKE) --no-print-directory deb DEB_DIR=build-deb-e2e LINTIAN=
+	EDGELM_E2E_BUILD_ROOT=1 EDGELM_DEB_DIR=build-deb-e2e BUILD=$(BUILD) \
+		bash tests/integration/systemd_deb.sh
+
+# The .debs (dpkg-buildpackage -b, unsigned), built in a copy of this tree
+# under $(DEB_DIR)/src: debian/rules clean runs `make clean` (rm -rf build
+# build-*), which must not remove this tree's builds. The .debs, .buildinfo
+# and .changes end in $(DEB_DIR); lintian, when installed, then fails on any
+# error or warning (LINTIAN= skips it). The package build runs the tests but
+# the live-load ones (debian/rules); DEB_BUILD_OPTIONS=nocheck skips them all.
+# Needs dpkg-dev and debhelper (packaging/build-deps), lintian for the check.
+DEB_DIR            ?= build-deb
+DEB_BUILD_ARGS     ?= -us -uc -b -jauto
+LINTIAN            ?= $(shell command -v lintian 2>/dev/null)
+EDGELM_DEB_VERSION = $(shell dpkg-parsechangelog -l debian/changelog -S Version)
+DEB_SRC             = $(DEB_DIR)/src/edgelm-$(EDGELM_DEB_VERSION)
+
+deb:
+	rm -rf $(DEB_DIR)/src
+	rm -f $(DEB_DIR)/*.deb $(DEB_DIR)/*.buildinfo $(DEB_DIR)/*.changes
+	mkdir -p $(DEB_SRC)
+	tar -c --exclude=./.git --exclude=./build --exclude='./build-*' . | tar -x -C $(DEB_SRC)
+	cd $(DEB_SRC) && EDGELM_TESTDATA=$${EDGELM_TESTDATA:-$(CURDIR)/../shared} \
+		dpkg-buildpackage $(DEB_BUILD_ARGS)
+	mv $(DEB_DIR)/src/*.deb $(DEB_DIR)/src/*.buildinfo $(DEB_DIR)/src/*.changes $(DEB_DIR)/
+	rm -rf $(DEB_DIR)/src
+	@ls -1 $(DEB_DIR)/*.deb
+	$(if $(LINTIAN),$(LINTIAN) --fail-on error$(comma)warning $(DEB_DIR)/*.changes,\
+		@echo "deb: lintian not installed (apt-get install lintian), not checked")
