@@ -2,7 +2,9 @@
  *
  *  journal  stderr is journald's stream (JOURNAL_STREAM names the device and
  *           inode of our stderr): sd_journal_sendv with PRIORITY, MESSAGE,
- *           SYSLOG_IDENTIFIER and our fields EDGELM_REQUEST_ID/EDGELM_MODEL,
+ *           SYSLOG_IDENTIFIER, the caller's CODE_FILE/CODE_LINE/CODE_FUNC
+ *           (sd_journal_sendv adds none) and our fields
+ *           EDGELM_REQUEST_ID/EDGELM_MODEL,
  *           so `journalctl EDGELM_REQUEST_ID=42` finds one request.
  *  kmsg     under systemd but not on the journal stream (INVOCATION_ID or
  *           NOTIFY_SOCKET set, e.g. StandardError=file:): "<N>message" lines,
@@ -113,10 +115,15 @@ static void write_all(int fd, const char *buf, size_t len)
 	}
 }
 
-static int send_journal(int prio, const char *req_id, const char *msg)
+struct code_loc {
+	const char *file, *func;
+	int line;
+};
+
+static int send_journal(int prio, const char *req_id, const struct code_loc *at, const char *msg)
 {
-	char f_msg[4200], f_prio[16], f_req[160], f_model[300];
-	struct iovec iov[5];
+	char f_msg[4200], f_prio[16], f_req[160], f_model[300], f_file[300], f_line[32], f_func[160];
+	struct iovec iov[8];
 	int n = 0;
 
 	snprintf(f_msg, sizeof(f_msg), "MESSAGE=%s", msg);
@@ -124,6 +131,14 @@ static int send_journal(int prio, const char *req_id, const char *msg)
 	iov[n++] = (struct iovec){f_msg, strlen(f_msg)};
 	iov[n++] = (struct iovec){f_prio, strlen(f_prio)};
 	iov[n++] = (struct iovec){(char *)"SYSLOG_IDENTIFIER=edgelmd", 25};
+	if (at->file) {
+		snprintf(f_file, sizeof(f_file), "CODE_FILE=%s", at->file);
+		snprintf(f_line, sizeof(f_line), "CODE_LINE=%d", at->line);
+		snprintf(f_func, sizeof(f_func), "CODE_FUNC=%s", at->func ? at->func : "");
+		iov[n++] = (struct iovec){f_file, strlen(f_file)};
+		iov[n++] = (struct iovec){f_line, strlen(f_line)};
+		iov[n++] = (struct iovec){f_func, strlen(f_func)};
+	}
 	if (req_id && *req_id) {
 		snprintf(f_req, sizeof(f_req), "EDGELM_REQUEST_ID=%s", req_id);
 		iov[n++] = (struct iovec){f_req, strlen(f_req)};
@@ -137,8 +152,10 @@ static int send_journal(int prio, const char *req_id, const char *msg)
 	return sd_journal_sendv(iov, n);
 }
 
-void daemon_log(int prio, const char *req_id, const char *fmt, ...)
+void daemon_log_at(const char *file, int line_no, const char *func, int prio, const char *req_id,
+		   const char *fmt, ...)
 {
+	const struct code_loc at = {file, func, line_no};
 	char msg[4096], line[4300];
 	va_list ap;
 	int len;
@@ -157,7 +174,7 @@ void daemon_log(int prio, const char *req_id, const char *fmt, ...)
 		if (*p == '\n' || *p == '\r')
 			*p = ' ';
 
-	if (log_sink == SINK_JOURNAL && send_journal(prio, req_id, msg) >= 0)
+	if (log_sink == SINK_JOURNAL && send_journal(prio, req_id, &at, msg) >= 0)
 		return;
 	if (log_sink == SINK_PLAIN) {
 		/* LOG_ERR..LOG_DEBUG all have names; clamped above. */

@@ -14,9 +14,13 @@ int daemon_log_init(const char *level);
 int daemon_log_set_level(const char *level);
 /* The model name attached to every entry from now on (NULL: none). */
 void daemon_log_set_model(const char *model);
-/* req_id may be NULL. Thread-safe; one entry per call (no embedded newline). */
-void daemon_log(int prio, const char *req_id, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+/* req_id may be NULL. Thread-safe; one entry per call (no embedded newline).
+ * daemon_log() passes the caller's file, line and function, which the
+ * journal gets as CODE_FILE, CODE_LINE and CODE_FUNC. */
+void daemon_log_at(const char *file, int line, const char *func, int prio, const char *req_id,
+		   const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+#define daemon_log(prio, req_id, ...) \
+	daemon_log_at(__FILE__, __LINE__, __func__, (prio), (req_id), __VA_ARGS__)
 
 #define log_err(...) daemon_log(LOG_ERR, NULL, __VA_ARGS__)
 #define log_warning(...) daemon_log(LOG_WARNING, NULL, __VA_ARGS__)

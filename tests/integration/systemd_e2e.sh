@@ -146,6 +146,11 @@ printf '%s\n' "$j" | grep -q '^ *EDGELM_REQUEST_ID=' && ok "journal: EDGELM_REQU
 	bad "journal: no EDGELM_REQUEST_ID field" "$(printf '%s\n' "$j" | tail -n 40)"
 printf '%s\n' "$j" | grep -q '^ *SYSLOG_IDENTIFIER=edgelmd' && ok "journal: SYSLOG_IDENTIFIER=edgelmd" ||
 	bad "journal: SYSLOG_IDENTIFIER"
+# the daemon's own entries name their source (systemd's about the unit name
+# src/core/...): sd_journal_sendv adds no CODE_* by itself
+printf '%s\n' "$j" | grep -q '^ *CODE_FILE=daemon/' && printf '%s\n' "$j" | grep -q '^ *CODE_FUNC=' &&
+	ok "journal: CODE_FILE/CODE_LINE/CODE_FUNC of the daemon's calls" ||
+	bad "journal: no CODE_FILE=daemon/... field"
 # the socket is born in group edgelm: no chown, which the unit's seccomp
 # filter refused with a warning at every start
 printf '%s\n' "$j" | grep -q 'chgrp' && bad "journal: a chgrp warning" "$(printf '%s\n' "$j" | grep chgrp)" ||
