@@ -53,6 +53,9 @@ $(EDGELM_PC): ipc/module.mk
 	$(Q)printf '$(edgelm_pc_text)' > $@
 
 all: $(LIBEDGELM_A) $(LIBEDGELM_SO) $(EDGELM_PC)
+# tests/integration/static_link.sh and lib_symbols.sh read them: `make
+# check` in a fresh clone builds the tests, not `all`.
+tests: $(LIBEDGELM_A) $(LIBEDGELM_SO) $(EDGELM_PC)
 
 .PHONY: install-ipc uninstall-ipc
 install-ipc: $(LIBEDGELM_A) $(LIBEDGELM_SO)
