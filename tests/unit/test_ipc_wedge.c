@@ -728,8 +728,11 @@ static void test_selfcheck_saturated(void)
 	tsrv_stop(t);
 }
 
+/* The socket path is a copy: test_stop_during_selfcheck frees the server,
+ * path included, while the poker still runs (ASan caught the read of the
+ * freed path once in CI-like load). */
 struct poker {
-	const char *path;
+	char path[256];
 	atomic_bool quit;
 };
 
@@ -766,7 +769,8 @@ static void test_stop_during_selfcheck(void)
 		t = tsrv_start(name, 10, 100, NULL, NULL);
 		if (!t)
 			return;
-		struct poker pk = {.path = t->path};
+		struct poker pk = {.quit = false};
+		snprintf(pk.path, sizeof(pk.path), "%s", t->path);
 		pthread_t th;
 		pthread_create(&th, NULL, poke_thread, &pk);
 		usleep((useconds_t)(50000 + (i * 37 % 10) * 30000));
@@ -797,7 +801,8 @@ static void test_wedge_storm(void)
 	if (!t)
 		return;
 	int fds0 = open_fds();
-	struct poker pk = {.path = t->path};
+	struct poker pk = {.quit = false};
+	snprintf(pk.path, sizeof(pk.path), "%s", t->path);
 	pthread_t th;
 	pthread_create(&th, NULL, poke_thread, &pk);
 	usleep(3000000);
