@@ -345,6 +345,11 @@ static void check_peak(const char *path, int repack, bool relocate)
 	/* the copy (2 MiB pages), the pool's stacks, the tokenizer: 1.15x
 	 * the file plus 16 MiB; a model that was not copied costs less */
 	uint64_t bound = (uint64_t)size + (uint64_t)size * 15 / 100 + (16u << 20);
+#ifdef __SANITIZE_ADDRESS__
+	/* ASan's shadow, redzones and quarantine of the load's heap (the
+	 * tokenizer's tables): 172.1 MiB against 171.4 once in a clean clone */
+	bound += 16u << 20;
+#endif
 	if (relocate)
 		bound -= (uint64_t)size; /* the buffer was resident already */
 	CHECK_MSG(peak - before <= bound,

@@ -111,6 +111,10 @@ static void test_memlock_warning(void)
  * ENOMEM, as too little free RAM does. */
 static void test_memlock_not_the_limit(void)
 {
+#if defined(__SANITIZE_ADDRESS__)
+	TEST_SKIP("ASan turns mlock into a no-op that succeeds: no failure to word");
+	return;
+#endif
 	struct tuning_paths p;
 	struct tuning_report r;
 	struct tuning_plan plan;
