@@ -25,32 +25,13 @@ set -u
 cd "$(dirname "$0")/../.." || exit 1
 
 BUILD=${BUILD:-build}
-ROOT=${EDGELM_E2E_ROOT:-/var/cache/edgelm-test/root}
 DEBS=${EDGELM_DEB_DIR:-build-deb}
 NAME=edgelm-deb-$$
-# systemd_e2e.sh's list: one cached root serves both
-ROOT_PKGS=systemd,systemd-sysv,dbus,procps,libnng1,libjansson4,libproc2-0,libmicrohttpd12,libcpuid16,libnuma1,libpcre2-8-0,libsystemd0
 TRANSCRIPT=${EDGELM_DEB_TRANSCRIPT:-}
+# the report, ROOT and ROOT_PKGS (one cached root serves systemd_e2e.sh too)
+. tests/integration/lib/nspawn.sh
 
-pass=0 fail=0 skip=0
-ok() { pass=$((pass + 1)); echo "ok   $1" >&2; }
-bad() {
-	fail=$((fail + 1))
-	echo "FAIL $1" >&2
-	[ $# -gt 1 ] && printf '%s\n' "$2" | tail -n 30 | sed 's/^/     /' >&2
-	return 0
-}
-finish() {
-	if [ $skip -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"
-	else echo "$pass passed, $fail failed"; fi
-	[ $fail -eq 0 ]
-	exit
-}
-skip_all() { echo "SKIP systemd_deb: $1" >&2; skip=1; finish; }
-
-[ "$(id -u)" = 0 ] || skip_all "needs root (systemd-nspawn)"
-command -v systemd-nspawn >/dev/null && command -v nsenter >/dev/null ||
-	skip_all "systemd-nspawn/nsenter missing (apt-get install systemd-container)"
+nspawn_require
 command -v dpkg-deb >/dev/null || skip_all "dpkg-deb missing"
 deb_of() { ls "$DEBS"/"$1"_*.deb 2>/dev/null | head -n 1; }
 for p in edgelmd edgelmctl libedgelm0; do
@@ -58,7 +39,6 @@ for p in edgelmd edgelmctl libedgelm0; do
 done
 [ -x "$BUILD/bin/edgelm-gguf" ] || skip_all "$BUILD/bin/edgelm-gguf is not built"
 
-. tests/integration/lib/nspawn.sh
 nspawn_root_check "$ROOT_PKGS"
 
 T=$(mktemp -d "${TEST_TMPDIR:-${TMPDIR:-/tmp}}/sddeb.XXXXXX")

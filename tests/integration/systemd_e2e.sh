@@ -28,42 +28,18 @@ set -u
 cd "$(dirname "$0")/../.." || exit 1
 
 BUILD=${BUILD:-build}
-ROOT=${EDGELM_E2E_ROOT:-/var/cache/edgelm-test/root}
 NAME=edgelm-e2e-$$
 WATCHDOG_SEC=3    # the drop-in's WatchdogSec= for the stall test
 STALL_MS=20000    # longer than WATCHDOG_SEC: only the watchdog ends it
-# Packages of the container: systemd, procps (/bin/kill, the unit's
-# ExecReload=), and the shared libraries edgelmd and edgelmctl link (same
-# Debian release as the host, so host binaries run). A root made with
-# another list is rebuilt (the list is recorded in $ROOT/.edgelm-e2e).
-ROOT_PKGS=systemd,systemd-sysv,dbus,procps,libnng1,libjansson4,libproc2-0,libmicrohttpd12,libcpuid16,libnuma1,libpcre2-8-0,libsystemd0
-
-pass=0 fail=0 skip=0
-ok() { pass=$((pass + 1)); echo "ok   $1" >&2; }
-bad() {
-	fail=$((fail + 1))
-	echo "FAIL $1" >&2
-	[ $# -gt 1 ] && printf '%s\n' "$2" | tail -n 30 | sed 's/^/     /' >&2
-	return 0
-}
-finish() {
-	if [ $skip -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"
-	else echo "$pass passed, $fail failed"; fi
-	[ $fail -eq 0 ]
-	exit
-}
-skip_all() { echo "SKIP systemd_e2e: $1" >&2; skip=1; finish; }
+. tests/integration/lib/nspawn.sh
 
 # ---- preconditions -----------------------------------------------------------
-[ "$(id -u)" = 0 ] || skip_all "needs root (systemd-nspawn)"
-command -v systemd-nspawn >/dev/null && command -v nsenter >/dev/null ||
-	skip_all "systemd-nspawn/nsenter missing (apt-get install systemd-container)"
+nspawn_require
 [ -x "$BUILD/bin/edgelmd" ] || skip_all "$BUILD/bin/edgelmd is not built yet (no daemon/main.c)"
 for b in edgelmctl edgelm-gguf; do
 	[ -x "$BUILD/bin/$b" ] || skip_all "$BUILD/bin/$b is not built"
 done
 
-. tests/integration/lib/nspawn.sh
 nspawn_root_check "$ROOT_PKGS"
 
 # ---- the app folder, bound read-only into the container as /opt/edgelm -------

@@ -2,8 +2,11 @@
 # for the systemd tests (systemd_e2e.sh, systemd_deb.sh; sourced, not run).
 # How and why: shared docs/systemd-testing.md.
 #
-# The caller sets ROOT (the cached root), NAME (the machine name), T (its
-# scratch folder), defines ok/bad/finish, and calls:
+# It gives the caller the report (ok NAME, bad NAME [DETAIL], finish,
+# skip_all REASON: "N passed, N failed" like every test), ROOT (the cached
+# root, $EDGELM_E2E_ROOT) and ROOT_PKGS (its packages). The caller sets NAME
+# (the machine name) and T (its scratch folder), and calls:
+#   nspawn_require           root, systemd-nspawn and nsenter (else skip_all)
 #   nspawn_root_check PKGS   the root holds PKGS (else build it when
 #                            EDGELM_E2E_BUILD_ROOT=1, or skip_all)
 #   nspawn_boot [ARGS...]    boot it (ARGS: more nspawn options, e.g.
@@ -11,6 +14,35 @@
 #                            L (the container's systemd), defines E CMD...
 #                            (run CMD in the container)
 #   nspawn_cleanup           (an EXIT trap) power off, kill, remove cgroups
+
+ROOT=${EDGELM_E2E_ROOT:-/var/cache/edgelm-test/root}
+# Packages of the container: systemd, procps (/bin/kill, the unit's
+# ExecReload=), and the shared libraries edgelmd and edgelmctl link (same
+# Debian release as the host, so host binaries run). A root made with
+# another list is rebuilt (the list is recorded in $ROOT/.edgelm-e2e).
+ROOT_PKGS=systemd,systemd-sysv,dbus,procps,libnng1,libjansson4,libproc2-0,libmicrohttpd12,libcpuid16,libnuma1,libpcre2-8-0,libsystemd0
+
+pass=0 fail=0 skip=0
+ok() { pass=$((pass + 1)); echo "ok   $1" >&2; }
+bad() {
+	fail=$((fail + 1))
+	echo "FAIL $1" >&2
+	[ $# -gt 1 ] && printf '%s\n' "$2" | tail -n 30 | sed 's/^/     /' >&2
+	return 0
+}
+finish() {
+	if [ $skip -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"
+	else echo "$pass passed, $fail failed"; fi
+	[ $fail -eq 0 ]
+	exit
+}
+skip_all() { echo "SKIP $(basename "$0" .sh): $1" >&2; skip=1; finish; }
+
+nspawn_require() {
+	[ "$(id -u)" = 0 ] || skip_all "needs root (systemd-nspawn)"
+	command -v systemd-nspawn >/dev/null && command -v nsenter >/dev/null ||
+		skip_all "systemd-nspawn/nsenter missing (apt-get install systemd-container)"
+}
 
 nspawn_build_root() {
 	command -v debootstrap >/dev/null || { echo "debootstrap missing (apt-get install debootstrap)" >&2; return 1; }
