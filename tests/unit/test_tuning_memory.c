@@ -51,27 +51,40 @@ static const char *const warning_64k =
     "CAP_IPC_LOCK is missing); fix: LimitMEMLOCK=infinity in edgelmd.service (systemctl edit "
     "edgelmd)";
 
+/* A fake box whose RLIMIT_MEMLOCK is `limit` ("65536", "unlimited") and
+ * whose process has no CAP_IPC_LOCK, detected into r; false if the tree
+ * could not be made. */
+static bool memlock_box(const char *limit, struct tuning_report *r, struct tuning_plan *plan)
+{
+	struct tuning_paths p;
+	struct cm_err err = {0};
+	char limits[256];
+	if (fake_tree("vm", &p) < 0)
+		return false;
+	snprintf(limits, sizeof(limits),
+	         "Limit                     Soft Limit           Hard Limit           Units\n"
+	         "Max locked memory         %-20s %-20s bytes",
+	         limit, limit);
+	CHECK_OK(fake_write(p.procfs_root, "self/limits", limits));
+	CHECK_OK(fake_write(p.procfs_root, "self/status",
+	                    "Name:\tedgelmd\nCapEff:\t0000000000000000\nCpus_allowed_list:\t0-1"));
+	tuning_report_init(r);
+	tuning_plan_init(plan);
+	CHECK_OK(tuning_detect(&p, r, &err));
+	return true;
+}
+
 /* prlimit --memlock=65536 without CAP_IPC_LOCK, on a fake tree */
 static void test_memlock_warning(void)
 {
-	struct tuning_paths p;
 	struct tuning_report r;
 	struct tuning_plan plan;
 	struct tuning_config c;
 	struct cm_err err = {0};
-	if (fake_tree("vm", &p) < 0) {
+	if (!memlock_box("65536", &r, &plan)) {
 		CHECK(0);
 		return;
 	}
-	CHECK_OK(fake_write(
-	    p.procfs_root, "self/limits",
-	    "Limit                     Soft Limit           Hard Limit           Units\n"
-	    "Max locked memory         65536                65536                bytes"));
-	CHECK_OK(fake_write(p.procfs_root, "self/status",
-	                    "Name:\tedgelmd\nCapEff:\t0000000000000000\nCpus_allowed_list:\t0-1"));
-	tuning_report_init(&r);
-	tuning_plan_init(&plan);
-	CHECK_OK(tuning_detect(&p, &r, &err));
 	CHECK(!r.mem.cap_ipc_lock);
 	CHECK_EQ_INT(r.mem.memlock_limit, 65536);
 	CHECK_OK(tuning_memlock_check(&r, 32768, &err));
@@ -115,24 +128,14 @@ static void test_memlock_not_the_limit(void)
 	TEST_SKIP("ASan turns mlock into a no-op that succeeds: no failure to word");
 	return;
 #endif
-	struct tuning_paths p;
 	struct tuning_report r;
 	struct tuning_plan plan;
 	struct tuning_config c;
 	struct cm_err err = {0};
-	if (fake_tree("vm", &p) < 0) {
+	if (!memlock_box("unlimited", &r, &plan)) {
 		CHECK(0);
 		return;
 	}
-	CHECK_OK(fake_write(
-	    p.procfs_root, "self/limits",
-	    "Limit                     Soft Limit           Hard Limit           Units\n"
-	    "Max locked memory         unlimited            unlimited            bytes"));
-	CHECK_OK(fake_write(p.procfs_root, "self/status",
-	                    "Name:\tedgelmd\nCapEff:\t0000000000000000\nCpus_allowed_list:\t0-1"));
-	tuning_report_init(&r);
-	tuning_plan_init(&plan);
-	CHECK_OK(tuning_detect(&p, &r, &err));
 	CHECK(r.mem.memlock_unlimited);
 	tuning_config_default(&c);
 	c.model_bytes = 1 << 20;
