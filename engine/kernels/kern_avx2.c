@@ -331,51 +331,81 @@ static inline __m256i round_away(__m256 v)
 	return _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(big, one)));
 }
 
-/* Q8_0 activations, and their kern_act_aux() side data when aux is not
- * NULL: the scale through F16C (vcvtps2ph rounds to nearest even like
- * quant_fp32_to_fp16, NaN payloads included), the code sum from the int32 lanes. */
+/* One 32-element block of Q8_0 or Q8_1 activations: codes into qs, the
+ * scale d (through F16C: vcvtps2ph rounds to nearest even like
+ * quant_fp32_to_fp16, NaN payloads included) as f16 into *dh, the f32 d and
+ * sum(q) returned for s and aux. */
+static inline __attribute__((always_inline)) int q8_block(const float *xb, int8_t *qs,
+							  uint16_t *dh, float *ret_d)
+{
+	const __m256 sgn = _mm256_set1_ps(-0.0f);
+	__m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+	__m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+	__m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sgn, v0), _mm256_andnot_ps(sgn, v1)),
+				 _mm256_max_ps(_mm256_andnot_ps(sgn, v2), _mm256_andnot_ps(sgn, v3)));
+	__m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+	h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+	h = _mm_max_ss(h, _mm_movehdup_ps(h));
+	float amax = _mm_cvtss_f32(h);
+	float d = amax / 127.0f;
+	float id = d != 0.0f ? 1.0f / d : 0.0f;
+	*dh = (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+	*ret_d = d;
+	__m256 vid = _mm256_set1_ps(id);
+	__m256i i0 = round_away(_mm256_mul_ps(v0, vid));
+	__m256i i1 = round_away(_mm256_mul_ps(v1, vid));
+	__m256i i2 = round_away(_mm256_mul_ps(v2, vid));
+	__m256i i3 = round_away(_mm256_mul_ps(v3, vid));
+	/* packs work per 128-bit lane: fix the order with one permute */
+	__m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+	p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+	_mm256_storeu_si256((__m256i *)qs, p);
+	__m256i sm = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+	__m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sm), _mm256_extracti128_si256(sm, 1));
+	s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+	s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+	return _mm_cvtsi128_si32(s4);
+}
+
+/* Q8_0 activations, and their kern_act_aux() side data (d, sum(q)) when
+ * aux is not NULL. */
 static inline __attribute__((always_inline)) void quant_q8_0_body(const float *x, void *vy,
 								   int64_t n, float *aux)
 {
 	struct block_q8_0 *y = vy;
-	const __m256 sgn = _mm256_set1_ps(-0.0f);
 	for (int64_t i = 0; i < n / QK8_0; i++) {
-		const float *xb = x + i * QK8_0;
-		__m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
-		__m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
-		__m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sgn, v0),
-						       _mm256_andnot_ps(sgn, v1)),
-					 _mm256_max_ps(_mm256_andnot_ps(sgn, v2),
-						       _mm256_andnot_ps(sgn, v3)));
-		__m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-		h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-		h = _mm_max_ss(h, _mm_movehdup_ps(h));
-		float amax = _mm_cvtss_f32(h);
-		float d = amax / 127.0f;
-		float id = d != 0.0f ? 1.0f / d : 0.0f;
-		uint16_t dh = (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+		uint16_t dh;
+		float d;
+		int sum = q8_block(x + i * QK8_0, y[i].qs, &dh, &d);
 		memcpy(&y[i].d, &dh, 2);
-		__m256 vid = _mm256_set1_ps(id);
-		__m256i i0 = round_away(_mm256_mul_ps(v0, vid));
-		__m256i i1 = round_away(_mm256_mul_ps(v1, vid));
-		__m256i i2 = round_away(_mm256_mul_ps(v2, vid));
-		__m256i i3 = round_away(_mm256_mul_ps(v3, vid));
-		/* packs work per 128-bit lane: fix the order with one permute */
-		__m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-		p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-		_mm256_storeu_si256((__m256i *)y[i].qs, p);
 		if (aux) {
-			__m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
-			__m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s),
-						   _mm256_extracti128_si256(s, 1));
-			s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-			s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
 			aux[2 * i] = _cvtsh_ss(dh);
-			aux[2 * i + 1] = (float)_mm_cvtsi128_si32(s4);
+			aux[2 * i + 1] = (float)sum;
 		}
 	}
 }
 
+/* Q8_1 (Q4_1/Q5_1's activations): Q8_0's block plus s, the f16 of
+ * sum(q) d; aux holds d and s as f32. */
+static inline __attribute__((always_inline)) void quant_q8_1_body(const float *x, void *vy,
+								   int64_t n, float *aux)
+{
+	struct block_q8_1 *y = vy;
+	for (int64_t i = 0; i < n / QK8_1; i++) {
+		uint16_t dh;
+		float d;
+		int sum = q8_block(x + i * QK8_1, y[i].qs, &dh, &d);
+		uint16_t sh = (uint16_t)_cvtss_sh((float)sum * d, _MM_FROUND_TO_NEAREST_INT);
+		memcpy(&y[i].d, &dh, 2);
+		memcpy(&y[i].s, &sh, 2);
+		if (aux) {
+			aux[2 * i] = _cvtsh_ss(dh);
+			aux[2 * i + 1] = _cvtsh_ss(sh);
+		}
+	}
+}
+
+KERN_QUANT_PAIR(quant_q8_1, quant_q8_1_body)
 KERN_QUANT_PAIR(quant_q8_0, quant_q8_0_body)
 
 /* Q8_K, the generic bytes (kern.h's contract). */
@@ -1224,10 +1254,12 @@ const struct kern_ops kern_avx2_ops = {
 	.quant_act = {
 		[ENGINE_DTYPE_F16] = quant_f16,
 		[ENGINE_DTYPE_Q8_0] = quant_q8_0,
+		[ENGINE_DTYPE_Q8_1] = quant_q8_1,
 		[ENGINE_DTYPE_Q8_K] = quant_q8_K,
 	},
 	.quant_act_aux = {
 		[ENGINE_DTYPE_Q8_0] = quant_q8_0_aux,
+		[ENGINE_DTYPE_Q8_1] = quant_q8_1_aux,
 	},
 	.dot_f32 = dot_f32,
 	.axpy_f32 = axpy_f32,
