@@ -224,6 +224,26 @@ HREDUCE16(hadd16_epi32, __m512i, _mm512_add_epi32, _mm512_shuffle_i32x4, _mm512_
 #undef HR_ID
 #undef HREDUCE16
 
+/* One 32-element block of Q8_0 or Q8_1 activations, the reference's steps:
+ * codes into qs, the scale as f16 into *dh and as f32 into *ret_d; returns
+ * sum(q) (for Q8_0's aux, Q8_1's s). */
+static inline __attribute__((always_inline)) int q8_block_512(const float *xb, int8_t *qs,
+							      uint16_t *dh, float *ret_d)
+{
+	__m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+	float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+	float d = amax / 127.0f;
+	float id = d != 0.0f ? 1.0f / d : 0.0f;
+	*dh = (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+	*ret_d = d;
+	__m512 vid = _mm512_set1_ps(id);
+	__m512i i0 = round_away_512(_mm512_mul_ps(v0, vid));
+	__m512i i1 = round_away_512(_mm512_mul_ps(v1, vid));
+	_mm_storeu_si128((__m128i *)qs, _mm512_cvtsepi32_epi8(i0));
+	_mm_storeu_si128((__m128i *)(qs + 16), _mm512_cvtsepi32_epi8(i1));
+	return _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+}
+
 static inline __attribute__((always_inline)) void quant_q8_0_body(const float *x, void *vy,
 								   int64_t n, float *aux)
 {
@@ -267,20 +287,13 @@ static inline __attribute__((always_inline)) void quant_q8_0_body(const float *x
 		}
 	}
 	for (; i < n / QK8_0; i++) {
-		__m512 v0 = _mm512_loadu_ps(x + i * QK8_0), v1 = _mm512_loadu_ps(x + i * QK8_0 + 16);
-		float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-		float d = amax / 127.0f;
-		float id = d != 0.0f ? 1.0f / d : 0.0f;
-		uint16_t dh = (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+		uint16_t dh;
+		float d;
+		int sum = q8_block_512(x + i * QK8_0, y[i].qs, &dh, &d);
 		memcpy(&y[i].d, &dh, 2);
-		__m512 vid = _mm512_set1_ps(id);
-		__m512i i0 = round_away_512(_mm512_mul_ps(v0, vid));
-		__m512i i1 = round_away_512(_mm512_mul_ps(v1, vid));
-		_mm_storeu_si128((__m128i *)y[i].qs, _mm512_cvtsepi32_epi8(i0));
-		_mm_storeu_si128((__m128i *)(y[i].qs + 16), _mm512_cvtsepi32_epi8(i1));
 		if (aux) {
 			aux[2 * i] = _cvtsh_ss(dh);
-			aux[2 * i + 1] = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+			aux[2 * i + 1] = (float)sum;
 		}
 	}
 }
@@ -295,17 +308,9 @@ static inline __attribute__((always_inline)) void quant_q8_1_body(const float *x
 {
 	struct block_q8_1 *y = vy;
 	for (int64_t i = 0; i < n / QK8_1; i++) {
-		__m512 v0 = _mm512_loadu_ps(x + i * QK8_1), v1 = _mm512_loadu_ps(x + i * QK8_1 + 16);
-		float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-		float d = amax / 127.0f;
-		float id = d != 0.0f ? 1.0f / d : 0.0f;
-		__m512 vid = _mm512_set1_ps(id);
-		__m512i i0 = round_away_512(_mm512_mul_ps(v0, vid));
-		__m512i i1 = round_away_512(_mm512_mul_ps(v1, vid));
-		_mm_storeu_si128((__m128i *)y[i].qs, _mm512_cvtsepi32_epi8(i0));
-		_mm_storeu_si128((__m128i *)(y[i].qs + 16), _mm512_cvtsepi32_epi8(i1));
-		int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
-		uint16_t dh = (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+		uint16_t dh;
+		float d;
+		int sum = q8_block_512(x + i * QK8_1, y[i].qs, &dh, &d);
 		uint16_t sh = (uint16_t)_cvtss_sh((float)sum * d, _MM_FROUND_TO_NEAREST_INT);
 		memcpy(&y[i].d, &dh, 2);
 		memcpy(&y[i].s, &sh, 2);
