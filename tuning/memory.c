@@ -155,6 +155,12 @@ int tuning_memory_fit_check(const struct tuning_report *r, uint64_t model_bytes,
 
 /* ---- locking ------------------------------------------------------------ */
 
+/* Whether the limit lets `bytes` be locked (CAP_IPC_LOCK overrides it). */
+static bool memlock_allowed(const struct tuning_mem *m, uint64_t bytes)
+{
+	return m->cap_ipc_lock || m->memlock_unlimited || m->memlock_limit >= bytes;
+}
+
 /* The one warning, with the fix for its cause: LimitMEMLOCK only when the
  * limit is what refused (the unit already sets it, so under the unit a
  * failure is something else, usually too little free RAM). The caller says
@@ -165,9 +171,9 @@ static int memlock_warning(struct cm_err *err, int code, const struct tuning_mem
 {
 	char b[32];
 	tuning_fmt_bytes(b, sizeof(b), bytes);
-	bool limit = !(m->cap_ipc_lock || m->memlock_unlimited || m->memlock_limit >= bytes);
-	const char *fix = limit ? "fix: LimitMEMLOCK=infinity in edgelmd.service (systemctl edit "
-	                          "edgelmd)"
+	const char *fix = !memlock_allowed(m, bytes)
+	                      ? "fix: LimitMEMLOCK=infinity in edgelmd.service (systemctl edit "
+	                        "edgelmd)"
 	                  : code == -ENOMEM || code == -EAGAIN
 	                      ? "not the limit: too little free RAM to pin it; free memory, or a "
 	                        "smaller model or ctx_size"
@@ -181,7 +187,7 @@ static int memlock_warning(struct cm_err *err, int code, const struct tuning_mem
 int tuning_memlock_check(const struct tuning_report *r, uint64_t bytes, struct cm_err *err)
 {
 	const struct tuning_mem *m = &r->mem;
-	if (m->cap_ipc_lock || m->memlock_unlimited || m->memlock_limit >= bytes)
+	if (memlock_allowed(m, bytes))
 		return 0;
 	char lim[32], why[96];
 	tuning_fmt_bytes(lim, sizeof(lim), m->memlock_limit);
