@@ -506,6 +506,25 @@ struct ipc_server_stats {
 };
 void ipc_server_stats_get(const ipc_server *srv, struct ipc_server_stats *ret_stats);
 
+/* ---- calls from the daemon's other transports ----------------------------- */
+
+#define IPC_IDENTITY_MAX 63 /* bytes of a submitted call's identity */
+
+/* The reply to a submitted request: its JSON (valid during the callback
+ * only). Called exactly once, on any thread, possibly before
+ * ipc_server_submit returns; it must not block. */
+typedef void (*ipc_submit_done_fn)(void *ud, const char *json, size_t len);
+
+/* Hand one request (protocol JSON) to the handler as if it had arrived on
+ * the socket, for a transport of the daemon's own (http/): the same parser,
+ * limits, draining and reply counting (on_reply), with no nng context.
+ * `identity` ("http:NAME", at most IPC_IDENTITY_MAX bytes) stands for the
+ * peer uid: ipc_call_identity returns it, ipc_call_peer gives -1. Returns 0
+ * (done will be called), -ENOMEM or -ESHUTDOWN once the server is stopped
+ * (done is not called). */
+int ipc_server_submit(ipc_server *srv, const char *json, size_t len, const char *identity,
+                      ipc_submit_done_fn done, void *ud);
+
 /* ---- calls --------------------------------------------------------------- */
 
 const struct ipc_request *ipc_call_request(const ipc_call *call);
@@ -513,6 +532,10 @@ const struct ipc_request *ipc_call_request(const ipc_call *call);
 uint64_t ipc_call_arrival_ns(const ipc_call *call);
 /* The peer's credentials over ipc:// (-1 when unknown, e.g. tcp://). */
 void ipc_call_peer(const ipc_call *call, int64_t *ret_pid, int64_t *ret_uid);
+
+/* The caller's identity when another transport submitted the call
+ * (ipc_server_submit), else NULL: socket peers are known by their uid. */
+const char *ipc_call_identity(const ipc_call *call);
 
 /* Complete a call with a JSON reply (copied). The call is consumed whatever
  * the result; a negative errno only says the reply could not be queued. */

@@ -125,6 +125,15 @@ static void pool_maybe_grow(struct ipc_server *srv)
 static int call_send(struct ipc_call *c, const char *json, size_t len)
 {
 	struct ipc_server *srv = c->srv;
+	if (c->local_done) {
+		/* a submitted call: the reply goes to its transport, and the
+		 * call, which has no context, ends here */
+		c->local_done(c->local_ud, json, len);
+		atomic_fetch_add(&srv->st_replies, 1);
+		cm_free(c);
+		busy_done(srv, &srv->sending);
+		return 0;
+	}
 	nng_msg *m = NULL;
 	if (nng_msg_alloc(&m, 0) != 0 || nng_msg_append(m, json, len) != 0) {
 		if (m)
@@ -167,6 +176,12 @@ static void call_send_error(struct ipc_call *c, enum ipc_op op, enum ipc_errcode
 	atomic_fetch_add(&srv->st_errors[code < IPC_ERR_COUNT ? code : IPC_ERR_INTERNAL], 1);
 	if (ipc_error_encode(code, id, msg, retry_after_ms, &json, &len) != 0) {
 		atomic_fetch_add(&srv->st_send_failures, 1);
+		if (c->local_done) {
+			/* the transport still gets an answer, a fixed one */
+			static const char oom[] = "{\"error\":\"internal\",\"message\":\"out of memory\"}";
+			call_send(c, oom, sizeof(oom) - 1);
+			return;
+		}
 		call_recv(c);
 		busy_done(srv, &srv->sending);
 		return;
@@ -285,6 +300,48 @@ static void call_cb(void *arg)
 }
 
 /* ---- completing calls ----------------------------------------------------- */
+
+int ipc_server_submit(ipc_server *srv, const char *json, size_t len, const char *identity,
+                      ipc_submit_done_fn done, void *ud)
+{
+	if (!srv || !done || atomic_load(&srv->closing))
+		return -ESHUTDOWN;
+	struct ipc_call *c = cm_calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->srv = srv;
+	c->local_done = done;
+	c->local_ud = ud;
+	snprintf(c->identity, sizeof(c->identity), "%s", identity ? identity : "");
+	c->peer_pid = c->peer_uid = -1;
+	c->arrival_ns = cm_now_ns();
+	atomic_fetch_add(&srv->st_received, 1);
+
+	struct ipc_request *req;
+	enum ipc_op op = IPC_OP_NONE;
+	struct cm_err err = {0};
+	if (atomic_load(&srv->draining)) {
+		if (srv->on_reply && ipc_request_parse_op(json, len, &srv->lim, &req, &op, NULL) == 0)
+			ipc_request_free(req);
+		call_send_error(c, op, IPC_ERR_SHUTTING_DOWN, NULL, NULL, -1);
+		return 0;
+	}
+	int rc = ipc_request_parse_op(json, len, &srv->lim, &req, &op, &err);
+	if (rc) {
+		call_send_error(c, op, ipc_errcode_from_errno(rc), NULL, err.msg, -1);
+		return 0;
+	}
+	c->req = req;
+	atomic_fetch_add(&srv->in_handler, 1);
+	atomic_store(&c->state, CALL_HANDLER);
+	srv->handler(c, srv->userdata);
+	return 0;
+}
+
+const char *ipc_call_identity(const ipc_call *call)
+{
+	return call->local_done && call->identity[0] ? call->identity : NULL;
+}
 
 const struct ipc_request *ipc_call_request(const ipc_call *call)
 {

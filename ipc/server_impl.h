@@ -43,6 +43,11 @@ struct ipc_call {
 	uint64_t arrival_ns;
 	int64_t peer_pid, peer_uid;
 	bool probe; /* answering the self-check */
+	/* a call submitted by another transport (ipc_server_submit): no
+	 * context; its reply goes to local_done and the call is freed */
+	ipc_submit_done_fn local_done;
+	void *local_ud;
+	char identity[IPC_IDENTITY_MAX + 1];
 };
 
 struct listener {
