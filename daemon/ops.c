@@ -7,7 +7,7 @@
  * text workers, which hold the model lock for reading meanwhile.
  *
  * Every generation belongs to its caller's identity (policy_identity: the
- * peer uid over ipc://). poll and cancel find only the caller's own ids
+ * peer uid over ipc://, the API key's name over HTTP). poll and cancel find only the caller's own ids
  * (admin_uids excepted), and another identity's id answers not_found like
  * one that never existed. Ids the daemon makes are 128 random bits.
  *
@@ -33,9 +33,15 @@ struct caller {
 static void caller_of(struct sched *s, ipc_call *call, struct caller *c)
 {
 	int64_t uid = -1;
+	const char *who = ipc_call_identity(call);
+	c->admin = false;
+	if (who) {
+		/* another transport's caller (http/: "http:KEYNAME") */
+		snprintf(c->name, sizeof(c->name), "%s", who);
+		return;
+	}
 	ipc_call_peer(call, NULL, &uid);
 	policy_identity(uid, c->name, sizeof(c->name));
-	c->admin = false;
 	for (int i = 0; i < s->n_admin && uid >= 0; i++)
 		c->admin |= s->admin_uids[i] == uid;
 }
