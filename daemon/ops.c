@@ -144,7 +144,12 @@ static void handle_generate(struct daemon *d, ipc_call *call, const struct ipc_r
 	enum ipc_errcode code = IPC_ERR_NONE;
 	char msg[160] = "";
 	int64_t retry = -1;
-	int waiting = s->pol.n_queued + s->n_preparing;
+	/* requests on the text workers or in the queue that no free slot
+	 * will take at once: a burst into an idle daemon is not refused */
+	int free_slots = 0;
+	for (int i = 0; i < s->n_slots; i++)
+		free_slots += !s->slots[i].req;
+	int waiting = s->pol.n_queued + s->n_preparing - free_slots;
 	if (s->stopping || atomic_load(&d->phase) == PHASE_DRAINING) {
 		code = IPC_ERR_SHUTTING_DOWN;
 	} else if (waiting >= (int)d->cfg.queue_size) {
