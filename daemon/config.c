@@ -27,6 +27,7 @@
 
 #include "tuning/tuning.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
@@ -40,6 +41,7 @@ static int check_ioprio(const char *v, struct cm_err *err);
 static int check_numa(const char *v, struct cm_err *err);
 static int check_metrics_listen(const char *v, struct cm_err *err);
 static int check_url(const char *v, struct cm_err *err);
+static int check_http_listen(const char *v, struct cm_err *err);
 static int check_abs_path(const char *v, struct cm_err *err);
 static int check_abs_path_or_empty(const char *v, struct cm_err *err);
 static int check_tenant_weights(const char *v, struct cm_err *err);
@@ -48,11 +50,15 @@ static int check_chat_template(const char *v, struct cm_err *err);
 
 #define FIELD(f) offsetof(struct daemon_config, f), sizeof(((struct daemon_config *)0)->f)
 #define LISTF(f) offsetof(struct daemon_config, f), sizeof(((struct daemon_config *)0)->f[0])
+#define LISTN(n) offsetof(struct daemon_config, n)
 #define R CONFIG_RELOADABLE
 #define KEEP_NICE 99
 #define KEEP_OOM 9999
 
 /* clang-format off */
+/* Only list rows give count_off, their last field. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 static const struct opt options[] = {
 	{ "model", OPT_STRING, FIELD(model), "", 0, 0, R, NULL, NULL, 0, "model and engine",
 	  "GGUF model to serve (required). A reload with a new path loads it beside the old one, then swaps" },
@@ -102,13 +108,27 @@ static const struct opt options[] = {
 
 	{ "listen", OPT_LIST, LISTF(listen), "ipc:///run/edgelm/edgelm.sock", 0, 0, 0, NULL,
 	  check_url, 0, "ipc",
-	  "nng URL to serve (ipc:// or tcp://); each listen line adds one, up to 8" },
+	  "nng URL to serve (ipc:// or tcp://); each listen line adds one, up to 8", LISTN(n_listen) },
 	{ "socket_group", OPT_STRING, FIELD(socket_group), "edgelm", 0, 0, 0, NULL, NULL, 0, NULL,
 	  "group of the ipc:// socket files; \"\": leave as created" },
 	{ "socket_mode", OPT_OCTAL, FIELD(socket_mode), "0660", 0, 0777, 0, NULL, NULL, 0, NULL,
 	  "mode of the ipc:// socket files (clients need write permission)" },
 	{ "max_msg_kib", OPT_UINT, FIELD(max_msg_kib), "1152", 1, 1048576, 0, NULL, NULL, 0, NULL,
 	  "largest request message in KiB; the default fits the protocol's largest prompt (1 MiB) with its envelope" },
+
+	{ "http_listen", OPT_LIST, LISTF(http_listen), "", 0, 0, 0, NULL, check_http_listen, 0,
+	  "http",
+	  "address of the OpenAI-compatible HTTP API and web page, ADDR:PORT or [ADDR6]:PORT; each line adds one, up to 8; \"\": off. Anyone who reaches it can generate: keep it on loopback or set http_api_key_file (docs/http.md)",
+	  LISTN(n_http_listen) },
+	{ "http_api_key_file", OPT_STRING, FIELD(http_api_key_file), "", 0, 0, 0, NULL,
+	  check_abs_path_or_empty, 0, NULL,
+	  "file of API keys, one \"NAME KEY\" per line: HTTP callers must send Authorization: Bearer KEY, and each key's NAME is its identity for the fair share (tenant_weights http:NAME=W); \"\": no keys" },
+	{ "http_max_connections", OPT_UINT, FIELD(http_max_connections), "64", 2, 4096, 0, NULL,
+	  NULL, 0, NULL, "open HTTP connections at most per address (a thread each); idle and slow ones are shut when it gets crowded" },
+	{ "http_rate_limit", OPT_DOUBLE, FIELD(http_rate_limit), "50", 0, 1000000, 0, NULL, NULL,
+	  0, NULL, "HTTP requests a second per client address, bursts of twice that; beyond it 429 with Retry-After; 0: no limit" },
+	{ "http_cors_origin", OPT_STRING, FIELD(http_cors_origin), "", 0, 0, 0, NULL, NULL, 0,
+	  NULL, "Access-Control-Allow-Origin for browsers on other origins (an origin or *); \"\": no CORS headers" },
 
 	{ "metrics_listen", OPT_STRING, FIELD(metrics_listen), "127.0.0.1:9477", 0, 0, 0, NULL,
 	  check_metrics_listen, 0, "monitor",
@@ -158,6 +178,7 @@ static const struct opt options[] = {
 	  NULL, NULL, 0, NULL,
 	  "test only: a prompt containing __edgelm_test_stall__ stalls the scheduler this long" },
 };
+#pragma GCC diagnostic pop
 /* clang-format on */
 
 #undef R
@@ -209,6 +230,38 @@ static int check_chat_template(const char *v, struct cm_err *err)
 		return 0;
 	return cm_err_set(err, -EINVAL, "'%.32s' is not a chat format (known: %s)", v,
 	                  engine_chat_format_list());
+}
+
+/* ADDR:PORT or [ADDR6]:PORT with a numeric address (http/ binds it as
+ * given: no name lookups in a daemon's start) or localhost. */
+static int check_http_listen(const char *v, struct cm_err *err)
+{
+	char host[64];
+	const char *colon = strrchr(v, ':');
+	if (!colon || colon == v || !isdigit((unsigned char)colon[1]))
+		return cm_err_set(err, -EINVAL, "'%s' is not ADDR:PORT", v);
+	char *end;
+	errno = 0;
+	unsigned long port = strtoul(colon + 1, &end, 10);
+	if (*end || errno || port > 65535)
+		return cm_err_set(err, -EINVAL, "'%s': bad port", v);
+	size_t hl = (size_t)(colon - v);
+	const char *h = v;
+	if (v[0] == '[') {
+		if (hl < 3 || v[hl - 1] != ']')
+			return cm_err_set(err, -EINVAL, "'%s' is not [ADDR6]:PORT", v);
+		h = v + 1;
+		hl -= 2;
+	}
+	if (hl >= sizeof(host))
+		return cm_err_set(err, -EINVAL, "'%s': address too long", v);
+	memcpy(host, h, hl);
+	host[hl] = '\0';
+	unsigned char buf[16];
+	if (strcmp(host, "localhost") != 0 && inet_pton(AF_INET, host, buf) != 1 &&
+	    !(v[0] == '[' && inet_pton(AF_INET6, host, buf) == 1))
+		return cm_err_set(err, -EINVAL, "'%s': the address must be numeric (127.0.0.1, [::1]) or localhost", v);
+	return 0;
 }
 
 static int check_metrics_listen(const char *v, struct cm_err *err)
@@ -381,9 +434,10 @@ static int set_string(char *dst, size_t size, const struct opt *o, const char *v
 static int set_list(struct daemon_config *c, const struct opt *o, const char *v, bool append,
                     struct cm_err *err)
 {
+	int *count = (int *)((char *)c + o->count_off);
 	char(*list)[512] = opt_ptr(c, o);
 	char tmp[DAEMON_MAX_LISTEN][512];
-	int n = append ? c->n_listen : 0;
+	int n = append ? *count : 0;
 	const char *p = v;
 	int r;
 
@@ -416,8 +470,14 @@ static int set_list(struct daemon_config *c, const struct opt *o, const char *v,
 		p += len;
 	}
 	memcpy(list, tmp, sizeof(tmp));
-	c->n_listen = n;
+	*count = n;
 	return 0;
+}
+
+char (*daemon_config_list(const struct daemon_config *c, const struct opt *o, int *ret_n))[512]
+{
+	*ret_n = *(const int *)((const char *)c + o->count_off);
+	return (char(*)[512])((char *)c + o->off);
 }
 
 static int opt_set(struct daemon_config *c, const struct opt *o, const char *v, bool append,
@@ -614,7 +674,7 @@ int daemon_config_load(struct daemon_config *c, const char *path, struct cm_err 
 	size_t cap = 0;
 	ssize_t len;
 	unsigned lineno = 0;
-	bool list_seen = false;
+	bool list_seen[CM_ARRAY_LEN(options)] = {false};
 	struct cm_err sub;
 	FILE *f;
 	int r = 0;
@@ -647,13 +707,15 @@ int daemon_config_load(struct daemon_config *c, const char *path, struct cm_err 
 			r = cm_err_set(err, r, "%s:%u: %s", path, lineno, sub.msg);
 			goto out;
 		}
-		r = opt_set(&tmp, o, value, o->type == OPT_LIST && list_seen, &sub);
+		/* a file's first line of a list replaces the default, the
+		 * next ones add to it */
+		r = opt_set(&tmp, o, value, o->type == OPT_LIST && list_seen[o - options], &sub);
 		if (r < 0) {
 			r = cm_err_set(err, r, "%s:%u: %s", path, lineno, sub.msg);
 			goto out;
 		}
 		if (o->type == OPT_LIST)
-			list_seen = true;
+			list_seen[o - options] = true;
 	}
 	if (ferror(f)) {
 		r = cm_err_set(err, -EIO, "%s: read error", path);
@@ -732,13 +794,17 @@ static bool opt_equal(const struct daemon_config *a, const struct daemon_config 
 		return *(const bool *)pa == *(const bool *)pb;
 	case OPT_DOUBLE:
 		return *(const double *)pa == *(const double *)pb;
-	case OPT_LIST:
-		if (a->n_listen != b->n_listen)
+	case OPT_LIST: {
+		int na, nb;
+		char(*la)[512] = daemon_config_list(a, o, &na);
+		char(*lb)[512] = daemon_config_list(b, o, &nb);
+		if (na != nb)
 			return false;
-		for (int i = 0; i < a->n_listen; i++)
-			if (strcmp(a->listen[i], b->listen[i]) != 0)
+		for (int i = 0; i < na; i++)
+			if (strcmp(la[i], lb[i]) != 0)
 				return false;
 		return true;
+	}
 	}
 	return false;
 }

@@ -52,6 +52,14 @@ struct daemon_config {
 	uint32_t socket_mode;  /* octal, default 0660 */
 	uint32_t max_msg_kib;  /* max request size */
 
+	/* http */
+	char http_listen[DAEMON_MAX_LISTEN][512]; /* ADDR:PORT of the HTTP front */
+	int n_http_listen;
+	char http_api_key_file[4096]; /* "" = no keys */
+	uint32_t http_max_connections;
+	double http_rate_limit;      /* requests/s per client address; 0 = off */
+	char http_cors_origin[256];  /* "" = no CORS */
+
 	/* monitor */
 	char metrics_listen[128]; /* ADDR:PORT or "off" */
 	bool metrics_bind_required; /* a metrics_listen that cannot be bound stops the start */

@@ -17,7 +17,7 @@ enum opt_type {
 	OPT_BOOL,   /* bool: yes/no, true/false, on/off, 1/0 */
 	OPT_DOUBLE, /* double */
 	OPT_OCTAL,  /* uint32_t, octal (file modes) */
-	OPT_LIST,   /* listen: char[DAEMON_MAX_LISTEN][512] + n_listen */
+	OPT_LIST,   /* char[DAEMON_MAX_LISTEN][512] and an int count (count_off) */
 };
 
 typedef int (*opt_check_fn)(const char *value, struct cm_err *err);
@@ -35,6 +35,7 @@ struct opt {
 	long keep;           /* ints: the value spelled "keep" (0: no such value) */
 	const char *section; /* starts a section in print (NULL: same section) */
 	const char *help;
+	size_t count_off;    /* lists: offsetof the int that counts the entries */
 };
 
 /* The table's rows, in print order; *ret_n gets their count. */
@@ -45,6 +46,8 @@ const struct opt *daemon_config_opt_find(const char *name);
  * `listen` line adds a URL instead of replacing the list). 0 or -EINVAL. */
 int daemon_config_opt_set(struct daemon_config *c, const struct opt *o, const char *v,
                           bool append, struct cm_err *err);
+/* A list's entries and their count in c. */
+char (*daemon_config_list(const struct daemon_config *c, const struct opt *o, int *ret_n))[512];
 /* Whether a and b hold the same value in o's field. */
 bool daemon_config_opt_equal(const struct daemon_config *a, const struct daemon_config *b,
                              const struct opt *o);

@@ -69,13 +69,16 @@ static void format_value(const struct daemon_config *c, const struct opt *o, cha
 		if (strtod(buf, NULL) != *(const double *)p)
 			snprintf(buf, len, "%.17g", *(const double *)p);
 		break;
-	case OPT_LIST:
+	case OPT_LIST: {
+		int n;
+		char(*list)[512] = daemon_config_list(c, o, &n);
 		buf[0] = '\0';
-		for (int i = 0; i < c->n_listen; i++) {
+		for (int i = 0; i < n; i++) {
 			size_t used = strlen(buf);
-			snprintf(buf + used, len - used, "%s%s", i ? " " : "", c->listen[i]);
+			snprintf(buf + used, len - used, "%s%s", i ? " " : "", list[i]);
 		}
 		break;
+	}
 	}
 }
 
@@ -96,7 +99,7 @@ static const char *type_name(const struct opt *o)
 	case OPT_OCTAL:
 		return "octal";
 	case OPT_LIST:
-		return "URL list";
+		return "list";
 	}
 	return "?";
 }
@@ -150,7 +153,8 @@ static void print_doc(FILE *f, const struct daemon_config *def)
 			}
 			break;
 		case OPT_LIST:
-			snprintf(range, sizeof(range), "1..%d URLs", DAEMON_MAX_LISTEN);
+			snprintf(range, sizeof(range), "%d..%d entries", o->def[0] ? 1 : 0,
+				 DAEMON_MAX_LISTEN);
 			break;
 		}
 		fprintf(f, "| `%s` | %s | ", o->name, type_name(o));
@@ -200,11 +204,15 @@ void daemon_config_print(FILE *f, const struct daemon_config *c, bool doc)
 		else
 			format_value(&def, o, dbuf, sizeof(dbuf));
 		if (o->type == OPT_LIST) {
-			for (int j = 0; j < c->n_listen; j++) {
+			int n;
+			char(*list)[512] = daemon_config_list(c, o, &n);
+			for (int j = 0; j < n; j++) {
 				fprintf(f, "%s ", o->name);
-				print_text(f, c->listen[j]);
+				print_text(f, list[j]);
 				fputc('\n', f);
 			}
+			if (n == 0)
+				fprintf(f, "%s \"\"\n", o->name);
 			if (!same)
 				fprintf(f, "# default: %s %s\n", o->name, dbuf);
 			continue;
