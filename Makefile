@@ -79,8 +79,9 @@ include engine/module.mk
 include tuning/module.mk
 include monitor/module.mk
 include ipc/module.mk
+include http/module.mk
 # Module libraries in link order (dependents first).
-MODULE_LIBS = $(IPC_LIB) $(MONITOR_LIB) $(TUNING_LIB) $(ENGINE_LIB) $(COMMON_LIB)
+MODULE_LIBS = $(HTTP_LIB) $(IPC_LIB) $(MONITOR_LIB) $(TUNING_LIB) $(ENGINE_LIB) $(COMMON_LIB)
 include daemon/module.mk
 include tools/module.mk
 include packaging/module.mk

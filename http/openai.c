@@ -1,0 +1,361 @@
+/* http/openai.c: OpenAI's request and response shapes, to and from the
+ * daemon's protocol (docs/http.md says what maps to what and what differs).
+ *
+ * Fields the protocol has pass through under their own names and are
+ * checked by the protocol's parser, so the ranges and messages are the
+ * socket's; fields OpenAI has that edgelm does not serve yet are refused
+ * with a 400 that names them rather than ignored, so a client never gets
+ * output it did not ask for. Fields neither knows are ignored, as
+ * llama-server and ollama do: tools send extras. */
+#include "http/http_impl.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+void oai_err_set(struct oai_err *e, unsigned status, const char *type, const char *param,
+		 const char *code, const char *fmt, ...)
+{
+	va_list ap;
+	e->status = status;
+	e->type = type;
+	snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
+	e->code = code;
+	e->retry_after_s = 0;
+	va_start(ap, fmt);
+	vsnprintf(e->message, sizeof(e->message), fmt, ap);
+	va_end(ap);
+}
+
+#define BAD(e, param, ...) \
+	(oai_err_set(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__), -EINVAL)
+
+json_t *oai_err_json(const struct oai_err *e)
+{
+	return json_pack("{s:{s:s,s:s,s:o,s:o}}", "error", "message", e->message, "type",
+			 e->type ? e->type : "server_error", "param",
+			 e->param[0] ? json_string(e->param) : json_null(), "code",
+			 e->code ? json_string(e->code) : json_null());
+}
+
+/* The protocol's error codes, by HTTP status and OpenAI type. */
+static const struct {
+	const char *code;
+	unsigned status;
+	const char *type;
+	const char *oai_code;
+} err_map[] = {
+	{"invalid_json", 400, "invalid_request_error", NULL},
+	{"unsupported_version", 400, "invalid_request_error", NULL},
+	{"unknown_op", 404, "invalid_request_error", NULL},
+	{"invalid_field", 400, "invalid_request_error", NULL},
+	{"too_large", 413, "invalid_request_error", NULL},
+	{"prompt_too_long", 400, "invalid_request_error", "context_length_exceeded"},
+	{"queue_full", 429, "rate_limit_error", "queue_full"},
+	{"deadline_exceeded", 408, "timeout_error", "deadline_exceeded"},
+	{"shutting_down", 503, "server_error", "shutting_down"},
+	{"not_found", 404, "invalid_request_error", NULL},
+	{"not_ready", 503, "server_error", "not_ready"},
+	{"unsupported", 400, "invalid_request_error", "unsupported"},
+	{"internal", 500, "server_error", NULL},
+};
+
+void oai_err_from_reply(const json_t *reply, struct oai_err *e)
+{
+	const json_t *err = json_object_get(reply, "error");
+	const char *code = json_string_value(json_object_get(err, "code"));
+	const char *msg = json_string_value(json_object_get(err, "message"));
+	json_int_t retry = json_integer_value(json_object_get(err, "retry_after_ms"));
+	oai_err_set(e, 500, "server_error", NULL, NULL, "%s", msg ? msg : "internal error");
+	for (size_t i = 0; code && i < CM_ARRAY_LEN(err_map); i++) {
+		if (strcmp(code, err_map[i].code) != 0)
+			continue;
+		e->status = err_map[i].status;
+		e->type = err_map[i].type;
+		e->code = err_map[i].oai_code;
+		break;
+	}
+	/* the field at fault: the parser says "field 'top_p' ...", the
+	 * daemon "max_tokens: ..." */
+	if (msg && (e->status == 400 || e->status == 413)) {
+		const char *f = msg;
+		const char *letters = "abcdefghijklmnopqrstuvwxyz_0123456789";
+		if (strncmp(msg, "field '", 7) == 0)
+			f = msg + 7;
+		size_t n = strspn(f, letters);
+		char end = f == msg ? ':' : '\'';
+		if (n > 0 && n < sizeof(e->param) && f[n] == end) {
+			memcpy(e->param, f, n);
+			e->param[n] = '\0';
+		}
+	}
+	if (retry > 0)
+		e->retry_after_s = (retry + 999) / 1000;
+	else if (e->status == 429 || e->status == 503)
+		e->retry_after_s = 1;
+}
+
+/* ---- requests ----------------------------------------------------------------- */
+
+/* OpenAI's names that are the protocol's too, copied as they are (the
+ * parser checks type and range). */
+static const char *const pass_fields[] = {
+	"temperature", "top_p",    "seed",           "frequency_penalty", "presence_penalty",
+	"top_k",       "min_p",    "repeat_penalty", "penalty_last_n",
+};
+
+static bool is_null(const json_t *v)
+{
+	return !v || json_is_null(v);
+}
+
+static int copy_sampling(const json_t *b, json_t *out, struct oai_err *e)
+{
+	for (size_t i = 0; i < CM_ARRAY_LEN(pass_fields); i++) {
+		json_t *v = json_object_get(b, pass_fields[i]);
+		if (!is_null(v))
+			json_object_set(out, pass_fields[i], v);
+	}
+	const json_t *mt = json_object_get(b, "max_completion_tokens");
+	const char *mt_name = "max_completion_tokens";
+	if (is_null(mt)) {
+		mt = json_object_get(b, "max_tokens");
+		mt_name = "max_tokens";
+	}
+	if (!is_null(mt)) {
+		if (!json_is_integer(mt))
+			return BAD(e, mt_name, "%s: an integer is required", mt_name);
+		json_object_set(out, "max_tokens", (json_t *)mt);
+	}
+	const json_t *n = json_object_get(b, "n");
+	if (!is_null(n) && !(json_is_integer(n) && json_integer_value(n) == 1))
+		return BAD(e, "n", "n: only 1 choice per request is served");
+	const json_t *stop = json_object_get(b, "stop");
+	if (json_is_string(stop)) {
+		json_object_set_new(out, "stop", json_pack("[O]", stop));
+	} else if (json_is_array(stop)) {
+		if (json_array_size(stop) > 0)
+			json_object_set(out, "stop", (json_t *)stop);
+	} else if (!is_null(stop)) {
+		return BAD(e, "stop", "stop: a string or an array of strings is required");
+	}
+	/* what the engine-features issue brings; until then refused by name */
+	const json_t *lb = json_object_get(b, "logit_bias");
+	if (!is_null(lb) && !(json_is_object(lb) && json_object_size(lb) == 0))
+		return BAD(e, "logit_bias", "logit_bias: not supported by this server yet");
+	const json_t *lp = json_object_get(b, "logprobs");
+	if (json_is_true(lp) || (json_is_integer(lp) && json_integer_value(lp) > 0))
+		return BAD(e, "logprobs", "logprobs: not supported by this server yet");
+	const json_t *tlp = json_object_get(b, "top_logprobs");
+	if (json_is_integer(tlp) && json_integer_value(tlp) > 0)
+		return BAD(e, "top_logprobs", "top_logprobs: not supported by this server yet");
+	const json_t *rf = json_object_get(b, "response_format");
+	if (!is_null(rf)) {
+		const char *t = json_string_value(json_object_get(rf, "type"));
+		if (!t)
+			return BAD(e, "response_format", "response_format: an object with a type is required");
+		if (strcmp(t, "text") != 0)
+			return BAD(e, "response_format",
+				   "response_format: type %s is not supported by this server yet "
+				   "(only text)", t);
+	}
+	const json_t *tools = json_object_get(b, "tools");
+	if (json_is_array(tools) && json_array_size(tools) > 0)
+		return BAD(e, "tools", "tools: tool calls are not supported by this server");
+	const json_t *fns = json_object_get(b, "functions");
+	if (json_is_array(fns) && json_array_size(fns) > 0)
+		return BAD(e, "functions", "functions: function calls are not supported by this server");
+	return 0;
+}
+
+static int copy_prompt(const json_t *b, json_t *out, struct oai_err *e)
+{
+	const json_t *p = json_object_get(b, "prompt");
+	if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+		p = json_array_get(p, 0);
+	if (!json_is_string(p))
+		return BAD(e, "prompt",
+			   "prompt: a string (or an array of one string) is required; token arrays "
+			   "and several prompts are not served");
+	json_object_set(out, "prompt", (json_t *)p);
+	const json_t *echo = json_object_get(b, "echo");
+	if (json_is_true(echo))
+		return BAD(e, "echo", "echo: not supported");
+	const json_t *suffix = json_object_get(b, "suffix");
+	if (!is_null(suffix) && !(json_is_string(suffix) && json_string_length(suffix) == 0))
+		return BAD(e, "suffix", "suffix: not supported");
+	const json_t *best_of = json_object_get(b, "best_of");
+	if (!is_null(best_of) && !(json_is_integer(best_of) && json_integer_value(best_of) == 1))
+		return BAD(e, "best_of", "best_of: only 1 is served");
+	return 0;
+}
+
+/* content: a string, null (an assistant turn with none), or text parts */
+static int message_text(const json_t *content, size_t i, json_t **ret, struct oai_err *e)
+{
+	char param[64];
+	snprintf(param, sizeof(param), "messages[%zu].content", i);
+	if (is_null(content)) {
+		*ret = json_string("");
+		return 0;
+	}
+	if (json_is_string(content)) {
+		*ret = json_incref((json_t *)content);
+		return 0;
+	}
+	if (!json_is_array(content))
+		return BAD(e, param, "%s: a string or an array of text parts is required", param);
+	size_t total = 0, k;
+	const json_t *part;
+	json_array_foreach (content, k, part) {
+		const char *t = json_string_value(json_object_get(part, "type"));
+		if (!t || strcmp(t, "text") != 0)
+			return BAD(e, param, "%s[%zu]: only text parts are served", param, k);
+		const json_t *tx = json_object_get(part, "text");
+		if (!json_is_string(tx))
+			return BAD(e, param, "%s[%zu].text: a string is required", param, k);
+		total += json_string_length(tx);
+	}
+	char *buf = cm_malloc(total + 1), *p = buf;
+	if (!buf)
+		return BAD(e, param, "out of memory");
+	json_array_foreach (content, k, part) {
+		const json_t *tx = json_object_get(part, "text");
+		memcpy(p, json_string_value(tx), json_string_length(tx));
+		p += json_string_length(tx);
+	}
+	*ret = json_stringn(buf, total);
+	cm_free(buf);
+	return *ret ? 0 : BAD(e, param, "%s: not valid UTF-8", param);
+}
+
+static int copy_messages(const json_t *b, json_t *out, struct oai_err *e)
+{
+	const json_t *msgs = json_object_get(b, "messages");
+	if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+		return BAD(e, "messages", "messages: a non-empty array is required");
+	json_t *list = json_array();
+	json_object_set_new(out, "messages", list);
+	size_t i;
+	const json_t *m;
+	json_array_foreach (msgs, i, m) {
+		const char *role = json_string_value(json_object_get(m, "role"));
+		char param[48];
+		snprintf(param, sizeof(param), "messages[%zu].role", i);
+		if (!role)
+			return BAD(e, param, "%s: a string is required", param);
+		if (strcmp(role, "developer") == 0)
+			role = "system"; /* OpenAI's newer name for it */
+		if (strcmp(role, "system") != 0 && strcmp(role, "user") != 0 &&
+		    strcmp(role, "assistant") != 0)
+			return BAD(e, param, "%s: %s is not served (system, developer, user, assistant)",
+				   param, role);
+		json_t *text;
+		int rc = message_text(json_object_get(m, "content"), i, &text, e);
+		if (rc)
+			return rc;
+		json_array_append_new(list, json_pack("{s:s,s:o}", "role", role, "content", text));
+	}
+	return 0;
+}
+
+int oai_request(const json_t *body, enum oai_kind kind, const char *id, char **ret_json,
+		struct oai_opts *o, struct oai_err *e)
+{
+	if (!json_is_object(body))
+		return BAD(e, NULL, "the body must be a JSON object");
+	const json_t *st = json_object_get(body, "stream");
+	if (!is_null(st) && !json_is_boolean(st))
+		return BAD(e, "stream", "stream: a boolean is required");
+	o->stream = json_is_true(st);
+	const json_t *so = json_object_get(body, "stream_options");
+	o->include_usage = json_is_true(json_object_get(so, "include_usage"));
+	json_t *out = json_pack("{s:i,s:s,s:s,s:b}", "v", 1, "op",
+				kind == OAI_CHAT ? "chat" : "generate", "id", id, "stream", o->stream);
+	if (!out)
+		return BAD(e, NULL, "out of memory");
+	int rc = kind == OAI_CHAT ? copy_messages(body, out, e) : copy_prompt(body, out, e);
+	if (rc == 0)
+		rc = copy_sampling(body, out, e);
+	if (rc == 0 && !(*ret_json = json_dumps(out, JSON_COMPACT)))
+		rc = BAD(e, NULL, "out of memory");
+	json_decref(out);
+	return rc;
+}
+
+/* ---- responses ----------------------------------------------------------------- */
+
+const char *oai_finish(const char *proto)
+{
+	if (!proto)
+		return NULL;
+	if (strcmp(proto, "deadline") == 0)
+		return "length"; /* a time limit: cut short, as by max_tokens */
+	return proto;            /* stop, length; cancelled (docs/http.md) */
+}
+
+json_t *oai_usage(const json_t *usage)
+{
+	json_int_t p = json_integer_value(json_object_get(usage, "prompt_tokens"));
+	json_int_t c = json_integer_value(json_object_get(usage, "completion_tokens"));
+	json_int_t k = json_integer_value(json_object_get(usage, "cached_tokens"));
+	return json_pack("{s:I,s:I,s:I,s:{s:I}}", "prompt_tokens", (json_int_t)p,
+			 "completion_tokens", (json_int_t)c, "total_tokens", (json_int_t)(p + c),
+			 "prompt_tokens_details", "cached_tokens", (json_int_t)k);
+}
+
+json_t *oai_response(enum oai_kind kind, const char *cid, const char *model, int64_t created,
+		     const json_t *reply)
+{
+	const json_t *text = json_object_get(reply, "text");
+	const char *finish = oai_finish(json_string_value(json_object_get(reply, "finish_reason")));
+	json_t *choice;
+	if (kind == OAI_CHAT)
+		choice = json_pack("{s:i,s:{s:s,s:O},s:n,s:s}", "index", 0, "message", "role",
+				   "assistant", "content", text, "logprobs", "finish_reason",
+				   finish ? finish : "stop");
+	else
+		choice = json_pack("{s:s?,s:i,s:n,s:s}", "text", NULL, "index", 0, "logprobs",
+				   "finish_reason", finish ? finish : "stop");
+	if (choice && kind != OAI_CHAT)
+		json_object_set(choice, "text", (json_t *)text);
+	return json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o,s:s}", "id", cid, "object",
+			 kind == OAI_CHAT ? "chat.completion" : "text_completion", "created",
+			 (json_int_t)created, "model", model, "choices", choice, "usage",
+			 oai_usage(json_object_get(reply, "usage")), "system_fingerprint",
+			 "edgelm");
+}
+
+json_t *oai_chunk(enum oai_kind kind, const char *cid, const char *model, int64_t created,
+		  const char *text, size_t len, bool role, const char *finish, json_t *usage)
+{
+	json_t *choices = json_array();
+	if (!usage) {
+		json_t *tx = json_stringn(text ? text : "", len);
+		if (!tx) /* the core sends valid UTF-8; never lose the chunk */
+			tx = json_string("\xef\xbf\xbd");
+		json_t *c;
+		if (kind == OAI_CHAT) {
+			json_t *delta = json_object();
+			if (role)
+				json_object_set_new(delta, "role", json_string("assistant"));
+			if (len || role)
+				json_object_set_new(delta, "content", tx);
+			else
+				json_decref(tx);
+			c = json_pack("{s:i,s:o,s:n,s:o}", "index", 0, "delta", delta, "logprobs",
+				      "finish_reason", finish ? json_string(finish) : json_null());
+		} else {
+			c = json_pack("{s:o,s:i,s:n,s:o}", "text", tx, "index", 0, "logprobs",
+				      "finish_reason", finish ? json_string(finish) : json_null());
+		}
+		json_array_append_new(choices, c);
+	}
+	json_t *o = json_pack("{s:s,s:s,s:I,s:s,s:s,s:o}", "id", cid, "object",
+			      kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion", "created",
+			      (json_int_t)created, "model", model, "system_fingerprint", "edgelm",
+			      "choices", choices);
+	if (o && usage)
+		json_object_set_new(o, "usage", usage);
+	return o;
+}
