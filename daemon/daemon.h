@@ -12,6 +12,7 @@
 
 #include "daemon/config.h"
 #include "engine/engine.h"
+#include "http/http.h"
 #include "ipc/ipc.h"
 #include "monitor/monitor.h"
 #include "tuning/tuning.h"
@@ -50,6 +51,7 @@ struct daemon {
 
 	/* serving */
 	ipc_server *srv;
+	http_front *http; /* NULL: http_listen is empty */
 	monitor *mon;
 	const struct monitor_inference *mi;
 	monitor_family *fam_requests;

@@ -851,7 +851,7 @@ static int start_ipc_preflight(struct daemon *d)
 	return 0;
 }
 
-/* The socket, last: READY=1 only once it is bound. */
+/* The socket, then the HTTP front; READY=1 only once both are bound. */
 static int start_socket(struct daemon *d)
 {
 	struct cm_err err = {0};
@@ -882,27 +882,84 @@ static int start_socket(struct daemon *d)
 	if (err.code)
 		log_warning("%s; ignoring", err.msg);
 	add_ipc_metrics(d);
-	atomic_store(&d->phase, PHASE_READY);
 	for (int i = 0; i < d->cfg.n_listen; i++)
 		log_notice("serving %s on %s", d->model_name, d->cfg.listen[i]);
+	return 0;
+}
+
+static void stop_socket(struct daemon *d)
+{
+	int left = ipc_server_stop(d->srv, 2000);
+	if (left)
+		log_warning("%d calls still open at shutdown", left);
+	/* calls the scheduler still holds are completed by sched_free, harmlessly */
+}
+
+/* http/ reaches the op handlers through the socket's server (one request
+ * core, two transports). */
+static int http_submit(void *core, const char *json, size_t len, const char *identity,
+		       http_done_fn done, void *ud)
+{
+	struct daemon *d = core;
+	return ipc_server_submit(d->srv, json, len, identity, done, ud);
+}
+
+static int start_http(struct daemon *d)
+{
+	if (d->cfg.n_http_listen == 0)
+		return 0;
+	struct cm_err err = {0};
+	const char *addrs[DAEMON_MAX_LISTEN];
+	for (int i = 0; i < d->cfg.n_http_listen; i++)
+		addrs[i] = d->cfg.http_listen[i];
+	struct http_params hp = {
+		.listen = addrs,
+		.n_listen = (size_t)d->cfg.n_http_listen,
+		.api_key_file = d->cfg.http_api_key_file,
+		.max_connections = d->cfg.http_max_connections,
+		/* the socket's message limit, and room for OpenAI's envelope */
+		.max_body_bytes = (size_t)d->cfg.max_msg_kib * 1024 + 64 * 1024,
+		.rate_limit = d->cfg.http_rate_limit,
+		.cors_origin = d->cfg.http_cors_origin,
+		.submit = http_submit,
+		.core = d,
+	};
+	if (http_front_start(&hp, &d->http, &err) != 0) {
+		log_err("%s", err.msg);
+		return EXIT_RUNTIME;
+	}
+	for (int i = 0; i < d->cfg.n_http_listen; i++)
+		log_notice("serving %s over HTTP on %s (port %u)%s", d->model_name,
+			   d->cfg.http_listen[i], http_front_port(d->http, (size_t)i),
+			   d->cfg.http_api_key_file[0] ? ", API keys required" : "");
+	return 0;
+}
+
+/* Every connection closed; their generations were drained before. */
+static void stop_http(struct daemon *d)
+{
+	http_front_stop(d->http);
+	d->http = NULL;
+}
+
+static int start_ready(struct daemon *d)
+{
+	atomic_store(&d->phase, PHASE_READY);
 	daemon_notify_ready();
 	daemon_notify_status("ready: %s", d->model_name);
 	return 0;
 }
 
-/* Drain first (the socket stays open for the streams' last polls), then
- * close the socket. */
-static void stop_socket(struct daemon *d)
+/* Drain while both transports are up: running generations finish and
+ * their streams are collected over the socket and HTTP alike. */
+static void stop_ready(struct daemon *d)
 {
-	if (d->sched && d->srv) {
-		daemon_notify_stopping();
-		atomic_store(&d->phase, PHASE_DRAINING);
-		sched_stop(d->sched, d->cfg.drain_timeout_ms);
-	}
-	int left = ipc_server_stop(d->srv, 2000);
-	if (left)
-		log_warning("%d calls still open at shutdown", left);
-	/* calls the scheduler still holds are completed by sched_free, harmlessly */
+	if (!d->sched || !d->srv)
+		return;
+	daemon_notify_stopping();
+	atomic_store(&d->phase, PHASE_DRAINING);
+	http_front_drain(d->http);
+	sched_stop(d->sched, d->cfg.drain_timeout_ms);
 }
 
 static void stop_hugepages(struct daemon *d)
@@ -925,6 +982,8 @@ static const struct step steps[] = {
 	{"memory", start_memory, NULL},
 	{"scheduler", start_scheduler, stop_scheduler},
 	{"socket", start_socket, stop_socket},
+	{"http", start_http, stop_http},
+	{"ready", start_ready, stop_ready},
 };
 
 /* ---- running ---------------------------------------------------------------------- */
