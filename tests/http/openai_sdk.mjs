@@ -1,0 +1,161 @@
+// tests/http/openai_sdk.mjs: edgelmd's HTTP front through the official
+// `openai` Node SDK, and the same requests over the nng socket through
+// edgelmctl, whose greedy text must be the same. Run by
+// tests/integration/daemon_http.sh with:
+//   EDGELM_HTTP   http://127.0.0.1:PORT      the HTTP front
+//   EDGELM_KEY    an API key the daemon accepts
+//   EDGELM_CTL    edgelmctl, EDGELM_SOCK its --socket URL
+//   EDGELM_METRICS http://127.0.0.1:PORT/metrics
+// Prints "N passed, N failed".
+import OpenAI from "openai";
+import { execFileSync } from "node:child_process";
+
+const base = process.env.EDGELM_HTTP;
+const ctl = (args, input) =>
+  JSON.parse(execFileSync(process.env.EDGELM_CTL,
+    ["--socket", process.env.EDGELM_SOCK, "--json", ...args], { input }).toString().trim().split("\n").pop());
+let pass = 0, fail = 0;
+const ok = () => { pass++; };
+const ko = (msg) => { fail++; console.error("FAIL: " + msg); };
+const check = (cond, msg) => (cond ? ok() : ko(msg));
+
+async function expectError(what, fn, status, param) {
+  try {
+    await fn();
+    ko(`${what}: no error`);
+  } catch (e) {
+    check(e instanceof OpenAI.APIError, `${what}: ${e}`);
+    check(e.status === status, `${what}: status ${e.status}, want ${status}`);
+    if (param !== undefined) check(e.param === param, `${what}: param ${e.param}, want ${param}`);
+    check(typeof e.message === "string" && e.message.length > 0, `${what}: no message`);
+  }
+}
+
+async function running() {
+  const t = await (await fetch(process.env.EDGELM_METRICS)).text();
+  const m = t.match(/^edgelm_sequences_running (\S+)$/m);
+  return m ? Number(m[1]) : NaN;
+}
+
+async function settles(what) {
+  // the sequence must be freed within a step; a few seconds is generous
+  for (let i = 0; i < 100; i++) {
+    if ((await running()) === 0) return ok();
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  ko(`${what}: edgelm_sequences_running stayed at ${await running()}`);
+}
+
+const client = new OpenAI({ baseURL: base + "/v1", apiKey: process.env.EDGELM_KEY, maxRetries: 0 });
+const prompt = "Once upon a time";
+
+// ---- models
+const models = await client.models.list();
+const ids = [];
+for await (const m of models) ids.push(m.id);
+check(ids.length === 1 && ids[0].endsWith(".gguf"), `models: ${JSON.stringify(ids)}`);
+const model = ids[0];
+
+// ---- completions: greedy, equal to the socket's
+const nng = ctl(["generate", "--no-stream", "--temp", "0", "-n", "24", prompt]);
+const c = await client.completions.create({ model, prompt, max_tokens: 24, temperature: 0 });
+check(c.object === "text_completion", `completion object ${c.object}`);
+check(c.choices[0].text === nng.text, `completion text ${JSON.stringify(c.choices[0].text)} != socket's ${JSON.stringify(nng.text)}`);
+check(c.choices[0].finish_reason === nng.finish_reason, `finish ${c.choices[0].finish_reason} != ${nng.finish_reason}`);
+check(c.usage.completion_tokens === nng.usage.completion_tokens && c.usage.prompt_tokens === nng.usage.prompt_tokens,
+  `usage ${JSON.stringify(c.usage)} vs ${JSON.stringify(nng.usage)}`);
+check(c.usage.total_tokens === c.usage.prompt_tokens + c.usage.completion_tokens, "total_tokens");
+check(typeof c.usage.prompt_tokens_details.cached_tokens === "number", "cached_tokens missing");
+check(c.model === model, `model ${c.model}`);
+
+// ---- completions, streamed: the same text in pieces
+let streamed = "", finish = null, chunks = 0;
+for await (const ch of await client.completions.create({ model, prompt, max_tokens: 24, temperature: 0, stream: true })) {
+  chunks++;
+  streamed += ch.choices[0]?.text ?? "";
+  finish = ch.choices[0]?.finish_reason ?? finish;
+}
+check(streamed === nng.text, `streamed completion ${JSON.stringify(streamed)} != ${JSON.stringify(nng.text)}`);
+check(finish === nng.finish_reason, `streamed finish ${finish}`);
+check(chunks >= 2, `only ${chunks} chunks`);
+
+// ---- chat: greedy, equal to the socket's chat
+const nchat = ctl(["chat", "--temp", "0", "-n", "24", "--system", "Be brief."], "Hello there\n");
+const messages = [{ role: "system", content: "Be brief." }, { role: "user", content: "Hello there" }];
+const cc = await client.chat.completions.create({ model, messages, max_tokens: 24, temperature: 0 });
+check(cc.object === "chat.completion", `chat object ${cc.object}`);
+check(cc.choices[0].message.role === "assistant", "chat role");
+check(cc.choices[0].message.content === nchat.text, `chat ${JSON.stringify(cc.choices[0].message.content)} != socket's ${JSON.stringify(nchat.text)}`);
+
+// content as text parts, and "developer" for "system": the same prompt
+const cp = await client.chat.completions.create({ model, max_tokens: 24, temperature: 0,
+  messages: [{ role: "developer", content: "Be brief." }, { role: "user", content: [{ type: "text", text: "Hello " }, { type: "text", text: "there" }] }] });
+check(cp.choices[0].message.content === nchat.text, "chat with text parts and developer role differs");
+
+// ---- chat, streamed, with usage
+let role = null, text = "", usage = null, nfinish = 0;
+for await (const ch of await client.chat.completions.create({ model, messages, max_tokens: 24, temperature: 0, stream: true, stream_options: { include_usage: true } })) {
+  if (ch.usage) usage = ch.usage;
+  const d = ch.choices[0]?.delta;
+  if (d?.role) role = d.role;
+  if (d?.content) text += d.content;
+  if (ch.choices[0]?.finish_reason) nfinish++;
+}
+check(role === "assistant", `stream role ${role}`);
+check(text === nchat.text, `streamed chat ${JSON.stringify(text)} != ${JSON.stringify(nchat.text)}`);
+check(nfinish === 1, `${nfinish} chunks with a finish_reason`);
+check(usage && usage.completion_tokens === nchat.usage.completion_tokens, `stream usage ${JSON.stringify(usage)}`);
+
+// ---- sampling fields pass through; seeds reproduce
+const s1 = await client.completions.create({ model, prompt, max_tokens: 16, temperature: 0.9, top_p: 0.9, seed: 42, frequency_penalty: 0.5, presence_penalty: 0.2, stop: ["zzzz"], user: "tester" });
+const s2 = await client.completions.create({ model, prompt, max_tokens: 16, temperature: 0.9, top_p: 0.9, seed: 42, frequency_penalty: 0.5, presence_penalty: 0.2, stop: ["zzzz"], user: "tester" });
+check(s1.choices[0].text === s2.choices[0].text, "the same seed gave different text");
+const ex = await client.completions.create({ model, prompt, max_tokens: 8, temperature: 0, top_k: 5, min_p: 0.1, repeat_penalty: 1.1 });
+check(typeof ex.choices[0].text === "string", "llama-server extras refused");
+
+// ---- errors in OpenAI's shape
+await expectError("n 2", () => client.completions.create({ model, prompt, n: 2 }), 400, "n");
+await expectError("top_p 5", () => client.completions.create({ model, prompt, top_p: 5 }), 400, "top_p");
+await expectError("max_tokens string", () => client.completions.create({ model, prompt, max_tokens: "many" }), 400, "max_tokens");
+await expectError("no messages", () => client.chat.completions.create({ model, messages: [] }), 400, "messages");
+await expectError("tool role", () => client.chat.completions.create({ model, messages: [{ role: "tool", content: "x", tool_call_id: "a" }] }), 400);
+await expectError("logprobs", () => client.chat.completions.create({ model, messages, logprobs: true }), 400, "logprobs");
+await expectError("json_schema", () => client.chat.completions.create({ model, messages, response_format: { type: "json_schema", json_schema: { name: "x", schema: {} } } }), 400, "response_format");
+await expectError("max_tokens over the limit", () => client.completions.create({ model, prompt, max_tokens: 1000000 }), 400, "max_tokens");
+const bad = new OpenAI({ baseURL: base + "/v1", apiKey: "not-a-valid-key", maxRetries: 0 });
+await expectError("wrong key", () => bad.models.list(), 401);
+
+// ---- abort: the generation is cancelled, streaming or not. The stalled
+// prompt (watchdog_stall_ms) makes every step slow, so it is still running
+// when the client aborts.
+const aborted = (e) => e instanceof OpenAI.APIUserAbortError || e.name === "AbortError";
+{
+  const ac = new AbortController();
+  const stream = await client.completions.create({ model, max_tokens: 4000, temperature: 0, stream: true,
+    prompt: "__edgelm_test_stall__ " + prompt }, { signal: ac.signal });
+  let got = 0, was = NaN;
+  try {
+    for await (const ch of stream) {
+      if (ch.choices[0]?.text && ++got === 3) {
+        was = await running();
+        ac.abort();
+      }
+    }
+  } catch (e) {
+    check(aborted(e), `stream abort: ${e.constructor.name} ${e.message}`);
+  }
+  check(was === 1, `the stream was not running when aborted (${was})`);
+  await settles("streaming abort");
+}
+{
+  const ac = new AbortController();
+  const p = client.completions.create({ model, prompt: "__edgelm_test_stall__ " + prompt, max_tokens: 4000, temperature: 0 }, { signal: ac.signal });
+  for (let i = 0; i < 50 && (await running()) === 0; i++) await new Promise((r) => setTimeout(r, 50));
+  check((await running()) === 1, "the non-streaming generation did not start");
+  ac.abort();
+  try { await p; ko("non-streaming not aborted"); } catch (e) { check(aborted(e), `abort: ${e.constructor.name} ${e.message}`); }
+  await settles("non-streaming abort");
+}
+
+console.log(`${pass} passed, ${fail} failed`);
+process.exit(fail ? 1 : 0);
