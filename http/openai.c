@@ -83,8 +83,8 @@ void oai_err_from_reply(const json_t *reply, struct oai_err *e)
 		if (strncmp(msg, "field '", 7) == 0)
 			f = msg + 7;
 		size_t n = strspn(f, letters);
-		char end = f == msg ? ':' : '\'';
-		if (n > 0 && n < sizeof(e->param) && f[n] == end) {
+		bool ends = f == msg ? f[n] == ':' || f[n] == '[' : f[n] == '\'';
+		if (n > 0 && n < sizeof(e->param) && ends) {
 			memcpy(e->param, f, n);
 			e->param[n] = '\0';
 		}
@@ -307,7 +307,10 @@ json_t *oai_usage(const json_t *usage)
 json_t *oai_response(enum oai_kind kind, const char *cid, const char *model, int64_t created,
 		     const json_t *reply)
 {
+	json_t *empty = json_string("");
 	const json_t *text = json_object_get(reply, "text");
+	if (!json_is_string(text))
+		text = empty;
 	const char *finish = oai_finish(json_string_value(json_object_get(reply, "finish_reason")));
 	json_t *choice;
 	if (kind == OAI_CHAT)
@@ -319,6 +322,7 @@ json_t *oai_response(enum oai_kind kind, const char *cid, const char *model, int
 				   "finish_reason", finish ? finish : "stop");
 	if (choice && kind != OAI_CHAT)
 		json_object_set(choice, "text", (json_t *)text);
+	json_decref(empty);
 	return json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o,s:s}", "id", cid, "object",
 			 kind == OAI_CHAT ? "chat.completion" : "text_completion", "created",
 			 (json_int_t)created, "model", model, "choices", choice, "usage",
