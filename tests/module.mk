@@ -59,7 +59,7 @@ FUZZ_BUILD := build-fuzz
 fuzz: $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
 # The fuzz build compiles the module sources directly (no ISA variants: the
 # generic kernels are the ones that see untrusted data first).
-FUZZ_SRCS = $(COMMON_SRCS) $(filter-out engine/kernels/kern_avx% engine/kernels/kern_amx% engine/kernels/kern_neon%,$(ENGINE_SRCS)) $(IPC_SRCS) $(MONITOR_SRCS) $(TUNING_SRCS)
+FUZZ_SRCS = $(COMMON_SRCS) $(filter-out engine/kernels/kern_avx% engine/kernels/kern_amx% engine/kernels/kern_neon%,$(ENGINE_SRCS)) $(IPC_SRCS) $(MONITOR_SRCS) $(TUNING_SRCS) http/openai.c
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_SRCS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -DEDGELM_NO_ISA_VARIANTS -I. -g -O1 -pthread \
