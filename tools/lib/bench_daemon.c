@@ -8,13 +8,21 @@
  *     every running sequence, so it should grow with the number of streams;
  * (b) time to first token of a short request, idle and while a long prompt
  *     (--long tokens, default 2000) is being prefilled: the scheduler's
- *     chunked prefill should keep the second within 2x the first. */
+ *     chunked prefill should keep the second within 2x the first;
+ * (c) with --http URL, the cost of the HTTP front: (a)'s streams run both
+ *     as libedgelm streams over the socket and as SSE streams over
+ *     /v1/completions, alternating, and the table gives both and their
+ *     ratio (the HTTP client is a plain socket: HTTP/1.0, so the stream
+ *     ends with the connection and needs no chunked decoding). */
 #include "tools/lib/tools.h"
 
 #include "common/common.h"
 #include "ipc/edgelm.h"
 
+#include <arpa/inet.h>
 #include <getopt.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -23,6 +31,9 @@
 
 struct bd_job {
 	const char *url;
+	const char *http; /* "HOST:PORT": stream over HTTP instead */
+	const char *key;  /* its API key, or NULL */
+	bool stream;      /* over the socket: edgelm_generate_stream */
 	const char *prompt;
 	int max_tokens;
 	double t_start, t_end, ttft_ms;
@@ -31,9 +42,105 @@ struct bd_job {
 	pthread_barrier_t *bar;
 };
 
+static int bd_ignore_text(const char *text, size_t len, void *user)
+{
+	(void)text;
+	(void)len;
+	(void)user;
+	return 0;
+}
+
+static int http_connect(const char *hostport)
+{
+	char host[256];
+	const char *colon = strrchr(hostport, ':');
+	if (!colon || (size_t)(colon - hostport) >= sizeof(host))
+		return -1;
+	memcpy(host, hostport, (size_t)(colon - hostport));
+	host[colon - hostport] = '\0';
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+	if (getaddrinfo(host, colon + 1, &hints, &ai) != 0)
+		return -1;
+	int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+		close(fd);
+		fd = -1;
+	}
+	freeaddrinfo(ai);
+	return fd;
+}
+
+/* One streamed completion over HTTP: the tokens from the usage chunk, the
+ * first content event's time as the TTFT. */
+static void bd_run_http(struct bd_job *j)
+{
+	char body[512], req[1024];
+	int bl = snprintf(body, sizeof(body),
+			  "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"stream\":true,"
+			  "\"stream_options\":{\"include_usage\":true}}",
+			  j->prompt, j->max_tokens);
+	char auth[320] = "";
+	if (j->key)
+		snprintf(auth, sizeof(auth), "Authorization: Bearer %s\r\n", j->key);
+	int rl = snprintf(req, sizeof(req),
+			  "POST /v1/completions HTTP/1.0\r\nHost: edgelm\r\n%sContent-Type: "
+			  "application/json\r\nContent-Length: %d\r\n\r\n%s",
+			  auth, bl, body);
+	j->rc = -1;
+	int fd = http_connect(j->http);
+	if (fd < 0) {
+		fprintf(stderr, "edgelm-bench: cannot connect to %s\n", j->http);
+		return;
+	}
+	size_t cap = 1 << 16, len = 0;
+	char *buf = malloc(cap);
+	j->t_start = cm_now();
+	if (!buf || write(fd, req, (size_t)rl) != rl) {
+		free(buf);
+		close(fd);
+		return;
+	}
+	double first = 0;
+	for (;;) {
+		if (len + 4096 > cap) {
+			char *nb = realloc(buf, cap *= 2);
+			if (!nb)
+				break;
+			buf = nb;
+		}
+		ssize_t n = read(fd, buf + len, cap - len - 1);
+		if (n <= 0)
+			break;
+		len += (size_t)n;
+		buf[len] = '\0';
+		if (!first && strstr(buf, "data: {"))
+			first = cm_now();
+	}
+	j->t_end = cm_now();
+	close(fd);
+	if (buf && len) {
+		const char *u = strstr(buf, "\"completion_tokens\":");
+		if (strncmp(buf, "HTTP/1.", 7) == 0 && strncmp(buf + 9, "200", 3) == 0 && u &&
+		    strstr(buf, "data: [DONE]")) {
+			j->tokens = strtoll(u + 20, NULL, 10);
+			j->ttft_ms = first ? (first - j->t_start) * 1e3 : -1;
+			j->rc = 0;
+		} else {
+			fprintf(stderr, "edgelm-bench: HTTP: %.200s\n", buf);
+		}
+	}
+	free(buf);
+}
+
 static void *bd_run(void *arg)
 {
 	struct bd_job *j = arg;
+	if (j->http) {
+		if (j->bar)
+			pthread_barrier_wait(j->bar);
+		bd_run_http(j);
+		return NULL;
+	}
 	edgelm_client *c = NULL;
 	struct edgelm_error e;
 	j->rc = edgelm_connect(j->url, &c, &e);
@@ -48,7 +155,8 @@ static void *bd_run(void *arg)
 	p.temperature = 0;
 	struct edgelm_result r = {0};
 	j->t_start = cm_now();
-	j->rc = edgelm_generate(c, j->prompt, &p, &r, &e);
+	j->rc = j->stream ? edgelm_generate_stream(c, j->prompt, &p, bd_ignore_text, NULL, &r, &e)
+			  : edgelm_generate(c, j->prompt, &p, &r, &e);
 	j->t_end = cm_now();
 	if (j->rc == 0) {
 		j->tokens = r.completion_tokens;
@@ -61,8 +169,11 @@ static void *bd_run(void *arg)
 	return NULL;
 }
 
-/* n concurrent generations; returns aggregate tokens/s, < 0 on failure. */
-static double bd_concurrent(const char *url, int n, int max_tokens)
+/* n concurrent generations; returns aggregate tokens/s, < 0 on failure.
+ * http: over the HTTP front (HOST:PORT) instead of the socket; stream:
+ * socket streams. */
+static double bd_concurrent_via(const char *url, const char *http, const char *key, bool stream,
+				int n, int max_tokens)
 {
 	static const char *prompts[] = {"Once upon a time", "The little dog", "One day, a girl",
 					"In the park", "Tom and Lily", "The sun was", "A big red ball",
@@ -74,6 +185,9 @@ static double bd_concurrent(const char *url, int n, int max_tokens)
 	pthread_barrier_init(&bar, NULL, (unsigned)n);
 	for (int i = 0; i < n; i++) {
 		jobs[i] = (struct bd_job){.url = url,
+					  .http = http,
+					  .key = key,
+					  .stream = stream,
 					  .prompt = prompts[i % CM_ARRAY_LEN(prompts)],
 					  .max_tokens = max_tokens,
 					  .bar = &bar};
@@ -91,6 +205,11 @@ static double bd_concurrent(const char *url, int n, int max_tokens)
 	}
 	pthread_barrier_destroy(&bar);
 	return ok && t1 > t0 ? (double)tokens / (t1 - t0) : -1;
+}
+
+static double bd_concurrent(const char *url, int n, int max_tokens)
+{
+	return bd_concurrent_via(url, NULL, NULL, false, n, max_tokens);
 }
 
 /* A prompt of about `n` tokens (the daemon's tokenizer counts). */
@@ -166,10 +285,53 @@ static double bd_ttft(const char *url)
 	return j.rc == 0 ? j.ttft_ms : -1;
 }
 
+/* (c): socket streams against HTTP streams, alternating, medians. */
+static int bd_http_compare(const char *url, const char *http, const char *key,
+			   const int *streams, int n_streams, int n_gen, int reps, bool json)
+{
+	if (bd_concurrent_via(url, http, key, true, 1, 4) < 0) {
+		fprintf(stderr, "edgelm-bench: cannot stream over HTTP from %s\n", http);
+		return 3;
+	}
+	if (json)
+		printf("{\"daemon\":\"%s\",\"http\":\"%s\",\"tokens_per_stream\":%d,\"reps\":%d,"
+		       "\"streams\":[",
+		       url, http, n_gen, reps);
+	else
+		printf("streams   socket tok/s   HTTP tok/s   HTTP/socket  (medians of %d, "
+		       "alternating)\n",
+		       reps);
+	for (int i = 0; i < n_streams; i++) {
+		double a[100], b[100], ratio[100];
+		for (int r = 0; r < reps; r++) {
+			a[r] = bd_concurrent_via(url, NULL, NULL, true, streams[i], n_gen);
+			b[r] = bd_concurrent_via(url, http, key, true, streams[i], n_gen);
+			if (a[r] < 0 || b[r] < 0)
+				return 3;
+			ratio[r] = b[r] / a[r];
+		}
+		double ma = median(a, reps), mb = median(b, reps), mr = median(ratio, reps);
+		if (json)
+			printf("%s{\"n\":%d,\"socket_tok_s\":%.2f,\"http_tok_s\":%.2f,"
+			       "\"http_over_socket\":%.4f}",
+			       i ? "," : "", streams[i], ma, mb, mr);
+		else
+			printf("%7d   %12.2f   %10.2f   %10.3f\n", streams[i], ma, mb, mr);
+	}
+	if (json)
+		printf("]}\n");
+	return 0;
+}
+
 void tools_bench_daemon_usage(FILE *o)
 {
-	fprintf(o, "usage: edgelm-bench --daemon URL [--streams LIST] [-n N] [--long N] [--json]\n"
+	fprintf(o, "usage: edgelm-bench --daemon URL [--streams LIST] [-n N] [--long N]\n"
+		   "                    [--http HOST:PORT [--api-key KEY] [--reps N]] [--json]\n"
 		   "  --streams LIST  concurrent streams to compare (default 1,4,8)\n"
+		   "  --http HOST:PORT  also stream over the daemon's HTTP front and compare:\n"
+		   "                  socket streams and SSE streams alternate, --reps times\n"
+		   "                  each (default 5), medians and their ratio are printed\n"
+		   "                  (the key: --api-key or $EDGELM_API_KEY)\n"
 		   "  -n N            tokens per stream (default 64)\n"
 		   "  --long N        tokens of the long prompt for the TTFT test (default 2000;\n"
 		   "                  0 skips it; the daemon's ctx_size must hold it)\n");
@@ -181,9 +343,11 @@ int tools_bench_daemon_main(int argc, char **argv)
 		{"daemon", required_argument, NULL, 'd'}, {"streams", required_argument, NULL, 's'},
 		{"n-gen", required_argument, NULL, 'n'},  {"long", required_argument, NULL, 'l'},
 		{"json", no_argument, NULL, 'j'},         {"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
+		{"http", required_argument, NULL, 'H'},   {"api-key", required_argument, NULL, 'k'},
+		{"reps", required_argument, NULL, 'r'},   {NULL, 0, NULL, 0},
 	};
-	const char *url = NULL;
+	const char *url = NULL, *http = NULL, *key = getenv("EDGELM_API_KEY");
+	int reps = 5;
 	int streams[8] = {1, 4, 8}, n_streams = 3, n_gen = 64, n_long = 2000;
 	bool json = false, bad = false;
 	int c;
@@ -203,6 +367,11 @@ int tools_bench_daemon_main(int argc, char **argv)
 			bad |= tools_opt_int("edgelm-bench", "--long", optarg, 0, 1 << 20, &n_long) != 0;
 			break;
 		case 'j': json = true; break;
+		case 'H': http = optarg; break;
+		case 'k': key = optarg; break;
+		case 'r':
+			bad |= tools_opt_int("edgelm-bench", "--reps", optarg, 1, 100, &reps) != 0;
+			break;
 		case 'h': tools_bench_daemon_usage(stdout); return 0;
 		default: tools_bench_daemon_usage(stderr); return 1;
 		}
@@ -216,6 +385,8 @@ int tools_bench_daemon_main(int argc, char **argv)
 		fprintf(stderr, "edgelm-bench: cannot generate through %s\n", url);
 		return 3;
 	}
+	if (http)
+		return bd_http_compare(url, http, key, streams, n_streams, n_gen, reps, json);
 	double tps[8];
 	for (int i = 0; i < n_streams; i++) {
 		tps[i] = bd_concurrent(url, streams[i], n_gen);
