@@ -108,6 +108,7 @@ struct hreq {
 	char model[256];
 	int64_t created;
 	bool stream, include_usage, active, finished;
+	bool cancel_sent; /* for this generation */
 	uint64_t ack;
 	char *out; /* SSE bytes not yet handed to MHD */
 	size_t out_len, out_off, out_cap;
@@ -155,9 +156,13 @@ static void on_ignored_reply(void *ud, const char *json, size_t len)
 	(void)len;
 }
 
-/* Cancel the generation of q (its id), without waiting for the answer. */
+/* Cancel the generation of q (its id), once, without waiting for the
+ * answer. */
 static void cancel_generation(struct hreq *q)
 {
+	if (q->cancel_sent)
+		return;
+	q->cancel_sent = true;
 	char json[128];
 	int n = snprintf(json, sizeof(json), "{\"v\":1,\"op\":\"cancel\",\"id\":\"%s\"}", q->id);
 	(void)q->h->p.submit(q->h->p.core, json, (size_t)n, q->identity, on_ignored_reply, NULL);
@@ -166,7 +171,10 @@ static void cancel_generation(struct hreq *q)
 /* Submit `json` and wait for its reply, watching the client: a hang-up
  * cancels the generation in progress (if any) and the wait goes on for the
  * reply, which the cancel brings at once. Returns the parsed reply, or NULL
- * (the core refused the submission, or an unparseable reply). */
+ * (the core refused the submission, an unparseable reply, or the front is
+ * stopping and the core has not answered for STOP_GRACE_MS: the call is
+ * left to complete into q, which its reference keeps). */
+#define STOP_GRACE_MS 2000
 static json_t *core_call(struct hreq *q, const char *json, size_t len)
 {
 	pthread_mutex_lock(&q->mu);
@@ -177,10 +185,20 @@ static json_t *core_call(struct hreq *q, const char *json, size_t len)
 		hreq_unref(q);
 		return NULL;
 	}
+	uint64_t stop_seen = 0;
 	for (;;) {
+		if (q->gone && q->active)
+			cancel_generation(q); /* also when it went before this call */
+		if (atomic_load(&q->h->stopping)) {
+			uint64_t now = cm_now_ns();
+			if (!stop_seen)
+				stop_seen = now;
+			else if (now - stop_seen > (uint64_t)STOP_GRACE_MS * 1000000u)
+				return NULL;
+		}
 		struct pollfd pf[2] = {{.fd = q->efd, .events = POLLIN},
 				       {.fd = q->gone ? -1 : q->fd, .events = POLLRDHUP}};
-		int n = poll(pf, 2, -1);
+		int n = poll(pf, 2, 250);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (pf[0].revents & POLLIN) {
@@ -198,11 +216,8 @@ static json_t *core_call(struct hreq *q, const char *json, size_t len)
 			cm_free(r);
 			return j;
 		}
-		if (pf[1].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+		if (pf[1].revents & (POLLRDHUP | POLLHUP | POLLERR))
 			q->gone = true;
-			if (q->active)
-				cancel_generation(q);
-		}
 	}
 }
 
