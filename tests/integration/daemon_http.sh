@@ -13,7 +13,8 @@
 #   (malformed, huge, slowloris, 1000 rapid connects) beside a stream that
 #   must come out undisturbed, and the page in Debian's Chromium. Those
 #   need node and `npm ci` in tests/http (the npm registry); without them
-#   they SKIP and say why, unless EDGELM_REQUIRE_HTTP_CLIENTS=1 (CI).
+#   they SKIP and say why, unless EDGELM_REQUIRE_HTTP_CLIENTS=1 (CI);
+#   EDGELM_TEST_NO_NETWORK=1 (the package build) skips them too.
 set -u
 BUILD=${BUILD:-build}
 T=${TEST_TMPDIR:-$(mktemp -d)}/daemon_http
@@ -139,7 +140,9 @@ settles "after the queue test"
 # ---- real clients
 NPMDIR=$TOP/$BUILD/tests/http
 clients=no
-if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+if [ "${EDGELM_TEST_NO_NETWORK:-0}" = 1 ]; then
+	sk "EDGELM_TEST_NO_NETWORK is set (a package build): the npm clients were not fetched"
+elif ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
 	sk "node and npm not installed: the openai SDK, hostile and browser tests did not run"
 else
 	mkdir -p "$NPMDIR"

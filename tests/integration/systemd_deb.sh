@@ -42,6 +42,7 @@ done
 nspawn_root_check "$ROOT_PKGS"
 
 T=$(mktemp -d "${TEST_TMPDIR:-${TMPDIR:-/tmp}}/sddeb.XXXXXX")
+HTTP_PORT=$((30000 + $$ % 20000))
 APP=$T/app
 mkdir -p "$APP"
 for p in edgelmd edgelmctl libedgelm0; do cp "$(deb_of $p)" "$APP/"; done
@@ -117,6 +118,7 @@ C "install -m 0640 -g edgelm /opt/debs/tiny-a.gguf /var/lib/edgelm/models/tiny-a
    install -m 0640 -g edgelm /opt/debs/tiny-b.gguf /var/lib/edgelm/models/tiny-b.gguf &&
    sed -i 's|^#model .*|model /var/lib/edgelm/models/tiny-a.gguf|' /etc/edgelm/edgelm.conf &&
    sed -i 's|^#metrics_listen .*|metrics_listen off|' /etc/edgelm/edgelm.conf &&
+   sed -i 's|^#http_listen .*|http_listen 127.0.0.1:$HTTP_PORT|' /etc/edgelm/edgelm.conf &&
    useradd -m -G edgelm member && systemctl reset-failed edgelmd" >/dev/null
 out=$(C "systemctl start edgelmd"); rc=$?
 C "systemctl is-active edgelmd; systemctl show -p MainPID edgelmd" >/dev/null
@@ -125,6 +127,13 @@ else bad "start (rc $rc)" "$out$(printf '\n')$(jctl -n 20)"; finish; fi
 ctl() { C "runuser -u member -- timeout 60 edgelmctl --timeout 10000 $1" "${2:-12}"; }
 out=$(ctl "--json generate -n 4 --temp 0 --no-stream Hello"); rc=$?
 [ $rc -eq 0 ] && ok "edgelmctl generate as a member of edgelm" || bad "generate" "$out"
+# the HTTP front under the unit's sandbox (IPAddressAllow=localhost,
+# SystemCallFilter): the container shares the host's network
+out=$(curl -s -m 20 "http://127.0.0.1:$HTTP_PORT/v1/completions" -d '{"prompt":"Hello","max_tokens":4,"temperature":0}' 2>&1)
+printf '%s' "$out" | grep -q '"object":"text_completion"' &&
+	ok "the HTTP API answers a completion (http_listen 127.0.0.1:$HTTP_PORT)" || bad "HTTP completion" "$out$(printf '\n')$(jctl -n 10)"
+[ "$(curl -s -o /dev/null -w '%{http_code}' -m 10 "http://127.0.0.1:$HTTP_PORT/")" = 200 ] &&
+	ok "the web page is served" || bad "no web page"
 pid1=$(show MainPID)
 
 # ---- 4. reloads --------------------------------------------------------------------
