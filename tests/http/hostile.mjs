@@ -153,6 +153,28 @@ if (process.env.EDGELM_HTTP_RATE) {
 const s = await side;
 check(s.done, "the side stream did not end with [DONE]");
 check(s.text === process.env.EDGELM_EXPECT, `the side stream was disturbed: ${JSON.stringify(s.text)} != ${JSON.stringify(process.env.EDGELM_EXPECT)}`);
+
+// ---- clients that send a long generation and leave at once: none of them
+// may go on running for nobody. (The race this was written for, a hang-up
+// during the front's info call, is too narrow to hit from here: MHD sees
+// these closes first. It is fixed in core_call by inspection.)
+if (process.env.EDGELM_METRICS) {
+  const body = JSON.stringify({ prompt: "__edgelm_test_stall__ gone", max_tokens: 4000, temperature: 0 });
+  await sleep(2500); // the front's cached model name expires: an info call comes first
+  for (let i = 0; i < 4; i++) {
+    const c = net.connect(port, host);
+    c.on("error", () => {});
+    c.on("connect", () => { c.write(post("/v1/completions", body), "latin1"); c.end(); setTimeout(() => c.destroy(), 5 * i); });
+  }
+  let n = NaN;
+  for (let i = 0; i < 80; i++) {
+    await sleep(100);
+    const t = await (await fetch(process.env.EDGELM_METRICS)).text();
+    n = Number((t.match(/^edgelm_sequences_running (\S+)$/m) || [])[1]);
+    if (i > 10 && n === 0) break;
+  }
+  check(n === 0, `generations of clients that left still run: ${n}`);
+}
 await healthy("at the end");
 console.log(`${pass} passed, ${fail} failed`);
 process.exit(fail ? 1 : 0);
