@@ -312,6 +312,12 @@ struct engine_sampler_params {
 	float presence_penalty; /* 0: off */
 	int32_t penalty_last_n; /* window, 0 = off, -1 = whole history */
 	uint64_t seed;
+	/* logit_bias: n_bias token ids and what to add to their logits before
+	 * anything else (a bias of -100 or less bans the token); read by
+	 * engine_sampler_new only, which keeps its own copy */
+	const int32_t *bias_ids;
+	const float *bias;
+	int n_bias;
 };
 
 /* llama.cpp's defaults: temp 0.8, top_k 40, top_p 0.95, min_p 0.05, no
@@ -324,7 +330,9 @@ void engine_sampler_free(engine_sampler *s); /* NULL-safe */
 void engine_sampler_accept(engine_sampler *s, int32_t id);
 void engine_sampler_reset(engine_sampler *s);
 /* Choose the next token from n_vocab logits (not modified). Chain as
- * llama.cpp: penalties -> top_k -> top_p -> min_p -> temperature -> draw. */
+ * llama.cpp: logit_bias -> penalties -> top_k -> top_p -> min_p ->
+ * temperature -> draw. A banned token is never chosen while any other
+ * token is left. */
 int32_t engine_sampler_sample(engine_sampler *s, const float *logits);
 
 #endif

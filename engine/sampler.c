@@ -32,6 +32,7 @@ struct engine_sampler {
 	struct cand *cand; /* n_vocab */
 	int32_t *count;    /* n_vocab: occurrences in the penalty window */
 	int32_t *ring;     /* penalty_last_n entries (NULL when -1 or 0) */
+	float *bias;       /* n_vocab, added to the logits; NULL: no logit_bias */
 	int ring_cap, ring_len, ring_pos;
 	uint64_t rng[4];
 };
@@ -114,10 +115,32 @@ int engine_sampler_new(const struct engine_sampler_params *p, int n_vocab, engin
 		    "0 for none, at most %d)",
 		    (int)p->penalty_last_n, PENALTY_WINDOW_MAX);
 
+	for (int i = 0; i < p->n_bias; i++) {
+		if (p->bias_ids[i] < 0 || p->bias_ids[i] >= n_vocab)
+			return cm_err_set(err, -EINVAL,
+			                  "logit_bias: token %d is not in the vocabulary (0..%d)",
+			                  (int)p->bias_ids[i], n_vocab - 1);
+		if (isnan(p->bias[i]))
+			return cm_err_set(err, -EINVAL, "logit_bias: the bias of token %d is NaN",
+			                  (int)p->bias_ids[i]);
+	}
+
 	engine_sampler *s = cm_calloc(1, sizeof(*s));
 	if (!s)
 		return cm_err_set(err, -ENOMEM, "sampler: out of memory");
 	s->p = *p;
+	s->p.bias_ids = NULL; /* the caller's; copied below */
+	s->p.bias = NULL;
+	if (p->n_bias > 0) {
+		s->bias = cm_calloc((size_t)n_vocab, sizeof(*s->bias));
+		if (!s->bias) {
+			engine_sampler_free(s);
+			return cm_err_set(err, -ENOMEM, "sampler: out of memory");
+		}
+		/* OpenAI: -100 bans; a repeated id takes its last bias */
+		for (int i = 0; i < p->n_bias; i++)
+			s->bias[p->bias_ids[i]] = p->bias[i] <= -100.0f ? -INFINITY : p->bias[i];
+	}
 	s->n_vocab = n_vocab;
 	s->cand = cm_malloc((size_t)n_vocab * sizeof(*s->cand));
 	s->count = cm_calloc((size_t)n_vocab, sizeof(*s->count));
@@ -142,6 +165,7 @@ void engine_sampler_free(engine_sampler *s)
 	cm_free(s->cand);
 	cm_free(s->count);
 	cm_free(s->ring);
+	cm_free(s->bias);
 	cm_free(s);
 }
 
@@ -183,12 +207,14 @@ static bool penalties_on(const engine_sampler *s)
 	        s->p.presence_penalty != 0.0f);
 }
 
-/* The logit of token i after NaN cleanup and penalties. */
+/* The logit of token i after NaN cleanup, logit_bias and penalties. */
 static inline float adjusted_logit(const engine_sampler *s, const float *logits, int i, bool pen)
 {
 	float l = logits[i];
 	if (isnan(l))
 		return -INFINITY;
+	if (s->bias)
+		l += s->bias[i]; /* -inf for a ban */
 	if (pen) {
 		int32_t c = s->count[i];
 		if (c > 0) {
@@ -291,6 +317,16 @@ static void extend_sorted(struct cand *c, int n, int have, int want)
 	sort_cands(c + have, want - have);
 }
 
+/* When no logit is above -inf (all NaN, or banned): the first token that
+ * is not banned. */
+static int32_t fallback_token(const engine_sampler *s)
+{
+	for (int i = 0; s->bias && i < s->n_vocab; i++)
+		if (s->bias[i] != -INFINITY)
+			return i;
+	return 0;
+}
+
 int32_t engine_sampler_sample(engine_sampler *s, const float *logits)
 {
 	const int nv = s->n_vocab;
@@ -307,7 +343,7 @@ int32_t engine_sampler_sample(engine_sampler *s, const float *logits)
 				best = i;
 			}
 		}
-		return best;
+		return bl == -INFINITY ? fallback_token(s) : best;
 	}
 
 	/* Candidates: every token with a finite or +inf logit. */
@@ -328,7 +364,7 @@ int32_t engine_sampler_sample(engine_sampler *s, const float *logits)
 		n++;
 	}
 	if (n == 0)
-		return 0; /* everything NaN or -inf: nothing better to offer */
+		return fallback_token(s); /* everything NaN or -inf */
 	if (isinf(lmax))
 		return imax; /* +inf dominates every softmax: the first one wins */
 

@@ -401,6 +401,97 @@ static void test_penalties(void)
 	engine_sampler_free(s);
 }
 
+/* logit_bias: a ban is never drawn (greedy or not, whatever the seed), a
+ * bias moves the argmax, ids outside the vocabulary are refused, and when
+ * everything else is banned the one token left is chosen. */
+static void test_logit_bias(void)
+{
+	enum { NV = 64 };
+	float l[NV];
+	for (int i = 0; i < NV; i++)
+		l[i] = (float)(i % 7) * 0.5f;
+	l[10] = 9.0f; /* the argmax */
+	l[11] = 8.0f;
+	struct engine_sampler_params p;
+	plain_params(&p);
+	p.temp = 0.0f;
+	int32_t ids[] = {10, 3};
+	float bias[] = {-100.0f, 20.0f};
+	p.bias_ids = ids;
+	p.bias = bias;
+	p.n_bias = 1;
+	engine_sampler *s = make(&p, NV);
+	if (s)
+		CHECK_EQ_INT(engine_sampler_sample(s, l), 11); /* the ban moves it on */
+	engine_sampler_free(s);
+	p.n_bias = 2;
+	s = make(&p, NV);
+	if (s)
+		CHECK_EQ_INT(engine_sampler_sample(s, l), 3); /* 1.5 + 20 wins */
+	engine_sampler_free(s);
+
+	/* sampling: the banned argmax never comes out in 2000 draws */
+	plain_params(&p);
+	p.bias_ids = ids;
+	p.bias = bias;
+	p.n_bias = 1;
+	for (uint64_t seed = 0; seed < 20; seed++) {
+		p.seed = seed;
+		s = make(&p, NV);
+		int hits = 0;
+		for (int k = 0; s && k < 100; k++)
+			hits += engine_sampler_sample(s, l) == 10;
+		CHECK_MSG(hits == 0, "seed %llu: the banned token came %d times",
+			  (unsigned long long)seed, hits);
+		engine_sampler_free(s);
+	}
+
+	/* every token banned but one, even below the others */
+	int32_t all[NV - 1];
+	float ban[NV - 1];
+	for (int i = 0, k = 0; i < NV; i++)
+		if (i != 40) {
+			all[k] = i;
+			ban[k++] = -100.0f;
+		}
+	l[40] = -1e30f;
+	p.bias_ids = all;
+	p.bias = ban;
+	p.n_bias = NV - 1;
+	for (int greedy = 0; greedy < 2; greedy++) {
+		p.temp = greedy ? 0.0f : 1.0f;
+		s = make(&p, NV);
+		if (s)
+			CHECK_EQ_INT(engine_sampler_sample(s, l), 40);
+		engine_sampler_free(s);
+	}
+	/* with every logit -inf too, the first token not banned */
+	float dead[NV];
+	for (int i = 0; i < NV; i++)
+		dead[i] = -INFINITY;
+	s = make(&p, NV);
+	if (s)
+		CHECK_EQ_INT(engine_sampler_sample(s, dead), 40);
+	engine_sampler_free(s);
+
+	/* ids outside the vocabulary, NaN */
+	int32_t bad_id[] = {NV};
+	float one[] = {1.0f}, nan_b[] = {NAN};
+	p.bias_ids = bad_id;
+	p.bias = one;
+	p.n_bias = 1;
+	struct cm_err err = {0};
+	engine_sampler *t = NULL;
+	CHECK(engine_sampler_new(&p, NV, &t, &err) == -EINVAL && !t);
+	CHECK(strstr(err.msg, "not in the vocabulary") != NULL);
+	int32_t neg[] = {-1};
+	p.bias_ids = neg;
+	CHECK(engine_sampler_new(&p, NV, &t, &err) == -EINVAL && !t);
+	p.bias_ids = ids;
+	p.bias = nan_b;
+	CHECK(engine_sampler_new(&p, NV, &t, &err) == -EINVAL && !t);
+}
+
 int main(void)
 {
 	TEST_RUN(test_defaults);
@@ -412,5 +503,6 @@ int main(void)
 	TEST_RUN(test_filters);
 	TEST_RUN(test_top_p_large);
 	TEST_RUN(test_penalties);
+	TEST_RUN(test_logit_bias);
 	return test_finish();
 }
