@@ -111,6 +111,24 @@ static int copy_stops(struct daemon_request *r, const struct ipc_request *q)
 	return 0;
 }
 
+/* logit_bias: the request's own copy, which the sampler parameters point
+ * to (a model swap makes the sampler again after the call is gone). */
+static int copy_bias(struct daemon_request *r, const struct ipc_request *q)
+{
+	if (q->n_bias == 0)
+		return 0;
+	r->bias_ids = cm_malloc(q->n_bias * sizeof(*r->bias_ids));
+	r->bias = cm_malloc(q->n_bias * sizeof(*r->bias));
+	if (!r->bias_ids || !r->bias)
+		return -ENOMEM;
+	memcpy(r->bias_ids, q->bias_ids, q->n_bias * sizeof(*r->bias_ids));
+	memcpy(r->bias, q->bias, q->n_bias * sizeof(*r->bias));
+	r->sp.bias_ids = r->bias_ids;
+	r->sp.bias = r->bias;
+	r->sp.n_bias = (int)q->n_bias;
+	return 0;
+}
+
 static void handle_generate(struct daemon *d, ipc_call *call, const struct ipc_request *q)
 {
 	struct sched *s = d->sched;
@@ -137,6 +155,11 @@ static void handle_generate(struct daemon *d, ipc_call *call, const struct ipc_r
 	uint64_t dl = q->deadline_ms ? (uint64_t)q->deadline_ms : d->cfg.deadline_ms_default;
 	r->deadline_ns = dl ? r->arrival_ns + dl * 1000000ull : 0;
 	sampling_from_request(&d->cfg, &q->sampling, &r->sp, &r->max_tokens);
+	if (copy_bias(r, q) != 0) {
+		req_free(r);
+		ipc_call_error(call, IPC_ERR_INTERNAL, -1, "out of memory");
+		return;
+	}
 	struct caller who;
 	caller_of(s, call, &who);
 

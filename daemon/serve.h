@@ -51,6 +51,8 @@ struct daemon_request {
 	char **stop;
 	size_t *stop_len;
 	int n_stop;
+	int32_t *bias_ids; /* logit_bias, the request's copy (sp points here) */
+	float *bias;
 	struct policy_item qi;
 	uint64_t arrival_ns, deadline_ns, admit_ns, first_ns, prefill_end_ns, end_ns;
 	bool stall;             /* test hook: stall the scheduler before its steps */

@@ -19,6 +19,8 @@ void req_free(struct daemon_request *r)
 		cm_free(r->stop[i]);
 	cm_free(r->stop);
 	cm_free(r->stop_len);
+	cm_free(r->bias_ids);
+	cm_free(r->bias);
 	engine_sampler_free(r->smp);
 	cm_free(r->gen);
 	cm_free(r->fail_msg);

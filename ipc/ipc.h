@@ -62,16 +62,21 @@ enum ipc_errcode ipc_errcode_from_errno(int neg_errno);
 #define IPC_DEFAULT_MAX_STOP 16
 #define IPC_DEFAULT_MAX_STOP_BYTES 256
 #define IPC_DEFAULT_MAX_IDS 65536
+#define IPC_MAX_LOGIT_BIAS 1024 /* tokens in one logit_bias */
+/* a logit_bias entry as written compactly: "2147483647":-1.2345678901234567e-05, */
+#define IPC_LOGIT_BIAS_ROOM (IPC_MAX_LOGIT_BIAS * 40)
 
 /* The smallest message limit, rounded up to 64 KiB, that holds any request
  * within the other limits as libedgelm writes it: the longest text, stop
  * strings of control characters (6 bytes a byte), 48 bytes of frame a chat
- * message and 4 KiB for the other fields; or max_ids ids of 12 bytes. The
+ * message, the longest logit_bias and 4 KiB for the other fields; or
+ * max_ids ids of 12 bytes. The
  * client's and the server's defaults both come from it. */
 #define IPC_JSON_ESCAPE_MAX 6 /* \u001f */
 #define IPC_MSG_ROOM(messages, stop, stop_bytes)                                                   \
 	((size_t)4096 + IPC_ID_MAX + (size_t)48 * (messages) +                                      \
-	 (size_t)(stop) * (IPC_JSON_ESCAPE_MAX * (size_t)(stop_bytes) + 3))
+	 (size_t)(stop) * (IPC_JSON_ESCAPE_MAX * (size_t)(stop_bytes) + 3) +                        \
+	 (size_t)IPC_LOGIT_BIAS_ROOM)
 #define IPC_MSG_BYTES(prompt, messages, stop, stop_bytes, ids)                                     \
 	((CM_MAX((size_t)(prompt) + IPC_MSG_ROOM(messages, stop, stop_bytes),                      \
 	         (size_t)12 * (ids) + 4096) +                                                      \
@@ -185,6 +190,9 @@ struct ipc_request {
 	const char *const *stop;
 	const size_t *stop_len;
 	size_t n_stop;
+	const int32_t *bias_ids; /* logit_bias: token ids and their biases */
+	const float *bias;
+	size_t n_bias;
 	bool stream;
 	int64_t deadline_ms; /* 0: none; else relative to arrival */
 	int32_t priority;    /* -10..10, higher first; default 0 */

@@ -10,7 +10,7 @@
  *     a field at its default unless flagged set (protocol_request.c),
  *   - the per-op field tables of docs/protocol.md (protocol_doc.c, through
  *     `make docs`; tests/integration/protocol_doc.sh checks them).
- * Fields of a special shape (id, messages, stop, ids) have small handlers
+ * Fields of a special shape (id, messages, stop, logit_bias, ids) have small handlers
  * below, referenced from their rows; their name, ops and docs are rows too.
  *
  * To add a field: a member in struct ipc_request (ipc.h), a row here, and
@@ -20,6 +20,8 @@
 #include "ipc/protocol_impl.h"
 
 #include <assert.h>
+#include <errno.h>
+#include <stdlib.h>
 #include <limits.h>
 #include <stddef.h>
 #include <string.h>
@@ -259,6 +261,81 @@ static void stop_range_doc(const struct ipc_limits *lim, char *buf, size_t cap)
 static const struct ipc_field_kind kind_stop = {"array of strings", stop_parse, stop_encode,
                                                 stop_range_doc};
 
+/* ---- logit_bias ----------------------------------------------------------- */
+
+/* OpenAI's shape: {"TOKEN_ID": bias, ...}, ids as decimal strings. */
+static int bias_parse(struct ipc_pctx *c, const struct ipc_field *f, json_t *obj,
+                      struct ipc_request *r)
+{
+	if (!json_is_object(obj))
+		return ipc_perr(c->err, IPC_ERR_INVALID_FIELD,
+		                "field '%s' must be an object of token id to bias", f->name);
+	size_t n = json_object_size(obj);
+	if (n > IPC_MAX_LOGIT_BIAS)
+		return ipc_perr(c->err, IPC_ERR_INVALID_FIELD, "%s: %zu tokens, more than %d",
+		                f->name, n, IPC_MAX_LOGIT_BIAS);
+	if (n == 0)
+		return 0;
+	int32_t *ids = ipc_arena_zalloc(c->arena, n, sizeof(*ids));
+	float *bias = ipc_arena_zalloc(c->arena, n, sizeof(*bias));
+	if (!ids || !bias)
+		return ipc_parse_oom(c);
+	const char *key;
+	json_t *v;
+	size_t i = 0;
+	json_object_foreach (obj, key, v) {
+		char *end;
+		errno = 0;
+		unsigned long long id = strtoull(key, &end, 10);
+		if (key[0] < '0' || key[0] > '9' || *end || errno || id > INT32_MAX)
+			return ipc_perr(c->err, IPC_ERR_INVALID_FIELD,
+			                "%s: key '%.32s' is not a token id (a decimal integer)",
+			                f->name, key);
+		if (!json_is_number(v))
+			return ipc_perr(c->err, IPC_ERR_INVALID_FIELD, "%s[%llu] must be a number",
+			                f->name, id);
+		double b = json_number_value(v);
+		if (!(b >= -100 && b <= 100))
+			return ipc_perr(c->err, IPC_ERR_INVALID_FIELD,
+			                "%s[%llu] is %g, not in [-100, 100]", f->name, id, b);
+		ids[i] = (int32_t)id;
+		bias[i] = (float)b;
+		i++;
+	}
+	r->bias_ids = ids;
+	r->bias = bias;
+	r->n_bias = n;
+	return 0;
+}
+
+static int bias_encode(const struct ipc_field *f, const struct ipc_request *r, json_t **ret)
+{
+	if (!r->n_bias)
+		return 0;
+	json_t *o = json_object();
+	bool ok = o != NULL;
+	for (size_t i = 0; ok && i < r->n_bias; i++) {
+		char key[16];
+		snprintf(key, sizeof(key), "%d", (int)r->bias_ids[i]);
+		ok = json_object_set_new(o, key, json_real(r->bias[i])) == 0;
+	}
+	if (!ok) {
+		json_decref(o);
+		return -ENOMEM;
+	}
+	*ret = o;
+	return 0;
+}
+
+static void bias_range_doc(const struct ipc_limits *lim, char *buf, size_t cap)
+{
+	(void)lim;
+	snprintf(buf, cap, "≤ %d tokens, biases in [-100, 100]", IPC_MAX_LOGIT_BIAS);
+}
+
+static const struct ipc_field_kind kind_bias = {"object of token id to number", bias_parse,
+                                                bias_encode, bias_range_doc};
+
 /* ---- ids ------------------------------------------------------------------ */
 
 static int ids_parse(struct ipc_pctx *c, const struct ipc_field *f, json_t *arr,
@@ -373,6 +450,8 @@ const struct ipc_field ipc_fields[] = {
 	  .def_doc = "random", .doc = "seeds the sampler's random numbers" },
 	{ "stop", IPC_FT_CUSTOM, IPC_OPS_GEN, 0, .kind = &kind_stop,
 	  .def_doc = "none", .doc = "generation stops before the first match, which is not returned" },
+	{ "logit_bias", IPC_FT_CUSTOM, IPC_OPS_GEN, 0, .kind = &kind_bias,
+	  .def_doc = "none", .doc = "added to the token's logit before sampling (OpenAI's `logit_bias`); -100 bans the token; an id outside the vocabulary is `invalid_field`" },
 	{ "stream", IPC_FT_BOOL, IPC_OPS_GEN, 0, MEMBER(stream),
 	  .def = 0, .doc = "see [Streaming](#streaming)" },
 	{ "deadline_ms", IPC_FT_INT, IPC_OPS_GEN, 0, INT_MEMBER(deadline_ms),

@@ -1364,7 +1364,7 @@ static void test_numbers_not_narrowed(void)
  * and a bounds case here. */
 static bool custom_known(const struct ipc_field *f)
 {
-	static const char *const known[] = {"id", "messages", "stop", "ids"};
+	static const char *const known[] = {"id", "messages", "stop", "logit_bias", "ids"};
 	for (size_t i = 0; i < CM_ARRAY_LEN(known); i++)
 		if (strcmp(f->name, known[i]) == 0)
 			return true;
@@ -1378,6 +1378,8 @@ static const struct ipc_message sample_messages[] = {
 static const char *const sample_stop[] = {"\n\n", "The end"};
 static const size_t sample_stop_len[] = {2, 7};
 static const int32_t sample_ids[] = {0, 7, INT32_MAX};
+static const int32_t sample_bias_ids[] = {0, 15043, INT32_MAX};
+static const float sample_bias[] = {-100.0f, 2.5f, 100.0f};
 
 /* Give field `f` of `r` a sample value other than its default (variant 0),
  * or its lower (1) or upper (2) bound; sampling.set flagged as a parser
@@ -1428,6 +1430,10 @@ static void field_sample(const struct ipc_field *f, struct ipc_request *r, int v
 		} else if (strcmp(f->name, "ids") == 0) {
 			r->ids = sample_ids;
 			r->n_ids = CM_ARRAY_LEN(sample_ids);
+		} else if (strcmp(f->name, "logit_bias") == 0) {
+			r->bias_ids = sample_bias_ids;
+			r->bias = sample_bias;
+			r->n_bias = CM_ARRAY_LEN(sample_bias);
 		}
 		break;
 	case IPC_FT_ENVELOPE:
@@ -1802,6 +1808,16 @@ static void bounds_custom(const struct ipc_field *f, const char *base)
 	     "{\"role\":\"user\",\"content\":\"\"}]",
 	     IPC_ERR_INVALID_FIELD},
 	    {"messages", "[]", IPC_ERR_INVALID_FIELD},
+	    {"logit_bias", "{\"0\":-100,\"2147483647\":100,\"5\":0.5}", IPC_ERR_NONE},
+	    {"logit_bias", "{}", IPC_ERR_NONE},
+	    {"logit_bias", "{\"5\":100.01}", IPC_ERR_INVALID_FIELD},
+	    {"logit_bias", "{\"5\":-1000}", IPC_ERR_INVALID_FIELD},
+	    {"logit_bias", "{\"2147483648\":1}", IPC_ERR_INVALID_FIELD},
+	    {"logit_bias", "{\"-1\":1}", IPC_ERR_INVALID_FIELD},
+	    {"logit_bias", "{\"1x\":1}", IPC_ERR_INVALID_FIELD},
+	    {"logit_bias", "{\"\":1}", IPC_ERR_INVALID_FIELD},
+	    {"logit_bias", "{\"5\":\"1\"}", IPC_ERR_INVALID_FIELD},
+	    {"logit_bias", "[[5,1]]", IPC_ERR_INVALID_FIELD},
 	    {"ids", "[0,2147483647]", IPC_ERR_NONE},
 	    {"ids", "[]", IPC_ERR_NONE},
 	    {"ids", "[1,2,3]", IPC_ERR_TOO_LARGE},
