@@ -139,10 +139,13 @@ static int copy_sampling(const json_t *b, json_t *out, struct oai_err *e)
 	} else if (!is_null(stop)) {
 		return BAD(e, "stop", "stop: a string or an array of strings is required");
 	}
-	/* what the engine-features issue brings; until then refused by name */
+	/* token ids as OpenAI writes them; the protocol's parser checks it */
 	const json_t *lb = json_object_get(b, "logit_bias");
-	if (!is_null(lb) && !(json_is_object(lb) && json_object_size(lb) == 0))
-		return BAD(e, "logit_bias", "logit_bias: not supported by this server yet");
+	if (json_is_object(lb) && json_object_size(lb) > 0)
+		json_object_set(out, "logit_bias", (json_t *)lb);
+	else if (!is_null(lb) && !json_is_object(lb))
+		return BAD(e, "logit_bias", "logit_bias: an object of token id to bias is required");
+	/* what the engine-features issue brings; until then refused by name */
 	const json_t *lp = json_object_get(b, "logprobs");
 	if (json_is_true(lp) || (json_is_integer(lp) && json_integer_value(lp) > 0))
 		return BAD(e, "logprobs", "logprobs: not supported by this server yet");

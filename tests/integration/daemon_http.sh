@@ -88,6 +88,30 @@ else
 	sk "node not installed: greedy text over HTTP not compared with the socket's here"
 fi
 
+# ---- logit_bias: every token of the greedy answer banned; the daemon's
+# answer over HTTP equals edgelm-run's with the same bans, which contains
+# none of them
+RUN="$BUILD/bin/edgelm-run -m $T/m.gguf -p Once_upon -n 12 --temp 0 -q"
+ids=$($RUN --json | sed -n 's/^{"id":\([0-9]*\),.*/\1/p' | sort -un | tr '\n' ' ')
+bias=""; flags=""
+for i in $ids; do bias="$bias${bias:+,}\"$i\":-100"; flags="$flags --logit-bias $i=-100"; done
+curl -s -H "$A" "$H/v1/completions" -d '{"prompt":"Once_upon","max_tokens":12,"temperature":0,"logit_bias":{'"$bias"'}}' >"$T/lb.json"
+$RUN $flags --json >"$T/lb.run"
+banned=0
+for i in $(sed -n 's/^{"id":\([0-9]*\),.*/\1/p' "$T/lb.run"); do
+	case " $ids " in *" $i "*) banned=$((banned + 1)) ;; esac
+done
+[ -n "$ids" ] && [ $banned -eq 0 ] && [ "$(wc -l <"$T/lb.run")" -eq 12 ] && ok ||
+	ko "edgelm-run --logit-bias: $banned banned tokens came out of 12 ($ids)"
+if command -v node >/dev/null 2>&1; then
+	node -e 'const fs=require("fs");const h=JSON.parse(fs.readFileSync(process.argv[1]));
+		const r=fs.readFileSync(process.argv[2],"utf8").trim().split("\n").map(l=>JSON.parse(l).text).join("");
+		process.exit(h.choices&&h.choices[0].text===r?0:1)' "$T/lb.json" "$T/lb.run" && ok ||
+		ko "logit_bias over HTTP != edgelm-run's: $(cat "$T/lb.json")"
+fi
+[ "$(code -H "$A" "$H/v1/completions" -d '{"prompt":"a","logit_bias":{"999999":-100}}')" = 400 ] &&
+	grep -q '"param":"logit_bias"' "$T/body" && ok || ko "an id outside the vocabulary: $(cat "$T/body")"
+
 # ---- SSE framing
 curl -sN -H "$A" "$H/v1/chat/completions" \
 	-d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":12,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}' \

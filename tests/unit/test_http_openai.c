@@ -57,7 +57,7 @@ static void test_completion_fields(void)
 			   "\"top_p\":0.5,\"seed\":3,\"stop\":\"\\n\",\"frequency_penalty\":0.5,"
 			   "\"presence_penalty\":-1,\"user\":\"u\",\"n\":1,\"top_k\":5,\"min_p\":0.1,"
 			   "\"repeat_penalty\":1.1,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
-			   "\"logit_bias\":{},\"logprobs\":null,\"unknown_extra\":[1]}",
+			   "\"logit_bias\":{\"7\":-100,\"9\":2.5},\"logprobs\":null,\"unknown_extra\":[1]}",
 			   OAI_COMPLETIONS, &r, &o, &e));
 	if (r) {
 		CHECK(r->op == IPC_OP_GENERATE);
@@ -71,6 +71,10 @@ static void test_completion_fields(void)
 		CHECK_EQ_INT((int)r->n_stop, 1);
 		CHECK(r->n_stop == 1 && strcmp(r->stop[0], "\n") == 0);
 		CHECK(r->stream);
+		CHECK(r->n_bias == 2);
+		for (size_t i = 0; i < r->n_bias; i++)
+			CHECK(r->bias_ids[i] == 7 ? r->bias[i] == -100.0f
+						  : r->bias_ids[i] == 9 && r->bias[i] == 2.5f);
 	}
 	CHECK(o.stream && o.include_usage);
 	ipc_request_free(r);
@@ -129,7 +133,9 @@ static void test_refusals(void)
 		{"{\"prompt\":\"a\",\"best_of\":3}", OAI_COMPLETIONS, "best_of"},
 		{"{\"prompt\":\"a\",\"suffix\":\"z\"}", OAI_COMPLETIONS, "suffix"},
 		{"{\"prompt\":\"a\",\"logprobs\":2}", OAI_COMPLETIONS, "logprobs"},
-		{"{\"prompt\":\"a\",\"logit_bias\":{\"5\":-100}}", OAI_COMPLETIONS, "logit_bias"},
+		{"{\"prompt\":\"a\",\"logit_bias\":[5]}", OAI_COMPLETIONS, "logit_bias"},
+		{"{\"prompt\":\"a\",\"logit_bias\":{\"x\":1}}", OAI_COMPLETIONS, "logit_bias"},
+		{"{\"prompt\":\"a\",\"logit_bias\":{\"5\":101}}", OAI_COMPLETIONS, "logit_bias"},
 		{"{\"prompt\":\"a\",\"stop\":4}", OAI_COMPLETIONS, "stop"},
 		{"{\"prompt\":\"a\",\"stream\":\"yes\"}", OAI_COMPLETIONS, "stream"},
 		{"{\"prompt\":\"a\",\"max_tokens\":1.5}", OAI_COMPLETIONS, "max_tokens"},
