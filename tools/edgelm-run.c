@@ -71,6 +71,8 @@ static void usage(FILE *o)
 		"                         list prints the names)\n"
 		"      --stop STR         stop when the output contains STR (repeatable; STR is\n"
 		"                         not printed)\n"
+		"      --logit-bias ID=BIAS  add BIAS (-100..100) to token ID's logit before\n"
+		"                         sampling; -100 bans it (repeatable)\n"
 		"  -q, --quiet            no timings on stderr\n"
 		"  -h, --help\n",
 		DEFAULT_BATCH, engine_kv_type_list(), engine_kv_type_name(ENGINE_KV_DEFAULT));
@@ -96,6 +98,7 @@ enum {
 	OPT_CHAT_TEMPLATE,
 	OPT_STOP,
 	OPT_KV_TYPE,
+	OPT_BIAS,
 };
 
 static const struct option long_opts[] = {
@@ -125,6 +128,7 @@ static const struct option long_opts[] = {
 	{"chat", required_argument, NULL, OPT_CHAT},
 	{"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
 	{"stop", required_argument, NULL, OPT_STOP},
+	{"logit-bias", required_argument, NULL, OPT_BIAS},
 	{"quiet", no_argument, NULL, 'q'},
 	{"help", no_argument, NULL, 'h'},
 	{NULL, 0, NULL, 0},
@@ -246,6 +250,7 @@ out:
 }
 
 #define MAX_STOP 32
+#define MAX_BIAS 1024 /* --logit-bias entries, as the protocol allows */
 
 /* Text output with stop strings: `hold` keeps generated text that could
  * still begin a stop string. */
@@ -328,6 +333,9 @@ struct run_opts {
 	const char *isa, *repack;
 	const char *stop[MAX_STOP];
 	int n_stop;
+	int32_t bias_ids[MAX_BIAS];
+	float bias[MAX_BIAS];
+	int n_bias;
 	long n_predict, n_threads, ctx, top_n, n_batch;
 	enum engine_kv_type kv_type;
 	bool json, tokenize_only, special, quiet, seed_set;
@@ -424,6 +432,22 @@ static int run_opts_parse(int argc, char **argv, struct run_opts *o)
 			}
 			o->stop[o->n_stop++] = optarg;
 			break;
+		case OPT_BIAS: {
+			/* ID=BIAS; the ids are checked against the vocabulary at load */
+			char *eq = strchr(optarg, '='), *end;
+			long id = eq ? strtol(optarg, &end, 10) : -1;
+			if (!eq || end != eq || id < 0 || id > INT32_MAX || o->n_bias == MAX_BIAS) {
+				fprintf(stderr,
+					"edgelm-run: --logit-bias wants ID=BIAS (a token id, a bias in "
+					"-100..100), at most %d of them\n",
+					MAX_BIAS);
+				return EXIT_USAGE;
+			}
+			o->bias_ids[o->n_bias] = (int32_t)id;
+			bad = tools_parse_float(eq + 1, -100, 100, &o->bias[o->n_bias]);
+			o->n_bias++;
+			break;
+		}
 		case 'q': o->quiet = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return EXIT_USAGE;
@@ -435,6 +459,9 @@ static int run_opts_parse(int argc, char **argv, struct run_opts *o)
 		}
 	}
 	o->sp.penalty_last_n = (int32_t)lastn;
+	o->sp.bias_ids = o->bias_ids;
+	o->sp.bias = o->bias;
+	o->sp.n_bias = o->n_bias;
 	if (optind < argc || !o->model_path || (o->prompt && o->prompt_file) ||
 	    (o->chat_file && (o->prompt || o->prompt_file))) {
 		usage(stderr);
@@ -581,10 +608,15 @@ static int run_prefill(const struct run_opts *o, struct run *r)
 		.n_batch = (uint32_t)o->n_batch,
 		.kv_type = o->kv_type,
 	};
-	if (engine_ctx_new(r->m, &cp, &r->cx, &err) != 0 ||
-	    engine_sampler_new(&o->sp, (int)info->n_vocab, &r->smp, &err) != 0) {
+	if (engine_ctx_new(r->m, &cp, &r->cx, &err) != 0) {
 		fprintf(stderr, "edgelm-run: %s\n", err.msg);
 		return EXIT_RUNTIME;
+	}
+	int rc = engine_sampler_new(&o->sp, (int)info->n_vocab, &r->smp, &err);
+	if (rc) {
+		/* a --logit-bias id this model does not have: the command line's */
+		fprintf(stderr, "edgelm-run: %s\n", err.msg);
+		return rc == -EINVAL ? EXIT_USAGE : EXIT_RUNTIME;
 	}
 	if (!o->quiet)
 		fprintf(stderr,
