@@ -901,7 +901,11 @@ static int http_submit(void *core, const char *json, size_t len, const char *ide
 		       http_done_fn done, void *ud)
 {
 	struct daemon *d = core;
-	return ipc_server_submit(d->srv, json, len, identity, done, ud);
+	/* the front serves from before the model loads: 503 until the core is up */
+	ipc_server *srv = __atomic_load_n(&d->srv, __ATOMIC_ACQUIRE);
+	if (!srv)
+		return -EAGAIN;
+	return ipc_server_submit(srv, json, len, identity, done, ud);
 }
 
 static int start_http(struct daemon *d)
@@ -929,13 +933,14 @@ static int start_http(struct daemon *d)
 		return EXIT_RUNTIME;
 	}
 	for (int i = 0; i < d->cfg.n_http_listen; i++)
-		log_notice("serving %s over HTTP on %s (port %u)%s", d->model_name,
+		log_notice("HTTP on %s (port %u)%s; 503 until the model is loaded",
 			   d->cfg.http_listen[i], http_front_port(d->http, (size_t)i),
 			   d->cfg.http_api_key_file[0] ? ", API keys required" : "");
 	return 0;
 }
 
-/* Every connection closed; their generations were drained before. */
+/* Every connection closed; their generations were drained before, and
+ * what came since was answered 503. */
 static void stop_http(struct daemon *d)
 {
 	http_front_stop(d->http);
@@ -975,6 +980,9 @@ static const struct step steps[] = {
 	{"signals", start_signals, stop_signals},
 	{"tuning", start_tuning, stop_tuning},
 	{"monitor", start_monitor, stop_monitor},
+	/* HTTP from before the load, answering 503 while the model loads, as
+	 * HTTP clients and load balancers expect (the socket binds last) */
+	{"http", start_http, stop_http},
 	/* start_memory may copy the weights to huge pages: the copy is freed
 	 * once the model that points into it is */
 	{"hugepages", NULL, stop_hugepages},
@@ -982,7 +990,6 @@ static const struct step steps[] = {
 	{"memory", start_memory, NULL},
 	{"scheduler", start_scheduler, stop_scheduler},
 	{"socket", start_socket, stop_socket},
-	{"http", start_http, stop_http},
 	{"ready", start_ready, stop_ready},
 };
 

@@ -22,7 +22,9 @@
 /* The reply to a submitted request (protocol JSON, valid during the call). */
 typedef void (*http_done_fn)(void *ud, const char *json, size_t len);
 /* Hand a protocol request to the core as `identity`; 0 when done will be
- * called exactly once (on any thread), else a negative errno. */
+ * called exactly once (on any thread), else a negative errno: -EAGAIN
+ * while the core is not up yet (the front answers 503 "loading"), others
+ * when it has stopped (503 "shutting down"). */
 typedef int (*http_submit_fn)(void *core, const char *json, size_t len, const char *identity,
 			      http_done_fn done, void *ud);
 

@@ -109,6 +109,7 @@ struct hreq {
 	int64_t created;
 	bool stream, include_usage, active, finished;
 	bool cancel_sent; /* for this generation */
+	int submit_rc;    /* the last refused submission: -EAGAIN loading, else stopping */
 	uint64_t ack;
 	char *out; /* SSE bytes not yet handed to MHD */
 	size_t out_len, out_off, out_cap;
@@ -181,7 +182,9 @@ static json_t *core_call(struct hreq *q, const char *json, size_t len)
 	q->replied = false;
 	q->refs++;
 	pthread_mutex_unlock(&q->mu);
-	if (q->h->p.submit(q->h->p.core, json, len, q->identity, on_core_reply, q) != 0) {
+	int rc = q->h->p.submit(q->h->p.core, json, len, q->identity, on_core_reply, q);
+	if (rc != 0) {
+		q->submit_rc = rc;
 		hreq_unref(q);
 		return NULL;
 	}
@@ -272,6 +275,17 @@ static enum MHD_Result send_error(struct hreq *q, unsigned status, const char *t
 	return send_err(q, &e);
 }
 
+/* The core took no request: still loading the model (submit's -EAGAIN),
+ * or stopping. */
+static void unavailable(const struct hreq *q, struct oai_err *e)
+{
+	if (q->submit_rc == -EAGAIN)
+		oai_err_set(e, 503, "server_error", NULL, "not_ready", "the model is loading");
+	else
+		oai_err_set(e, 503, "server_error", NULL, "shutting_down", "the server is stopping");
+	e->retry_after_s = 1;
+}
+
 /* ---- the model's name (info), cached briefly ------------------------------------ */
 
 static json_t *core_simple(struct hreq *q, const char *op)
@@ -310,6 +324,8 @@ static enum MHD_Result do_health(struct hreq *q)
 {
 	json_t *j = core_simple(q, "health");
 	const char *st = json_string_value(json_object_get(j, "status"));
+	if (!j)
+		st = q->submit_rc == -EAGAIN ? "loading" : "draining";
 	bool ready = json_is_true(json_object_get(j, "ready")) && !atomic_load(&q->h->draining);
 	json_t *out = json_pack("{s:s}", "status", ready ? "ok" : st ? st : "unavailable");
 	json_t *reasons = json_object_get(j, "reasons");
@@ -323,8 +339,13 @@ static enum MHD_Result do_models(struct hreq *q)
 {
 	json_t *j = core_simple(q, "info");
 	if (!j || !json_is_true(json_object_get(j, "ok"))) {
+		struct oai_err e;
+		if (j)
+			oai_err_from_reply(j, &e);
+		else
+			unavailable(q, &e);
 		json_decref(j);
-		return send_error(q, 503, "server_error", "not_ready", "the model is not loaded");
+		return send_err(q, &e);
 	}
 	const char *m = json_string_value(json_object_get(j, "model"));
 	const char *slash = m ? strrchr(m, '/') : NULL;
@@ -443,7 +464,7 @@ static int stream_step(struct hreq *q)
 		if (r)
 			oai_err_from_reply(r, &e);
 		else
-			oai_err_set(&e, 500, "server_error", NULL, NULL, "the server is stopping");
+			unavailable(q, &e);
 		json_decref(r);
 		q->finished = true;
 		q->active = false;
@@ -563,8 +584,7 @@ static enum MHD_Result do_generate(struct hreq *q)
 		if (r)
 			oai_err_from_reply(r, &e);
 		else
-			oai_err_set(&e, 503, "server_error", NULL, "shutting_down",
-				    "the server is stopping");
+			unavailable(q, &e);
 		json_decref(r);
 		return send_err(q, &e);
 	}

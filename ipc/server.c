@@ -304,11 +304,22 @@ static void call_cb(void *arg)
 int ipc_server_submit(ipc_server *srv, const char *json, size_t len, const char *identity,
                       ipc_submit_done_fn done, void *ud)
 {
-	if (!srv || !done || atomic_load(&srv->closing))
+	if (!srv || !done)
 		return -ESHUTDOWN;
+	/* counted in the handler's calls before draining is looked at, so that
+	 * ipc_server_stop, which drains and then waits for that count, either
+	 * waits for this call or is seen draining here: no handler runs once
+	 * the server has stopped */
+	atomic_fetch_add(&srv->in_handler, 1);
+	if (atomic_load(&srv->closing)) {
+		busy_done(srv, &srv->in_handler);
+		return -ESHUTDOWN;
+	}
 	struct ipc_call *c = cm_calloc(1, sizeof(*c));
-	if (!c)
+	if (!c) {
+		busy_done(srv, &srv->in_handler);
 		return -ENOMEM;
+	}
 	c->srv = srv;
 	c->local_done = done;
 	c->local_ud = ud;
@@ -324,16 +335,17 @@ int ipc_server_submit(ipc_server *srv, const char *json, size_t len, const char 
 		if (srv->on_reply && ipc_request_parse_op(json, len, &srv->lim, &req, &op, NULL) == 0)
 			ipc_request_free(req);
 		call_send_error(c, op, IPC_ERR_SHUTTING_DOWN, NULL, NULL, -1);
+		busy_done(srv, &srv->in_handler);
 		return 0;
 	}
 	int rc = ipc_request_parse_op(json, len, &srv->lim, &req, &op, &err);
 	if (rc) {
 		call_send_error(c, op, ipc_errcode_from_errno(rc), NULL, err.msg, -1);
+		busy_done(srv, &srv->in_handler);
 		return 0;
 	}
 	c->req = req;
-	atomic_fetch_add(&srv->in_handler, 1);
-	atomic_store(&c->state, CALL_HANDLER);
+	atomic_store(&c->state, CALL_HANDLER); /* the count taken above is the handler's */
 	srv->handler(c, srv->userdata);
 	return 0;
 }
