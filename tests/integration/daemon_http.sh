@@ -224,6 +224,14 @@ kill $cpid; wait $cpid 2>/dev/null
 settles "after the identity test"
 grep -q "tenant_weights" "$T/daemon.log" && ko "tenant_weights http:alice refused" || ok
 
+# ---- a busy http_listen port stops the start (exit 3, an err line naming it)
+"$BUILD/bin/edgelmd" --model "$T/m.gguf" --listen "ipc://$T/d2.sock" --metrics-listen off \
+	--set socket_group= --set tuning=false --threads 1 --set http_listen="127.0.0.1:$port" \
+	>"$T/busy.log" 2>&1
+rc=$?
+[ $rc -eq 3 ] && grep -q "err.*http: cannot listen on 127.0.0.1:$port" "$T/busy.log" && ok ||
+	ko "busy HTTP port: exit $rc: $(cat "$T/busy.log")"
+
 # ---- SIGTERM with an HTTP stream running: it completes, exit 0
 curl -sN -H "$A" "$H/v1/completions" -d '{"prompt":"__edgelm_test_stall__ drain","max_tokens":60,"temperature":0,"stream":true}' >"$T/drain.txt" &
 cpid=$!
