@@ -329,6 +329,14 @@ void engine_sampler_free(engine_sampler *s); /* NULL-safe */
 /* Record a token in the penalty history (prompt tokens too). */
 void engine_sampler_accept(engine_sampler *s, int32_t id);
 void engine_sampler_reset(engine_sampler *s);
+/* The model's log-probability of token `id` under n_vocab logits (a log
+ * softmax of the raw logits: temperature 1, no bias, penalties or filters;
+ * NaN logits count as -inf), and the n_top most likely tokens best first
+ * (ties to the lower id) into top_ids/top_lps (n_top <= 64). Returns the
+ * log-probability of `id`. */
+float engine_logprobs(const float *logits, int n_vocab, int32_t id, int n_top, int32_t *top_ids,
+		      float *top_lps);
+
 /* Choose the next token from n_vocab logits (not modified). Chain as
  * llama.cpp: logit_bias -> penalties -> top_k -> top_p -> min_p ->
  * temperature -> draw. A banned token is never chosen while any other

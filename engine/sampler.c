@@ -435,3 +435,55 @@ int32_t engine_sampler_sample(engine_sampler *s, const float *logits)
 	}
 	return c[0].id;
 }
+
+/* ---- log-probabilities ------------------------------------------------------ */
+
+float engine_logprobs(const float *logits, int n_vocab, int32_t id, int n_top, int32_t *top_ids,
+		      float *top_lps)
+{
+	if (n_top > 64)
+		n_top = 64;
+	if (n_top > n_vocab)
+		n_top = n_vocab;
+	/* one pass: the maximum and the top list (insertion into a short
+	 * sorted array: n_top is small), then the sum of exponentials */
+	float mx = -INFINITY;
+	int n = 0;
+	for (int i = 0; i < n_vocab; i++) {
+		float l = isnan(logits[i]) ? -INFINITY : logits[i];
+		if (l > mx)
+			mx = l;
+		if (n_top <= 0 || (n == n_top && !(l > top_lps[n - 1])))
+			continue;
+		int k = n < n_top ? n++ : n - 1;
+		while (k > 0 && l > top_lps[k - 1]) {
+			top_lps[k] = top_lps[k - 1];
+			top_ids[k] = top_ids[k - 1];
+			k--;
+		}
+		top_lps[k] = l;
+		top_ids[k] = i;
+	}
+	if (mx == -INFINITY || isinf(mx)) {
+		/* no finite logit, or +inf ones: the distribution is degenerate */
+		bool any = mx > 0; /* +inf: those tokens take all of it */
+		for (int k = 0; k < n; k++)
+			top_lps[k] = any && top_lps[k] == mx ? 0.0f : -INFINITY;
+		float l = id >= 0 && id < n_vocab ? logits[id] : NAN;
+		return any && l == mx ? 0.0f : -INFINITY;
+	}
+	double sum = 0.0;
+	for (int i = 0; i < n_vocab; i++)
+		if (!isnan(logits[i]))
+			sum += exp((double)logits[i] - mx);
+	double lse = (double)mx + log(sum);
+	for (int k = 0; k < n; k++)
+		top_lps[k] = (float)((double)top_lps[k] - lse);
+	for (int k = n; k < n_top; k++) {
+		top_ids[k] = -1;
+		top_lps[k] = -INFINITY;
+	}
+	if (id < 0 || id >= n_vocab || isnan(logits[id]))
+		return -INFINITY;
+	return (float)((double)logits[id] - lse);
+}

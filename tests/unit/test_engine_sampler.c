@@ -492,6 +492,48 @@ static void test_logit_bias(void)
 	CHECK(engine_sampler_new(&p, NV, &t, &err) == -EINVAL && !t);
 }
 
+/* engine_logprobs: a log softmax of the raw logits, the top list best
+ * first with ties to the lower id, NaN as -inf, degenerate inputs. */
+static void test_logprobs(void)
+{
+	enum { NV = 300 };
+	float l[NV];
+	for (int i = 0; i < NV; i++)
+		l[i] = sinf((float)i * 0.37f) * 4.0f;
+	l[7] = NAN;
+	l[100] = l[200] = 6.0f; /* a tie at the top */
+	int32_t ids[5];
+	float lps[5];
+	double z = 0.0;
+	for (int i = 0; i < NV; i++)
+		if (i != 7)
+			z += exp((double)l[i]);
+	float lp = engine_logprobs(l, NV, 3, 5, ids, lps);
+	CHECK(fabs(lp - (l[3] - log(z))) < 1e-5);
+	CHECK(ids[0] == 100 && ids[1] == 200);
+	CHECK(fabs(lps[0] - (6.0 - log(z))) < 1e-5 && lps[0] == lps[1]);
+	for (int k = 1; k < 5; k++)
+		CHECK(lps[k] <= lps[k - 1]);
+	double sum = 0.0;
+	for (int i = 0; i < NV; i++)
+		sum += exp((double)engine_logprobs(l, NV, i, 0, NULL, NULL));
+	CHECK_MSG(fabs(sum - 1.0) < 1e-5, "probabilities sum to %g", sum);
+	CHECK(engine_logprobs(l, NV, 7, 0, NULL, NULL) == -INFINITY);
+	CHECK(engine_logprobs(l, NV, NV, 0, NULL, NULL) == -INFINITY);
+	/* more than the vocabulary asked for */
+	int32_t ids3[8];
+	float lps3[8];
+	float two[2] = {0.0f, 0.0f};
+	CHECK(fabs(engine_logprobs(two, 2, 1, 8, ids3, lps3) - logf(0.5f)) < 1e-6);
+	CHECK(ids3[0] == 0 && ids3[1] == 1);
+	/* +inf dominates; all -inf has no finite value */
+	float inf[3] = {1.0f, INFINITY, 2.0f};
+	CHECK(engine_logprobs(inf, 3, 1, 1, ids3, lps3) == 0.0f && ids3[0] == 1);
+	CHECK(engine_logprobs(inf, 3, 0, 0, NULL, NULL) == -INFINITY);
+	float dead[2] = {-INFINITY, -INFINITY};
+	CHECK(engine_logprobs(dead, 2, 0, 0, NULL, NULL) == -INFINITY);
+}
+
 int main(void)
 {
 	TEST_RUN(test_defaults);
@@ -504,5 +546,6 @@ int main(void)
 	TEST_RUN(test_top_p_large);
 	TEST_RUN(test_penalties);
 	TEST_RUN(test_logit_bias);
+	TEST_RUN(test_logprobs);
 	return test_finish();
 }
