@@ -194,6 +194,8 @@ struct ipc_request {
 	const float *bias;
 	size_t n_bias;
 	bool stream;
+	bool logprobs;        /* return each generated token's log-probability */
+	int32_t top_logprobs; /* and the most likely alternatives, 0..IPC_MAX_TOP_LOGPROBS */
 	int64_t deadline_ms; /* 0: none; else relative to arrival */
 	int32_t priority;    /* -10..10, higher first; default 0 */
 
@@ -256,6 +258,24 @@ struct ipc_usage {
 	int64_t completion_tokens;
 };
 
+/* A generated token's log-probability under the model (a log softmax of
+ * its raw logits), with the most likely alternatives, best first. Token
+ * texts are the tokens' bytes (invalid UTF-8 encodes as U+FFFD, so the
+ * pieces of a character split over tokens do not add up to it). */
+#define IPC_MAX_TOP_LOGPROBS 20
+struct ipc_logprob_top {
+	const char *token;
+	size_t token_len;
+	float logprob; /* -inf encodes as null */
+};
+struct ipc_logprob {
+	const char *token;
+	size_t token_len;
+	float logprob;
+	const struct ipc_logprob_top *top;
+	size_t n_top;
+};
+
 /* Milliseconds and tokens per second; a non-finite value encodes as null. */
 struct ipc_timings {
 	double queue_ms;
@@ -273,6 +293,10 @@ struct ipc_gen_reply {
 	bool stream;
 	const char *text;
 	size_t text_len;
+	/* with the request's logprobs: every generated token's, in order */
+	bool has_logprobs;
+	const struct ipc_logprob *logprobs;
+	size_t n_logprobs;
 	enum ipc_finish finish;
 	struct ipc_usage usage;
 	struct ipc_timings timings;
@@ -287,6 +311,11 @@ struct ipc_poll_reply {
 	                * the encoder ignores it and sends offset + text_len */
 	const char *text;
 	size_t text_len;
+	/* with the request's logprobs: the tokens whose text ends in this
+	 * chunk (at the end, every token not sent yet) */
+	bool has_logprobs;
+	const struct ipc_logprob *logprobs;
+	size_t n_logprobs;
 	bool done;
 	enum ipc_finish finish;
 	struct ipc_usage usage;

@@ -99,6 +99,32 @@ static int splice_raw(char **json, size_t *len, const char *key, const char *raw
 	return 0;
 }
 
+static json_t *enc_lp_value(float lp)
+{
+	return isfinite(lp) ? json_real(lp) : json_null();
+}
+
+/* "logprobs": [{"token", "logprob", "top": [{"token", "logprob"}, ...]}] */
+static void enc_logprobs(json_t *o, const struct ipc_logprob *lp, size_t n, bool *ok)
+{
+	json_t *a = json_array();
+	for (size_t i = 0; a && i < n; i++) {
+		json_t *top = json_array();
+		for (size_t k = 0; top && k < lp[i].n_top; k++)
+			if (json_array_append_new(
+			        top, json_pack("{s:o,s:o}", "token",
+			                       ipc_jstr(lp[i].top[k].token, lp[i].top[k].token_len),
+			                       "logprob", enc_lp_value(lp[i].top[k].logprob))))
+				*ok = false;
+		if (json_array_append_new(a, json_pack("{s:o,s:o,s:o}", "token",
+		                                       ipc_jstr(lp[i].token, lp[i].token_len),
+		                                       "logprob", enc_lp_value(lp[i].logprob),
+		                                       "top", top ? top : json_array())))
+			*ok = false;
+	}
+	ipc_jset(o, "logprobs", a, ok);
+}
+
 static int enc_ok_body(json_t *o, const struct ipc_reply *r, struct cm_err *err)
 {
 	bool ok = true;
@@ -109,6 +135,8 @@ static int enc_ok_body(json_t *o, const struct ipc_reply *r, struct cm_err *err)
 		ipc_jset(o, "stream", json_boolean(g->stream), &ok);
 		if (!g->stream) {
 			ipc_jset(o, "text", ipc_jstr(g->text, g->text_len), &ok);
+			if (g->has_logprobs)
+				enc_logprobs(o, g->logprobs, g->n_logprobs, &ok);
 			enc_final(o, g->finish, &g->usage, &g->timings, &ok);
 		}
 		break;
@@ -120,6 +148,8 @@ static int enc_ok_body(json_t *o, const struct ipc_reply *r, struct cm_err *err)
 		ipc_jset(o, "offset", json_integer((json_int_t)p->offset), &ok);
 		ipc_jset(o, "next", json_integer((json_int_t)(p->offset + p->text_len)), &ok);
 		ipc_jset(o, "text", ipc_jstr(p->text, p->text_len), &ok);
+		if (p->has_logprobs)
+			enc_logprobs(o, p->logprobs, p->n_logprobs, &ok);
 		ipc_jset(o, "done", json_boolean(p->done), &ok);
 		if (p->done)
 			enc_final(o, p->finish, &p->usage, &p->timings, &ok);
@@ -460,6 +490,61 @@ static int dec_metrics(struct dctx *c, json_t *o, struct ipc_reply *r)
 	return 0;
 }
 
+static int dec_lp_value(struct dctx *c, json_t *v, float *ret)
+{
+	if (json_is_null(v)) {
+		*ret = -INFINITY;
+		return 0;
+	}
+	if (!json_is_number(v))
+		return bad_reply(c, "logprobs");
+	*ret = (float)json_number_value(v);
+	return 0;
+}
+
+/* Optional "logprobs" (see enc_logprobs). */
+static int dec_logprobs(struct dctx *c, json_t *o, bool *has, const struct ipc_logprob **ret,
+                        size_t *ret_n)
+{
+	json_t *a = json_object_get(o, "logprobs");
+	*has = false;
+	*ret = NULL;
+	*ret_n = 0;
+	if (!a)
+		return 0;
+	if (!json_is_array(a))
+		return bad_reply(c, "logprobs");
+	size_t n = json_array_size(a);
+	struct ipc_logprob *lp = n ? ipc_arena_zalloc(c->arena, n, sizeof(*lp)) : NULL;
+	if (n && !lp)
+		return cm_err_set(c->err, -ENOMEM, "ipc: out of memory decoding a reply");
+	for (size_t i = 0; i < n; i++) {
+		json_t *e = json_array_get(a, i), *top = json_object_get(e, "top");
+		if (!json_is_object(e) || dec_str(c, e, "token", &lp[i].token, &lp[i].token_len) ||
+		    !lp[i].token || dec_lp_value(c, json_object_get(e, "logprob"), &lp[i].logprob))
+			return bad_reply(c, "logprobs");
+		if (top && !json_is_array(top))
+			return bad_reply(c, "logprobs");
+		size_t nt = top ? json_array_size(top) : 0;
+		struct ipc_logprob_top *t = nt ? ipc_arena_zalloc(c->arena, nt, sizeof(*t)) : NULL;
+		if (nt && !t)
+			return cm_err_set(c->err, -ENOMEM, "ipc: out of memory decoding a reply");
+		for (size_t k = 0; k < nt; k++) {
+			json_t *te = json_array_get(top, k);
+			if (!json_is_object(te) || dec_str(c, te, "token", &t[k].token, &t[k].token_len) ||
+			    !t[k].token ||
+			    dec_lp_value(c, json_object_get(te, "logprob"), &t[k].logprob))
+				return bad_reply(c, "logprobs");
+		}
+		lp[i].top = t;
+		lp[i].n_top = nt;
+	}
+	*has = true;
+	*ret = lp;
+	*ret_n = n;
+	return 0;
+}
+
 static int dec_ok_body(struct dctx *c, json_t *o, struct ipc_reply *r)
 {
 	int64_t x;
@@ -471,7 +556,8 @@ static int dec_ok_body(struct dctx *c, json_t *o, struct ipc_reply *r)
 			return -EPROTO;
 		if (g->stream)
 			return 0;
-		if (dec_str(c, o, "text", &g->text, &g->text_len))
+		if (dec_str(c, o, "text", &g->text, &g->text_len) ||
+		    dec_logprobs(c, o, &g->has_logprobs, &g->logprobs, &g->n_logprobs))
 			return -EPROTO;
 		return dec_final(c, o, &g->finish, &g->usage, &g->timings);
 	}
@@ -480,6 +566,7 @@ static int dec_ok_body(struct dctx *c, json_t *o, struct ipc_reply *r)
 		int64_t next;
 		if (dec_int(c, o, "offset", &x) || dec_int(c, o, "next", &next) ||
 		    dec_str(c, o, "text", &p->text, &p->text_len) ||
+		    dec_logprobs(c, o, &p->has_logprobs, &p->logprobs, &p->n_logprobs) ||
 		    dec_bool(c, o, "done", &p->done))
 			return -EPROTO;
 		if (x < 0)

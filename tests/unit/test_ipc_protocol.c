@@ -743,6 +743,33 @@ static void test_reply_roundtrip(void)
 		CHECK(d->u.gen.timings.ttft_ms == 20.25 && d->u.gen.timings.decode_tps == 160);
 		ipc_reply_free(d);
 	}
+	/* with logprobs: tokens, their alternatives, -inf as null */
+	static const struct ipc_logprob_top tops[] = {{",", 1, -0.03f}, {" there", 6, -3.5f}};
+	static const struct ipc_logprob lps[] = {{",", 1, -0.03f, tops, 2},
+						 {"\xff", 1, -INFINITY, NULL, 0}};
+	r.u.gen.has_logprobs = true;
+	r.u.gen.logprobs = lps;
+	r.u.gen.n_logprobs = 2;
+	d = roundtrip(&r, IPC_OP_GENERATE, "\"logprob\":null");
+	if (d) {
+		CHECK(d->u.gen.has_logprobs && d->u.gen.n_logprobs == 2);
+		if (d->u.gen.n_logprobs == 2) {
+			const struct ipc_logprob *a = d->u.gen.logprobs;
+			CHECK_STREQ(a[0].token, ",");
+			CHECK(a[0].logprob == -0.03f && a[0].n_top == 2);
+			CHECK(a[0].n_top == 2 && strcmp(a[0].top[1].token, " there") == 0 &&
+			      a[0].top[1].logprob == -3.5f);
+			CHECK_STREQ(a[1].token, "\xef\xbf\xbd"); /* bad bytes replaced */
+			CHECK(a[1].logprob == -INFINITY && a[1].n_top == 0);
+		}
+		ipc_reply_free(d);
+	}
+	r.u.gen.has_logprobs = false;
+	d = roundtrip(&r, IPC_OP_GENERATE, "\"text\"");
+	if (d) {
+		CHECK(!d->u.gen.has_logprobs);
+		ipc_reply_free(d);
+	}
 	/* a stream's start; chat shares the shape */
 	memset(&r, 0, sizeof(r));
 	r.op = IPC_OP_CHAT;
