@@ -155,6 +155,8 @@ static void handle_generate(struct daemon *d, ipc_call *call, const struct ipc_r
 	uint64_t dl = q->deadline_ms ? (uint64_t)q->deadline_ms : d->cfg.deadline_ms_default;
 	r->deadline_ns = dl ? r->arrival_ns + dl * 1000000ull : 0;
 	sampling_from_request(&d->cfg, &q->sampling, &r->sp, &r->max_tokens);
+	r->want_lp = q->logprobs || q->top_logprobs > 0;
+	r->n_top_lp = q->top_logprobs;
 	if (copy_bias(r, q) != 0) {
 		req_free(r);
 		ipc_call_error(call, IPC_ERR_INTERNAL, -1, "out of memory");

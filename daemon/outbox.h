@@ -21,6 +21,7 @@ struct outbox_msg {
 	char id[IPC_ID_MAX + 1];
 	char *text; /* owned */
 	char *msg;  /* owned: an error's message */
+	void *lp;   /* owned: the logprobs the reply points to */
 };
 
 /* A list of messages being built. */

@@ -222,7 +222,36 @@ static void on_logits(struct sched *s, struct daemon_request *r, const float *lo
 	bool eog = engine_tokenizer_is_eog(tok, id);
 	if (!eog)
 		n = engine_detok_push(&r->detok, tok, id, piece, sizeof(piece));
+	/* logprobs: the softmax and the pieces before the lock */
+	struct lp_entry lpe;
+	char lp_text[1 + IPC_MAX_TOP_LOGPROBS][128];
+	const char *lp_pieces[1 + IPC_MAX_TOP_LOGPROBS];
+	if (r->want_lp) {
+		struct engine_model_info mi;
+		engine_model_get_info(d->model, &mi);
+		int32_t top_ids[IPC_MAX_TOP_LOGPROBS];
+		float top_lps[IPC_MAX_TOP_LOGPROBS];
+		int nt = CM_MIN(r->n_top_lp, IPC_MAX_TOP_LOGPROBS);
+		lpe.tok.lp = engine_logprobs(logits, (int)mi.n_vocab, id, nt, top_ids, top_lps);
+		lpe.n_top = 0;
+		for (int k = 0; k <= nt; k++) {
+			int32_t t = k == 0 ? id : top_ids[k - 1];
+			if (k > 0 && t < 0)
+				break;
+			/* a longer piece is cut: these are for display */
+			int len = engine_token_to_piece(tok, t, false, lp_text[k], sizeof(lp_text[k]));
+			lp_pieces[k] = lp_text[k];
+			struct lp_piece *pc = k == 0 ? &lpe.tok : &lpe.top[k - 1];
+			pc->len = (uint16_t)(len > 0 ? len : 0);
+			if (k > 0) {
+				pc->lp = top_lps[k - 1];
+				lpe.n_top++;
+			}
+		}
+	}
 	pthread_mutex_lock(&d->mu);
+	if (r->want_lp && store_lp_add(r, &lpe, lp_pieces) != 0)
+		r->want_lp = false; /* out of memory: the rest goes without them */
 	if (r->n_gen == 0) {
 		r->first_ns = now;
 		r->prefill_end_ns = now;
@@ -232,14 +261,18 @@ static void on_logits(struct sched *s, struct daemon_request *r, const float *lo
 	r->n_gen++;
 	r->last_tok = id;
 	bool stopped = false;
-	if (n > 0 && store_gen_append(r, piece, (size_t)n) == 0)
+	if (n > 0 && store_gen_append(r, piece, (size_t)n) == 0) {
+		store_lp_settle(r);
 		stopped = store_check_stops(r);
+	}
 	if (eog || stopped) {
 		store_finish(s, r, IPC_FINISH_STOP, out);
 	} else if (r->n_gen >= r->max_tokens ||
 		   (uint32_t)(r->n_prompt + r->n_gen) >= d->cfg.ctx_size) {
 		int m = engine_detok_flush(&r->detok, piece, sizeof(piece));
-		if (m > 0 && store_gen_append(r, piece, (size_t)m) == 0 && store_check_stops(r))
+		if (m > 0 && store_gen_append(r, piece, (size_t)m) == 0)
+			store_lp_settle(r);
+		if (m > 0 && r->gen_len > 0 && store_check_stops(r))
 			store_finish(s, r, IPC_FINISH_STOP, out);
 		else
 			store_finish(s, r, IPC_FINISH_LENGTH, out);

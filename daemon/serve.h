@@ -22,6 +22,22 @@
 #include "daemon/policy.h"
 #include "daemon/textpool.h"
 
+/* One generated token's log-probability (logprobs), its piece and the
+ * top alternatives' in the request's lp_pool. text_end: gen_len once the
+ * token's text is in gen, LP_PENDING while the detokenizer holds it. */
+#define LP_PENDING UINT32_MAX
+struct lp_piece {
+	uint32_t off;
+	uint16_t len;
+	float lp;
+};
+struct lp_entry {
+	uint32_t text_end;
+	struct lp_piece tok;
+	uint8_t n_top;
+	struct lp_piece top[IPC_MAX_TOP_LOGPROBS];
+};
+
 struct held_poll {
 	ipc_call *call;
 	uint64_t ack;
@@ -73,6 +89,13 @@ struct daemon_request {
 	char *gen; /* generated text; bytes < pub_len never change */
 	size_t gen_len, gen_cap, pub_len;
 	enum ipc_finish finish;
+	/* logprobs (want_lp, n_top_lp set at arrival; the rest under mu) */
+	bool want_lp;
+	int n_top_lp;
+	struct lp_entry *lp;
+	size_t n_lp, cap_lp, lp_pending; /* lp_pending: the first entry without a text end */
+	char *lp_pool;
+	size_t lp_pool_len, lp_pool_cap;
 	enum ipc_errcode fail_code; /* a stream refused after its id was sent: polls get it */
 	char *fail_msg;
 	bool cancel;
@@ -134,6 +157,11 @@ void store_unlist(struct sched *s, struct daemon_request *r);
 /* r may be freed now that it left its slot or the table */
 void store_maybe_free(struct sched *s, struct daemon_request *r);
 int store_gen_append(struct daemon_request *r, const char *p, size_t n);
+/* Record a generated token's log-probability (under mu); then
+ * store_lp_settle once its text is appended, so that entries waiting for
+ * text get its end. */
+int store_lp_add(struct daemon_request *r, const struct lp_entry *e, const char *const *pieces);
+void store_lp_settle(struct daemon_request *r);
 bool store_check_stops(struct daemon_request *r);
 bool store_answer_poll(struct sched *s, struct daemon_request *r, ipc_call *call, uint64_t ack,
 		       bool may_release, struct outbox_list *out);

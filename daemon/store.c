@@ -21,6 +21,8 @@ void req_free(struct daemon_request *r)
 	cm_free(r->stop_len);
 	cm_free(r->bias_ids);
 	cm_free(r->bias);
+	cm_free(r->lp);
+	cm_free(r->lp_pool);
 	engine_sampler_free(r->smp);
 	cm_free(r->gen);
 	cm_free(r->fail_msg);
@@ -127,6 +129,108 @@ int store_gen_append(struct daemon_request *r, const char *p, size_t n)
 	return 0;
 }
 
+static int lp_pool_put(struct daemon_request *r, const char *p, size_t n, struct lp_piece *out)
+{
+	if (n > UINT16_MAX)
+		n = UINT16_MAX;
+	if (r->lp_pool_len + n > r->lp_pool_cap) {
+		size_t cap = CM_MAX(r->lp_pool_cap * 2, r->lp_pool_len + n + 1024);
+		if (cap > UINT32_MAX)
+			return -E2BIG;
+		char *q = cm_realloc(r->lp_pool, cap);
+		if (!q)
+			return -ENOMEM;
+		r->lp_pool = q;
+		r->lp_pool_cap = cap;
+	}
+	memcpy(r->lp_pool + r->lp_pool_len, p, n);
+	out->off = (uint32_t)r->lp_pool_len;
+	out->len = (uint16_t)n;
+	r->lp_pool_len += n;
+	return 0;
+}
+
+int store_lp_add(struct daemon_request *r, const struct lp_entry *e, const char *const *pieces)
+{
+	if (r->n_lp == r->cap_lp) {
+		size_t cap = r->cap_lp ? r->cap_lp * 2 : 64;
+		struct lp_entry *l = cm_realloc(r->lp, cap * sizeof(*l));
+		if (!l)
+			return -ENOMEM;
+		r->lp = l;
+		r->cap_lp = cap;
+	}
+	struct lp_entry *d = &r->lp[r->n_lp];
+	*d = *e;
+	d->text_end = LP_PENDING;
+	/* pieces[0]: the token's, then the alternatives' (lengths in e) */
+	if (lp_pool_put(r, pieces[0], e->tok.len, &d->tok) != 0)
+		return -ENOMEM;
+	for (int k = 0; k < e->n_top; k++)
+		if (lp_pool_put(r, pieces[1 + k], e->top[k].len, &d->top[k]) != 0)
+			return -ENOMEM;
+	r->n_lp++;
+	return 0;
+}
+
+void store_lp_settle(struct daemon_request *r)
+{
+	for (; r->lp_pending < r->n_lp; r->lp_pending++)
+		r->lp[r->lp_pending].text_end = (uint32_t)CM_MIN(r->gen_len, (size_t)UINT32_MAX - 1);
+}
+
+/* The logprobs a reply carries: entries whose text ends in (ack, upto],
+ * or, once finished, every entry whose text ends after ack (text cut by a
+ * stop string, held by the detokenizer). Copied into m (m->lp). */
+static int reply_logprobs(struct outbox_msg *m, const struct daemon_request *r, uint64_t ack,
+			  uint64_t upto, bool done, const struct ipc_logprob **ret, size_t *ret_n)
+{
+	size_t n = 0, n_top = 0, bytes = 0;
+	for (size_t i = 0; i < r->n_lp; i++) {
+		const struct lp_entry *e = &r->lp[i];
+		uint64_t end = e->text_end;
+		if (!(end > ack || (ack == 0 && end == 0)) || (!done && end > upto))
+			continue;
+		n++;
+		n_top += e->n_top;
+		bytes += e->tok.len;
+		for (int k = 0; k < e->n_top; k++)
+			bytes += e->top[k].len;
+	}
+	*ret = NULL;
+	*ret_n = 0;
+	if (n == 0)
+		return 0;
+	size_t sz = n * sizeof(struct ipc_logprob) + n_top * sizeof(struct ipc_logprob_top) + bytes;
+	char *mem = cm_malloc(sz);
+	if (!mem)
+		return -ENOMEM;
+	struct ipc_logprob *lp = (struct ipc_logprob *)mem;
+	struct ipc_logprob_top *tp = (struct ipc_logprob_top *)(lp + n);
+	char *txt = (char *)(tp + n_top);
+	size_t j = 0;
+	for (size_t i = 0; i < r->n_lp; i++) {
+		const struct lp_entry *e = &r->lp[i];
+		uint64_t end = e->text_end;
+		if (!(end > ack || (ack == 0 && end == 0)) || (!done && end > upto))
+			continue;
+		memcpy(txt, r->lp_pool + e->tok.off, e->tok.len);
+		lp[j] = (struct ipc_logprob){txt, e->tok.len, e->tok.lp, tp, e->n_top};
+		txt += e->tok.len;
+		for (int k = 0; k < e->n_top; k++) {
+			memcpy(txt, r->lp_pool + e->top[k].off, e->top[k].len);
+			*tp++ = (struct ipc_logprob_top){txt, e->top[k].len, e->top[k].lp};
+			txt += e->top[k].len;
+		}
+		j++;
+	}
+	cm_free(m->lp);
+	m->lp = mem;
+	*ret = lp;
+	*ret_n = n;
+	return 0;
+}
+
 /* After text was appended: a stop string cuts the text and ends the
  * request (true); otherwise publish all but a tail that could still become
  * a stop string, so a stop string's text is never sent. */
@@ -189,6 +293,11 @@ bool store_answer_poll(struct sched *s, struct daemon_request *r, ipc_call *call
 		p->text = m->text;
 		p->text_len = r->pub_len - ack;
 		p->done = r->state == RQ_FINISHED;
+		if (r->want_lp) {
+			/* out of memory: the entries come with a later poll */
+			p->has_logprobs = reply_logprobs(m, r, ack, r->pub_len, p->done,
+							 &p->logprobs, &p->n_logprobs) == 0;
+		}
 		if (p->done) {
 			p->finish = r->finish;
 			fill_stats(r, &p->usage, &p->timings);
@@ -263,6 +372,10 @@ void store_finish(struct sched *s, struct daemon_request *r, enum ipc_finish f,
 				g->text = m->text;
 				g->text_len = r->gen_len;
 				g->finish = f;
+				if (r->want_lp)
+					g->has_logprobs = reply_logprobs(m, r, 0, r->gen_len, true,
+									 &g->logprobs,
+									 &g->n_logprobs) == 0;
 				fill_stats(r, &g->usage, &g->timings);
 			} else {
 				if (m)
