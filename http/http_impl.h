@@ -45,6 +45,11 @@ const char *oai_finish(const char *proto);
 /* {"prompt_tokens","completion_tokens","total_tokens",
  *  "prompt_tokens_details":{"cached_tokens"}} from the protocol's usage */
 json_t *oai_usage(const json_t *usage);
+/* choice.logprobs from the protocol's "logprobs" array: chat's
+ * {"content": [{token, logprob, bytes, top_logprobs}]}, completions'
+ * {tokens, token_logprobs, top_logprobs, text_offset} (text_offset counts
+ * on from *text_offset, bytes of the tokens' text). */
+json_t *oai_logprobs(enum oai_kind kind, const json_t *proto, size_t *text_offset);
 /* The whole (non-streaming) response from the protocol's generate/chat
  * reply. */
 json_t *oai_response(enum oai_kind kind, const char *cid, const char *model, int64_t created,

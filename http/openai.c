@@ -146,12 +146,23 @@ static int copy_sampling(const json_t *b, json_t *out, struct oai_err *e)
 	else if (!is_null(lb) && !json_is_object(lb))
 		return BAD(e, "logit_bias", "logit_bias: an object of token id to bias is required");
 	/* what the engine-features issue brings; until then refused by name */
+	/* chat: logprobs true and top_logprobs N; completions: logprobs N
+	 * (the sampled token's and N alternatives). The parser checks N. */
 	const json_t *lp = json_object_get(b, "logprobs");
-	if (json_is_true(lp) || (json_is_integer(lp) && json_integer_value(lp) > 0))
-		return BAD(e, "logprobs", "logprobs: not supported by this server yet");
 	const json_t *tlp = json_object_get(b, "top_logprobs");
-	if (json_is_integer(tlp) && json_integer_value(tlp) > 0)
-		return BAD(e, "top_logprobs", "top_logprobs: not supported by this server yet");
+	if (json_is_integer(lp) && !tlp) {
+		json_object_set_new(out, "logprobs", json_true());
+		json_object_set(out, "top_logprobs", (json_t *)lp);
+	} else if (json_is_boolean(lp)) {
+		json_object_set(out, "logprobs", (json_t *)lp);
+	} else if (!is_null(lp)) {
+		return BAD(e, "logprobs", "logprobs: a boolean (chat) or an integer (completions) is required");
+	}
+	if (!is_null(tlp)) {
+		if (!json_is_true(lp))
+			return BAD(e, "top_logprobs", "top_logprobs: needs logprobs true");
+		json_object_set(out, "top_logprobs", (json_t *)tlp);
+	}
 	const json_t *rf = json_object_get(b, "response_format");
 	if (!is_null(rf)) {
 		const char *t = json_string_value(json_object_get(rf, "type"));
@@ -307,6 +318,70 @@ json_t *oai_usage(const json_t *usage)
 			 "prompt_tokens_details", "cached_tokens", (json_int_t)k);
 }
 
+/* OpenAI has no -inf: the value it sends for "never" */
+static json_t *lp_number(const json_t *v)
+{
+	return json_real(json_is_number(v) ? json_number_value(v) : -9999.0);
+}
+
+static json_t *utf8_bytes(const char *s, size_t n)
+{
+	json_t *a = json_array();
+	for (size_t i = 0; a && i < n; i++)
+		json_array_append_new(a, json_integer((unsigned char)s[i]));
+	return a;
+}
+
+json_t *oai_logprobs(enum oai_kind kind, const json_t *proto, size_t *text_offset)
+{
+	if (!json_is_array(proto))
+		return json_null();
+	size_t i;
+	const json_t *e;
+	if (kind == OAI_CHAT) {
+		json_t *content = json_array();
+		json_array_foreach (proto, i, e) {
+			const json_t *tok = json_object_get(e, "token");
+			json_t *tops = json_array();
+			size_t k;
+			const json_t *t;
+			json_array_foreach (json_object_get(e, "top"), k, t) {
+				const json_t *tt = json_object_get(t, "token");
+				json_array_append_new(
+				    tops, json_pack("{s:O,s:o,s:o}", "token", tt, "logprob",
+						    lp_number(json_object_get(t, "logprob")), "bytes",
+						    utf8_bytes(json_string_value(tt), json_string_length(tt))));
+			}
+			json_array_append_new(
+			    content, json_pack("{s:O,s:o,s:o,s:o}", "token", tok, "logprob",
+					       lp_number(json_object_get(e, "logprob")), "bytes",
+					       utf8_bytes(json_string_value(tok), json_string_length(tok)),
+					       "top_logprobs", tops));
+		}
+		return json_pack("{s:o}", "content", content);
+	}
+	json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(),
+	       *offs = json_array();
+	json_array_foreach (proto, i, e) {
+		const json_t *tok = json_object_get(e, "token");
+		json_array_append(tokens, (json_t *)tok);
+		json_array_append_new(lps, lp_number(json_object_get(e, "logprob")));
+		json_t *top = json_object();
+		size_t k;
+		const json_t *t;
+		json_array_foreach (json_object_get(e, "top"), k, t) {
+			const char *tt = json_string_value(json_object_get(t, "token"));
+			if (tt && !json_object_get(top, tt))
+				json_object_set_new(top, tt, lp_number(json_object_get(t, "logprob")));
+		}
+		json_array_append_new(tops, top);
+		json_array_append_new(offs, json_integer((json_int_t)*text_offset));
+		*text_offset += json_string_length(tok);
+	}
+	return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps,
+			 "top_logprobs", tops, "text_offset", offs);
+}
+
 json_t *oai_response(enum oai_kind kind, const char *cid, const char *model, int64_t created,
 		     const json_t *reply)
 {
@@ -325,6 +400,11 @@ json_t *oai_response(enum oai_kind kind, const char *cid, const char *model, int
 				   "finish_reason", finish ? finish : "stop");
 	if (choice && kind != OAI_CHAT)
 		json_object_set(choice, "text", (json_t *)text);
+	const json_t *plp = json_object_get(reply, "logprobs");
+	if (choice && plp) {
+		size_t off = 0;
+		json_object_set_new(choice, "logprobs", oai_logprobs(kind, plp, &off));
+	}
 	json_decref(empty);
 	return json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o,s:s}", "id", cid, "object",
 			 kind == OAI_CHAT ? "chat.completion" : "text_completion", "created",

@@ -111,6 +111,7 @@ struct hreq {
 	bool cancel_sent; /* for this generation */
 	int submit_rc;    /* the last refused submission: -EAGAIN loading, else stopping */
 	uint64_t ack;
+	size_t text_offset; /* completions' logprobs.text_offset so far */
 	char *out; /* SSE bytes not yet handed to MHD */
 	size_t out_len, out_off, out_cap;
 	bool first_chunk, ended;
@@ -476,10 +477,15 @@ static int stream_step(struct hreq *q)
 	json_int_t next = json_integer_value(json_object_get(r, "next"));
 	bool done = json_is_true(json_object_get(r, "done"));
 	int rc = 0;
-	if (len)
-		rc = sse_event(q, oai_chunk(q->kind, q->cid, q->model, q->created,
-					     json_string_value(text), len, false, NULL, NULL),
-			       false);
+	const json_t *plp = json_object_get(r, "logprobs");
+	if (len || json_array_size(plp) > 0) {
+		json_t *ch = oai_chunk(q->kind, q->cid, q->model, q->created,
+				       json_string_value(text), len, false, NULL, NULL);
+		if (ch && plp)
+			json_object_set_new(json_array_get(json_object_get(ch, "choices"), 0),
+					    "logprobs", oai_logprobs(q->kind, plp, &q->text_offset));
+		rc = sse_event(q, ch, false);
+	}
 	if (next > 0)
 		q->ack = (uint64_t)next;
 	if (rc == 0 && done) {

@@ -113,13 +113,40 @@ check(s1.choices[0].text === s2.choices[0].text, "the same seed gave different t
 const ex = await client.completions.create({ model, prompt, max_tokens: 8, temperature: 0, top_k: 5, min_p: 0.1, repeat_penalty: 1.1 });
 check(typeof ex.choices[0].text === "string", "llama-server extras refused");
 
+// ---- logprobs: one entry a token, greedy picks the best, sorted alternatives
+{
+  const r = await client.chat.completions.create({ model, messages, max_tokens: 24, temperature: 0, logprobs: true, top_logprobs: 3 });
+  const lc = r.choices[0].logprobs?.content ?? [];
+  check(lc.length === r.usage.completion_tokens, `chat logprobs: ${lc.length} entries for ${r.usage.completion_tokens} tokens`);
+  check(r.choices[0].message.content === nchat.text, "logprobs changed the greedy text");
+  for (const e of lc) {
+    check(e.logprob <= 0 && e.top_logprobs.length === 3, `entry ${JSON.stringify(e)}`);
+    check(Math.abs(e.top_logprobs[0].logprob - e.logprob) < 1e-6, `greedy did not pick the best: ${JSON.stringify(e)}`);
+    check(e.top_logprobs.every((t, i) => i === 0 || t.logprob <= e.top_logprobs[i - 1].logprob), "alternatives not sorted");
+    check(Array.isArray(e.bytes), "no bytes");
+  }
+  let n = 0, usage = null;
+  for await (const ch of await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 0, logprobs: true, stream: true, stream_options: { include_usage: true } })) {
+    n += ch.choices[0]?.logprobs?.content?.length ?? 0;
+    if (ch.usage) usage = ch.usage;
+  }
+  check(usage && n === usage.completion_tokens, `streamed logprobs: ${n} entries for ${usage?.completion_tokens} tokens`);
+  const c = await client.completions.create({ model, prompt, max_tokens: 8, temperature: 0, logprobs: 2 });
+  const l = c.choices[0].logprobs;
+  check(l && l.tokens.length === c.usage.completion_tokens && l.token_logprobs.length === l.tokens.length &&
+    l.top_logprobs.length === l.tokens.length && l.text_offset.every((o, i) => i === 0 || o >= l.text_offset[i - 1]),
+    `completions logprobs: ${JSON.stringify(l)}`);
+  const plain = await client.completions.create({ model, prompt, max_tokens: 4, temperature: 0 });
+  check(plain.choices[0].logprobs === null, "logprobs without asking");
+}
+
 // ---- errors in OpenAI's shape
 await expectError("n 2", () => client.completions.create({ model, prompt, n: 2 }), 400, "n");
 await expectError("top_p 5", () => client.completions.create({ model, prompt, top_p: 5 }), 400, "top_p");
 await expectError("max_tokens string", () => client.completions.create({ model, prompt, max_tokens: "many" }), 400, "max_tokens");
 await expectError("no messages", () => client.chat.completions.create({ model, messages: [] }), 400, "messages");
 await expectError("tool role", () => client.chat.completions.create({ model, messages: [{ role: "tool", content: "x", tool_call_id: "a" }] }), 400);
-await expectError("logprobs", () => client.chat.completions.create({ model, messages, logprobs: true }), 400, "logprobs");
+await expectError("top_logprobs 21", () => client.chat.completions.create({ model, messages, logprobs: true, top_logprobs: 21 }), 400, "top_logprobs");
 await expectError("json_schema", () => client.chat.completions.create({ model, messages, response_format: { type: "json_schema", json_schema: { name: "x", schema: {} } } }), 400, "response_format");
 await expectError("max_tokens over the limit", () => client.completions.create({ model, prompt, max_tokens: 1000000 }), 400, "max_tokens");
 const bad = new OpenAI({ baseURL: base + "/v1", apiKey: "not-a-valid-key", maxRetries: 0 });

@@ -88,6 +88,26 @@ static void test_completion_fields(void)
 	}
 	CHECK(!o.stream && !o.include_usage);
 	ipc_request_free(r);
+	/* logprobs: completions' integer is the alternatives' count */
+	CHECK_OK(translate("{\"prompt\":\"a\",\"logprobs\":3}", OAI_COMPLETIONS, &r, &o, &e));
+	if (r)
+		CHECK(r->logprobs && r->top_logprobs == 3);
+	ipc_request_free(r);
+	CHECK_OK(translate("{\"prompt\":\"a\",\"logprobs\":0}", OAI_COMPLETIONS, &r, &o, &e));
+	if (r)
+		CHECK(r->logprobs && r->top_logprobs == 0);
+	ipc_request_free(r);
+	CHECK_OK(translate("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,"
+			   "\"top_logprobs\":20}",
+			   OAI_CHAT, &r, &o, &e));
+	if (r)
+		CHECK(r->logprobs && r->top_logprobs == 20);
+	ipc_request_free(r);
+	CHECK_OK(translate("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":false}",
+			   OAI_CHAT, &r, &o, &e));
+	if (r)
+		CHECK(!r->logprobs && r->top_logprobs == 0);
+	ipc_request_free(r);
 	/* no sampling fields: the protocol's defaults, flagged unset */
 	CHECK_OK(translate("{\"prompt\":\"\"}", OAI_COMPLETIONS, &r, &o, &e));
 	if (r)
@@ -132,7 +152,6 @@ static void test_refusals(void)
 		{"{\"prompt\":\"a\",\"echo\":true}", OAI_COMPLETIONS, "echo"},
 		{"{\"prompt\":\"a\",\"best_of\":3}", OAI_COMPLETIONS, "best_of"},
 		{"{\"prompt\":\"a\",\"suffix\":\"z\"}", OAI_COMPLETIONS, "suffix"},
-		{"{\"prompt\":\"a\",\"logprobs\":2}", OAI_COMPLETIONS, "logprobs"},
 		{"{\"prompt\":\"a\",\"logit_bias\":[5]}", OAI_COMPLETIONS, "logit_bias"},
 		{"{\"prompt\":\"a\",\"logit_bias\":{\"x\":1}}", OAI_COMPLETIONS, "logit_bias"},
 		{"{\"prompt\":\"a\",\"logit_bias\":{\"5\":101}}", OAI_COMPLETIONS, "logit_bias"},
@@ -146,10 +165,14 @@ static void test_refusals(void)
 		{"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", OAI_CHAT,
 		 "messages[0].content"},
 		{"{\"messages\":[{\"role\":\"user\",\"content\":7}]}", OAI_CHAT, "messages[0].content"},
-		{"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", OAI_CHAT,
+		{"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":\"yes\"}", OAI_CHAT,
 		 "logprobs"},
 		{"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", OAI_CHAT,
 		 "top_logprobs"},
+		{"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,"
+		 "\"top_logprobs\":21}",
+		 OAI_CHAT, "top_logprobs"},
+		{"{\"prompt\":\"a\",\"logprobs\":-1}", OAI_COMPLETIONS, "top_logprobs"},
 		{"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":"
 		 "\"json_object\"}}",
 		 OAI_CHAT, "response_format"},
@@ -252,6 +275,27 @@ static void test_responses(void)
 	json_decref(c);
 	json_decref(bare);
 	json_decref(reply);
+
+	/* logprobs in both shapes; -inf (null) becomes -9999 */
+	json_t *plp = load("[{\"token\":\"Hi\",\"logprob\":-0.5,\"top\":[{\"token\":\"Hi\",\"logprob\":-0.5},"
+			   "{\"token\":\"Yo\",\"logprob\":null}]},{\"token\":\"!\",\"logprob\":-1,\"top\":[]}]");
+	size_t off = 10;
+	json_t *cl = oai_logprobs(OAI_COMPLETIONS, plp, &off);
+	CHECK(json_array_size(json_object_get(cl, "tokens")) == 2 && off == 13);
+	CHECK(json_integer_value(json_array_get(json_object_get(cl, "text_offset"), 1)) == 12);
+	CHECK(json_real_value(json_object_get(json_array_get(json_object_get(cl, "top_logprobs"), 0),
+					      "Yo")) == -9999.0);
+	json_decref(cl);
+	json_t *chl = oai_logprobs(OAI_CHAT, plp, &off);
+	json_t *c0 = json_array_get(json_object_get(chl, "content"), 0);
+	CHECK(json_real_value(json_object_get(c0, "logprob")) == -0.5);
+	CHECK(json_array_size(json_object_get(c0, "bytes")) == 2);
+	CHECK(json_array_size(json_object_get(c0, "top_logprobs")) == 2);
+	json_decref(chl);
+	json_decref(plp);
+	json_t *none = oai_logprobs(OAI_CHAT, NULL, &off);
+	CHECK(json_is_null(none));
+	json_decref(none);
 
 	json_t *k = oai_chunk(OAI_CHAT, "chatcmpl-1", "m", 1, "", 0, true, NULL, NULL);
 	json_t *d = json_object_get(json_array_get(json_object_get(k, "choices"), 0), "delta");
