@@ -52,6 +52,14 @@ struct engine_params {
 	 * for the type, -1 whole rows, > 0 that for every type. For tests and
 	 * comparisons. */
 	int repack_segment;
+	/* A directory for the repacked weights (NULL or "": none). The first
+	 * load writes its repacked copy there, keyed by the file's identity
+	 * (device, inode, size, mtime) and the layout (the tensors repacked,
+	 * their types and segments, the layout version); later loads map that
+	 * file instead of building the copy, which costs no fresh memory
+	 * (docs/engine.md, "The repack cache"). A stale or damaged entry is
+	 * rebuilt; a directory that cannot be written only costs the cache. */
+	const char *repack_cache;
 	/* Called once the model's shape is known (engine_model_get_info,
 	 * engine_model_kv_bytes_per_token work) and before its weights are
 	 * read or copied: a caller's memory check runs before the load's
@@ -82,6 +90,10 @@ struct engine_model_info {
 	 * memory anyway, and a file mapping never gets huge pages), so a
 	 * caller's hugepages copy (engine_model_relocate) has nothing to do. */
 	bool weights_anon;
+	/* the repacked weights are mapped from the repack cache (the load
+	 * built no copy); repack_cache_note says what the cache did */
+	bool weights_cached;
+	char repack_cache_note[160];
 };
 
 /* engine_params.repack from "auto", "on" or "off" (NULL: auto); -EINVAL

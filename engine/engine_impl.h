@@ -219,9 +219,22 @@ const char *engine_arch_name(enum arch_kind a);
  * an anonymous copy in huge pages where it can). mode: 0 auto (when the
  * repacked bytes are at most half of the RAM), 1 on (whatever the size), -1
  * off. seg_bytes: the K-segment of a panel (engine_params.repack_segment).
- * Fills info's n_x16_tensors, n_x16_segmented, x16_bytes and weights_anon. */
+ * cache: the repack cache's directory (engine_params.repack_cache) or NULL.
+ * Fills info's n_x16_tensors, n_x16_segmented, x16_bytes, weights_anon,
+ * weights_cached and repack_cache_note. */
 int engine_repack(struct engine_weights *ws, const struct kern_ops *kern, struct pool *pool,
-		  int mode, int seg_bytes, struct engine_model_info *info, struct cm_err *err);
+		  int mode, int seg_bytes, const char *cache, struct engine_model_info *info,
+		  struct cm_err *err);
+/* repack_cache.c: the key of a load's repacked copy; map the entry of that
+ * key (0: the views point into it, it is ws->own_copy; else none usable,
+ * note says why); write ws->own_copy as that entry (best effort). */
+#define REPACK_CACHE_KEY 33
+void repack_cache_key(const struct engine_weights *ws, struct weight *const *sel, int n_w,
+		      char key[REPACK_CACHE_KEY]);
+int repack_cache_map(struct engine_weights *ws, const char *dir, const char *key, char *note,
+		     size_t note_cap);
+int repack_cache_write(const struct engine_weights *ws, const char *dir, const char *key,
+		       char *note, size_t note_cap);
 /* Rows per group of the repacked layout: a group's panels are cut into
  * K-segments together (repack.c), and matmul.c's chunks of a repacked
  * weight are whole groups. */

@@ -791,7 +791,15 @@ int gguf_open(const char *path, struct gguf_file **ret_file, struct cm_err *err)
 		}
 	}
 	close(fd);
-	return open_common(base, size, true, ret_file, err);
+	int r = open_common(base, size, true, ret_file, err);
+	if (r == 0) {
+		(*ret_file)->dev = (uint64_t)st.st_dev;
+		(*ret_file)->ino = (uint64_t)st.st_ino;
+		(*ret_file)->mtime_ns =
+		    (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec;
+		snprintf((*ret_file)->path, sizeof((*ret_file)->path), "%s", path);
+	}
+	return r;
 }
 
 /* ---- lookups and typed getters -------------------------------------------- */

@@ -88,6 +88,9 @@ struct gguf_file {
 	const uint8_t *base; /* mapping (or caller memory for gguf_open_mem) */
 	size_t size;
 	bool mapped;
+	/* gguf_open: the file's identity as opened (the repack cache's key) */
+	uint64_t dev, ino, mtime_ns;
+	char path[4096];
 	uint32_t version;
 	uint32_t alignment;
 	uint64_t data_start;

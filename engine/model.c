@@ -124,7 +124,7 @@ int engine_model_load(const char *path, const struct engine_params *p, engine_mo
 	if (p->before_weights && (r = p->before_weights(p->before_weights_ud, m, err)))
 		goto fail;
 	if ((r = engine_repack(&m->weights, m->kern, m->pool, p->repack, p->repack_segment,
-			       &m->info, err)))
+			       p->repack_cache, &m->info, err)))
 		goto fail;
 	*ret_model = m;
 	return 0;

@@ -412,7 +412,8 @@ static void mark_repacked(struct engine_weights *ws, struct weight **sel, int n_
 }
 
 int engine_repack(struct engine_weights *ws, const struct kern_ops *kern, struct pool *pool,
-		  int mode, int seg_bytes, struct engine_model_info *info, struct cm_err *err)
+		  int mode, int seg_bytes, const char *cache, struct engine_model_info *info,
+		  struct cm_err *err)
 {
 	struct weight **sel = cm_calloc((size_t)ws->n + 1, sizeof(*sel));
 	if (!sel)
@@ -433,6 +434,18 @@ int engine_repack(struct engine_weights *ws, const struct kern_ops *kern, struct
 
 	int nth = engine_pool_size(pool);
 	struct repack_job j = {.w = sel, .n_w = n_w};
+	char key[REPACK_CACHE_KEY];
+	bool cached = cache && *cache && !ws->relocated;
+	if (cached) {
+		/* a copy made before: mapped, nothing built */
+		repack_cache_key(ws, sel, n_w, key);
+		if (repack_cache_map(ws, cache, key, info->repack_cache_note,
+				     sizeof(info->repack_cache_note)) == 0) {
+			info->weights_cached = true;
+			mark_repacked(ws, sel, n_w, bytes, info);
+			goto done;
+		}
+	}
 	/* (views relocated by the model's caller are rewritten where they lie) */
 	r = copy_to_anon(ws, pool, sel, n_w, err);
 	if (r < 0)
@@ -441,6 +454,9 @@ int engine_repack(struct engine_weights *ws, const struct kern_ops *kern, struct
 		info->weights_anon = true;
 		r = 0;
 		mark_repacked(ws, sel, n_w, bytes, info);
+		if (cached) /* best effort: the load stands either way */
+			(void)repack_cache_write(ws, cache, key, info->repack_cache_note,
+						 sizeof(info->repack_cache_note));
 		goto done;
 	}
 	j.first = cm_calloc((size_t)n_w + 1, sizeof(*j.first));
