@@ -76,6 +76,8 @@ static void usage(FILE *o)
 		"                       EDGELM_REPACK; default auto)\n"
 		"      --repack-segment BYTES  K-segment of a repacked panel: 0 the type's\n"
 		"                       default, -1 whole rows (for comparisons)\n"
+		"      --repack-cache DIR  map the repacked weights from DIR, writing them\n"
+		"                       there first when missing (also EDGELM_REPACK_CACHE)\n"
 		"      --prompts LIST   prompt lengths for prefill tok/s and time to first token\n"
 		"                       (default 128,512)\n"
 		"      --contexts LIST  decode context depths (default 0,512)\n"
@@ -319,7 +321,7 @@ static int parse_on_off(const char *s, bool *ret)
 }
 
 struct bench_opts {
-	const char *model, *isa, *repack;
+	const char *model, *isa, *repack, *repack_cache;
 	int threads, n_gen, reps, bw_mib, n_batch, segment;
 	enum engine_kv_type kv_type;
 	int prompts[8], n_prompts, ctxs[8], n_ctxs;
@@ -334,7 +336,7 @@ struct bench_opts {
 static int bench_opts_parse(int argc, char **argv, struct bench_opts *o)
 {
 	enum { OPT_TUNING = 256, OPT_PIN, OPT_HUGEPAGES, OPT_PREFAULT, OPT_MLOCK, OPT_TOKENIZE,
-	       OPT_TEXT_MB, OPT_SEGMENT };
+	       OPT_TEXT_MB, OPT_SEGMENT, OPT_REPACK_CACHE };
 	static const struct option opts[] = {
 		{"model", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
 		{"isa", required_argument, NULL, 'I'},   {"prompts", required_argument, NULL, 'P'},
@@ -344,6 +346,7 @@ static int bench_opts_parse(int argc, char **argv, struct bench_opts *o)
 		{"batch", required_argument, NULL, 'B'}, {"kv-type", required_argument, NULL, 'K'},
 		{"repack", required_argument, NULL, 'R'},
 		{"repack-segment", required_argument, NULL, OPT_SEGMENT},
+		{"repack-cache", required_argument, NULL, OPT_REPACK_CACHE},
 		{"tuning", required_argument, NULL, OPT_TUNING},
 		{"pin", no_argument, NULL, OPT_PIN},
 		{"hugepages", no_argument, NULL, OPT_HUGEPAGES},
@@ -356,6 +359,7 @@ static int bench_opts_parse(int argc, char **argv, struct bench_opts *o)
 	static const char P[] = "edgelm-bench";
 	*o = (struct bench_opts){
 		.isa = getenv("EDGELM_ISA"), .repack = getenv("EDGELM_REPACK"),
+		.repack_cache = getenv("EDGELM_REPACK_CACHE"),
 		.n_gen = 32, .reps = 3, .bw_mib = 1024, .n_batch = 512,
 		.kv_type = ENGINE_KV_DEFAULT,
 		.prompts = {128, 512}, .n_prompts = 2, .ctxs = {0, 512}, .n_ctxs = 2,
@@ -371,6 +375,7 @@ static int bench_opts_parse(int argc, char **argv, struct bench_opts *o)
 			break;
 		case 'I': o->isa = optarg; break;
 		case 'R': o->repack = optarg; break;
+		case OPT_REPACK_CACHE: o->repack_cache = optarg; break;
 		case OPT_SEGMENT:
 			bad |= tools_opt_int(P, "--repack-segment", optarg, -1, 1 << 30,
 					     &o->segment) != 0;
@@ -495,7 +500,10 @@ static void bench_free(struct bench *b)
 static int bench_setup(const struct bench_opts *o, int repack, struct bench *b)
 {
 	struct tools_tuning_want want = bench_want(o);
-	struct engine_params ep = {.isa = o->isa, .repack = repack, .repack_segment = o->segment};
+	struct engine_params ep = {.isa = o->isa,
+				   .repack = repack,
+				   .repack_segment = o->segment,
+				   .repack_cache = o->repack_cache};
 	if (tools_tuning_new(&want, o->model, o->threads, &b->tt, &b->err) != 0) {
 		fprintf(stderr, "edgelm-bench: %s\n", b->err.msg);
 		return EXIT_RUNTIME;
@@ -740,13 +748,13 @@ static void report_json(const struct bench_opts *o, const struct bench *b)
 	printf(",\"arch\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
 	       "\"kv_type\":\"%s\",\"batch\":%d,"
 	       "\"repacked_tensors\":%u,\"repacked_segmented\":%u,"
-	       "\"repacked_bytes\":%llu,\"weights_anon\":%s,"
+	       "\"repacked_bytes\":%llu,\"weights_anon\":%s,\"weights_cached\":%s,"
 	       "\"weight_bytes_per_token\":%.0f,\"read_bandwidth_gbs\":%.3f,"
 	       "\"read_bandwidth_lowest_gbs\":%.3f,\"read_bandwidth_samples\":%d,\"prefill\":[",
 	       info->arch, info->isa, info->n_threads,
 	       engine_kv_type_name(engine_ctx_kv_type(b->cx)), o->n_batch, info->n_x16_tensors,
 	       info->n_x16_segmented, (unsigned long long)info->x16_bytes,
-	       info->weights_anon ? "true" : "false", wb,
+	       info->weights_anon ? "true" : "false", info->weights_cached ? "true" : "false", wb,
 	       bw / 1e9, b->bwm.lowest / 1e9, b->bwm.samples);
 	for (int i = 0; i < o->n_prompts; i++)
 		printf("%s{\"tokens\":%d,\"tok_s\":%.2f,\"ttft_ms\":%.2f}", i ? "," : "",
@@ -791,6 +799,8 @@ static void report_text(const struct bench_opts *o, const struct bench *b)
 		printf(", weights in anonymous memory (%.1f MiB in huge pages)",
 		       (double)tools_tuning_huge_bytes(b->tt) / (1 << 20));
 	printf("\n");
+	if (info->repack_cache_note[0])
+		printf("repack cache %s\n", info->repack_cache_note);
 	printf("kv cache     %s, %.1f KiB per token; prefill in chunks of %d\n",
 	       engine_kv_type_name(kv),
 	       (double)engine_model_kv_bytes_per_token(b->m, kv) / 1024, o->n_batch);

@@ -62,6 +62,9 @@ static void usage(FILE *o)
 		"      --isa NAME         force a kernel variant (scalar, ...; also EDGELM_ISA)\n"
 		"      --repack MODE      repack Q4_0/Q8_0 weights at load: auto, on, off\n"
 		"                         (also EDGELM_REPACK; default auto)\n"
+		"      --repack-cache DIR keep the repacked weights in DIR and map them on\n"
+		"                         later loads instead of repacking (also\n"
+		"                         EDGELM_REPACK_CACHE)\n"
 		"      --json             one JSON object per generated token\n"
 		"      --top-logits K     top logits per token in --json mode (default 8)\n"
 		"      --tokenize         print the prompt's token ids as JSON and exit\n"
@@ -99,6 +102,7 @@ enum {
 	OPT_STOP,
 	OPT_KV_TYPE,
 	OPT_BIAS,
+	OPT_REPACK_CACHE,
 };
 
 static const struct option long_opts[] = {
@@ -121,6 +125,7 @@ static const struct option long_opts[] = {
 	{"seed", required_argument, NULL, OPT_SEED},
 	{"isa", required_argument, NULL, OPT_ISA},
 	{"repack", required_argument, NULL, OPT_REPACK},
+	{"repack-cache", required_argument, NULL, OPT_REPACK_CACHE},
 	{"json", no_argument, NULL, OPT_JSON},
 	{"top-logits", required_argument, NULL, OPT_TOPL},
 	{"tokenize", no_argument, NULL, OPT_TOKENIZE},
@@ -330,7 +335,7 @@ static bool out_push(struct out_text *o, const char *s, size_t n)
 
 struct run_opts {
 	const char *model_path, *prompt, *prompt_file, *chat_file, *chat_tmpl;
-	const char *isa, *repack;
+	const char *isa, *repack, *repack_cache;
 	const char *stop[MAX_STOP];
 	int n_stop;
 	int32_t bias_ids[MAX_BIAS];
@@ -358,6 +363,7 @@ static int run_opts_parse(int argc, char **argv, struct run_opts *o)
 	*o = (struct run_opts){
 		.isa = getenv("EDGELM_ISA"),
 		.repack = getenv("EDGELM_REPACK"),
+		.repack_cache = getenv("EDGELM_REPACK_CACHE"),
 		.n_predict = 128,
 		.top_n = 8,
 		.n_batch = DEFAULT_BATCH,
@@ -411,6 +417,7 @@ static int run_opts_parse(int argc, char **argv, struct run_opts *o)
 		}
 		case OPT_ISA: o->isa = optarg; break;
 		case OPT_REPACK: o->repack = optarg; break;
+		case OPT_REPACK_CACHE: o->repack_cache = optarg; break;
 		case OPT_JSON: o->json = true; break;
 		case OPT_TOPL: bad = tools_parse_long(optarg, 0, 1 << 20, &o->top_n); break;
 		case OPT_TOKENIZE: o->tokenize_only = true; break;
@@ -529,6 +536,7 @@ static int run_load(const struct run_opts *o, struct run *r)
 		.ctx_max = (uint32_t)o->ctx,
 		.isa = o->isa,
 		.vocab_only = o->tokenize_only,
+		.repack_cache = o->repack_cache,
 	};
 	if (engine_repack_parse(o->repack, &ep.repack) != 0) {
 		fprintf(stderr, "edgelm-run: --repack: expected auto, on or off, not '%s'\n",
@@ -626,8 +634,10 @@ static int run_prefill(const struct run_opts *o, struct run *r)
 			info->n_ctx, engine_kv_type_name(engine_ctx_kv_type(r->cx)),
 			info->n_threads, info->isa, (unsigned long long)o->sp.seed);
 	if (!o->quiet && info->n_x16_tensors)
-		fprintf(stderr, "edgelm-run: repacked %u tensors (%.1f MiB) into the x16 layout\n",
-			info->n_x16_tensors, (double)info->x16_bytes / (1 << 20));
+		fprintf(stderr, "edgelm-run: repacked %u tensors (%.1f MiB) into the x16 layout%s%s\n",
+			info->n_x16_tensors, (double)info->x16_bytes / (1 << 20),
+			info->repack_cache_note[0] ? "; repack cache: " : "",
+			info->repack_cache_note);
 	for (int i = 0; i < r->n_ids; i++)
 		engine_sampler_accept(r->smp, r->ids[i]);
 
