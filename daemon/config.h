@@ -25,6 +25,7 @@ struct daemon_config {
 	int threads;           /* 0: the tuning plan decides */
 	char isa[32];          /* "" or "auto": best; "scalar", "avx2", ... */
 	char repack[8];        /* "auto", "on", "off" (engine_repack_parse) */
+	char repack_cache[4096]; /* directory of repacked copies; "" = none */
 	uint32_t ctx_size;     /* tokens per sequence; 0: the model's, capped by kv budget */
 	uint32_t parallel;     /* sequences decoded together (KV slots) */
 	uint32_t batch_size;   /* max tokens per engine step */

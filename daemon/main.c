@@ -162,6 +162,7 @@ static int load_model(struct daemon *d, engine_model **ret_m, engine_ctx **ret_c
 		.isa = strcmp(c->isa, "auto") == 0 ? NULL : c->isa,
 		.before_weights = fit_before_weights,
 		.before_weights_ud = &lf,
+		.repack_cache = c->repack_cache[0] ? c->repack_cache : NULL,
 	};
 	(void)engine_repack_parse(c->repack, &ep.repack); /* the config table checked it */
 	/* the kernels follow the ISA the report shows, from the same probe */
