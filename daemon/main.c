@@ -740,12 +740,19 @@ static void log_model(struct daemon *d)
 	engine_model_region(d->model, &wr);
 	if (d->minfo.weights_anon)
 		(void)tuning_memory_rss(&d->tpaths, wr.addr, wr.len, &rss, &huge, NULL);
-	log_info("repack: %u tensors in the kernels' x16 layout, %.1f MiB of private "
-		 "memory (repack=off keeps the file's pages shared); weights in %s, "
-		 "%.1f MiB in huge pages",
-		 d->minfo.n_x16_tensors, (double)d->minfo.x16_bytes / (1 << 20),
-		 d->minfo.weights_anon ? "anonymous memory" : "the file mapping",
-		 (double)huge / (1 << 20));
+	if (d->minfo.weights_cached)
+		log_info("repack: %u tensors in the kernels' x16 layout (%.1f MiB), mapped from "
+			 "the repack cache: %s",
+			 d->minfo.n_x16_tensors, (double)d->minfo.x16_bytes / (1 << 20),
+			 d->minfo.repack_cache_note);
+	else
+		log_info("repack: %u tensors in the kernels' x16 layout, %.1f MiB of private "
+			 "memory (repack=off keeps the file's pages shared); weights in %s, "
+			 "%.1f MiB in huge pages%s%s",
+			 d->minfo.n_x16_tensors, (double)d->minfo.x16_bytes / (1 << 20),
+			 d->minfo.weights_anon ? "anonymous memory" : "the file mapping",
+			 (double)huge / (1 << 20), d->minfo.repack_cache_note[0] ? "; repack cache: " : "",
+			 d->minfo.repack_cache_note);
 }
 
 static int start_model(struct daemon *d)
