@@ -2,9 +2,11 @@
 // greedy generation streams beside it; that generation's text must come
 // out exactly as the socket gives it. Environment as openai_sdk.mjs's,
 // plus EDGELM_HTTP_MAXCONN (the daemon's http_max_connections) and
-// EDGELM_EXPECT (the greedy text of the side stream, from the socket).
+// EDGELM_EXPECT_JSON (the greedy text of the side stream, from the socket).
 // Prints "N passed, N failed".
 import net from "node:net";
+// the expected text as JSON: a shell would strip its trailing newlines
+const EXPECT = JSON.parse(process.env.EDGELM_EXPECT_JSON ?? "null");
 
 const url = new URL(process.env.EDGELM_HTTP);
 const host = url.hostname, port = Number(url.port);
@@ -152,7 +154,7 @@ if (process.env.EDGELM_HTTP_RATE) {
 
 const s = await side;
 check(s.done, "the side stream did not end with [DONE]");
-check(s.text === process.env.EDGELM_EXPECT, `the side stream was disturbed: ${JSON.stringify(s.text)} != ${JSON.stringify(process.env.EDGELM_EXPECT)}`);
+check(s.text === EXPECT, `the side stream was disturbed: ${JSON.stringify(s.text)} != ${JSON.stringify(EXPECT)}`);
 
 // ---- clients that send a long generation and leave at once: none of them
 // may go on running for nobody. (The race this was written for, a hang-up

@@ -1,12 +1,14 @@
 // tests/http/page.mjs: the web page in a headless Chromium (Debian's,
 // driven by playwright-core): it loads with no request leaving the
 // server, shows the status strip, sends a prompt, streams the answer, and
-// the answer is the socket's greedy chat text (EDGELM_EXPECT, for
+// the answer is the socket's greedy chat text (EDGELM_EXPECT_JSON, for
 // temperature 0 and 16 tokens); the stop button ends a long answer.
 // EDGELM_SCREENSHOT=FILE saves a picture of the page.
 // Environment: EDGELM_HTTP, EDGELM_KEY, EDGELM_CHROMIUM (the browser).
 // Prints "N passed, N failed".
 import { chromium } from "playwright-core";
+// the expected text as JSON: a shell would strip its trailing newlines
+const EXPECT = JSON.parse(process.env.EDGELM_EXPECT_JSON ?? "null");
 
 let pass = 0, fail = 0;
 const ok = () => { pass++; };
@@ -40,7 +42,7 @@ try {
   await page.keyboard.press("Enter");
   await page.waitForSelector(".msg.assistant .meta", { timeout: 20000 });
   const answer = await page.$eval(".msg.assistant", (el) => el.firstChild ? el.firstChild.textContent : "");
-  check(answer === process.env.EDGELM_EXPECT, `the page's answer ${JSON.stringify(answer)} != socket's ${JSON.stringify(process.env.EDGELM_EXPECT)}`);
+  check(answer === EXPECT, `the page's answer ${JSON.stringify(answer)} != socket's ${JSON.stringify(EXPECT)}`);
   const meta = await page.$eval(".msg.assistant .meta", (el) => el.textContent);
   check(/length|stop/.test(meta) && /tokens/.test(meta), `meta line: ${meta}`);
 

@@ -11,7 +11,8 @@
 #   running: the stream completes and the daemon exits 0;
 # - real clients (tests/http/): the official openai SDK, hostile HTTP
 #   (malformed, huge, slowloris, 1000 rapid connects) beside a stream that
-#   must come out undisturbed, and the page in Debian's Chromium. Those
+#   must come out undisturbed, and the page in Debian's Chromium and
+#   Firefox (firefox-esr, over WebDriver BiDi with puppeteer-core). Those
 #   need node and `npm ci` in tests/http (the npm registry); without them
 #   they SKIP and say why, unless EDGELM_REQUIRE_HTTP_CLIENTS=1 (CI);
 #   EDGELM_TEST_NO_NETWORK=1 (the package build) skips them too.
@@ -171,7 +172,8 @@ elif ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
 else
 	mkdir -p "$NPMDIR"
 	cp tests/http/package.json tests/http/package-lock.json tests/http/*.mjs "$NPMDIR/"
-	if [ -d "$NPMDIR/node_modules/openai" ] && [ -d "$NPMDIR/node_modules/playwright-core" ] ||
+	if [ -d "$NPMDIR/node_modules/openai" ] && [ -d "$NPMDIR/node_modules/playwright-core" ] &&
+		[ -d "$NPMDIR/node_modules/puppeteer-core" ] ||
 		(cd "$NPMDIR" && npm ci --no-audit --no-fund --loglevel=error >"$T/npm.log" 2>&1); then
 		clients=yes
 	else
@@ -195,18 +197,28 @@ if [ $clients = yes ]; then
 		EDGELM_HTTP_RATE=$RATE
 	run_node openai_sdk.mjs
 	settles "after the SDK tests"
-	EDGELM_EXPECT=$($CTL --json generate --no-stream --temp 0 -n 150 "__edgelm_test_stall__ Once upon a time" |
-		node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>process.stdout.write(JSON.parse(s).text))')
-	export EDGELM_EXPECT
+	# as JSON: $(...) would strip a trailing newline of the text
+	EDGELM_EXPECT_JSON=$($CTL --json generate --no-stream --temp 0 -n 150 "__edgelm_test_stall__ Once upon a time" |
+		node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>process.stdout.write(JSON.stringify(JSON.parse(s).text)))')
+	export EDGELM_EXPECT_JSON
 	run_node hostile.mjs
 	CHROMIUM=${EDGELM_CHROMIUM:-$(command -v chromium || command -v chromium-browser || true)}
 	if [ -z "$CHROMIUM" ]; then
 		sk "chromium not installed (Debian's package chromium): the page was not tested in a browser"
 	else
-		EDGELM_EXPECT=$(echo "Hello there" | $CTL --json chat --temp 0 -n 16 |
-			node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>process.stdout.write(JSON.parse(s.trim().split("\n").pop()).text))')
-		export EDGELM_EXPECT EDGELM_CHROMIUM=$CHROMIUM
+		EDGELM_EXPECT_JSON=$(echo "Hello there" | $CTL --json chat --temp 0 -n 16 |
+			node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>process.stdout.write(JSON.stringify(JSON.parse(s.trim().split("\n").pop()).text)))')
+		export EDGELM_EXPECT_JSON EDGELM_CHROMIUM=$CHROMIUM
 		run_node page.mjs
+	fi
+	FIREFOX=${EDGELM_FIREFOX:-$(command -v firefox-esr || command -v firefox || true)}
+	if [ -z "$FIREFOX" ]; then
+		sk "firefox not installed (Debian's package firefox-esr): the page was not tested in Firefox"
+	else
+		EDGELM_EXPECT_JSON=$(echo "Hello there" | $CTL --json chat --temp 0 -n 16 |
+			node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>process.stdout.write(JSON.stringify(JSON.parse(s.trim().split("\n").pop()).text)))')
+		export EDGELM_EXPECT_JSON EDGELM_FIREFOX=$FIREFOX
+		run_node page_firefox.mjs
 	fi
 	settles "after the clients"
 fi
