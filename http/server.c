@@ -114,7 +114,7 @@ struct hreq {
 	size_t text_offset; /* completions' logprobs.text_offset so far */
 	char *out; /* SSE bytes not yet handed to MHD */
 	size_t out_len, out_off, out_cap;
-	bool first_chunk, ended;
+	bool first_chunk;
 };
 
 static void hreq_unref(struct hreq *q)
@@ -922,8 +922,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 		}
 		return MHD_YES;
 	}
-	if (q->started) /* answered early (404, 413, ...): drop the rest */
-	{
+	if (q->started) {
+		/* answered early (404, 413, ...): the rest is dropped */
 		*upload_size = 0;
 		return MHD_YES;
 	}
