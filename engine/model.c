@@ -99,8 +99,17 @@ int engine_model_load(const char *path, const struct engine_params *p, engine_mo
 	if (r)
 		goto fail;
 	m->weights.file = m->file;
-	if ((r = engine_model_read_arch(m, err)))
-		goto fail;
+	if ((r = engine_model_read_arch(m, err))) {
+		/* tokenizing needs no architecture: a vocabulary of one this
+		 * engine does not run (gpt2, starcoder, ...) still loads */
+		struct gguf_str arch;
+		if (!(p->vocab_only && r == -ENOTSUP) ||
+		    gguf_get_str(m->file, "general.architecture", &arch, NULL) != 0)
+			goto fail;
+		cm_err_clear(err);
+		snprintf(m->info.arch, sizeof(m->info.arch), "%.*s", (int)CM_MIN(arch.len, 31),
+			 arch.ptr);
+	}
 	r = engine_tokenizer_new(m->file, &m->tok, err);
 	if (r) {
 		cm_err_prefix(err, "model");

@@ -166,6 +166,28 @@ static void test_tokenize_mode(void)
 		CHECK_STREQ(out, "[1, 15043, 3186]\n");
 		free(out);
 	}
+	/* vocabularies of architectures the engine does not run: tokenizing
+	 * needs none (issue 25); generating from them is still refused */
+	static const struct {
+		const char *file, *want;
+	} other[] = {
+		{"vocab/ggml-vocab-gpt-2.gguf", "[15496, 995]\n"},
+		{"vocab/ggml-vocab-starcoder.gguf", "[8302, 5810]\n"},
+	};
+	for (size_t k = 0; k < CM_ARRAY_LEN(other); k++) {
+		const char *p = test_data_path(other[k].file);
+		if (!test_file_exists(p))
+			continue;
+		char cmd[16384], *out = NULL;
+		snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Hello world' --tokenize", bin(), p);
+		CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
+		CHECK_MSG(out && strcmp(out, other[k].want) == 0, "%s: %s", other[k].file, out);
+		free(out);
+		snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Hello world' -n 2 2>&1", bin(), p);
+		CHECK_EQ_INT(test_run_capture(cmd, &out), 2);
+		CHECK_MSG(out && strstr(out, "is not supported"), "%s", out);
+		free(out);
+	}
 }
 
 static void test_usage_errors(void)
