@@ -76,6 +76,7 @@ static void usage(FILE *o)
 		"                         not printed)\n"
 		"      --logit-bias ID=BIAS  add BIAS (-100..100) to token ID's logit before\n"
 		"                         sampling; -100 bans it (repeatable)\n"
+		"      --ignore-eos       go on past end-of-text tokens until -n or the context\n"
 		"  -q, --quiet            no timings on stderr\n"
 		"  -h, --help\n",
 		DEFAULT_BATCH, engine_kv_type_list(), engine_kv_type_name(ENGINE_KV_DEFAULT));
@@ -103,6 +104,7 @@ enum {
 	OPT_KV_TYPE,
 	OPT_BIAS,
 	OPT_REPACK_CACHE,
+	OPT_IGNORE_EOS,
 };
 
 static const struct option long_opts[] = {
@@ -126,6 +128,7 @@ static const struct option long_opts[] = {
 	{"isa", required_argument, NULL, OPT_ISA},
 	{"repack", required_argument, NULL, OPT_REPACK},
 	{"repack-cache", required_argument, NULL, OPT_REPACK_CACHE},
+	{"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
 	{"json", no_argument, NULL, OPT_JSON},
 	{"top-logits", required_argument, NULL, OPT_TOPL},
 	{"tokenize", no_argument, NULL, OPT_TOKENIZE},
@@ -343,7 +346,7 @@ struct run_opts {
 	int n_bias;
 	long n_predict, n_threads, ctx, top_n, n_batch;
 	enum engine_kv_type kv_type;
-	bool json, tokenize_only, special, quiet, seed_set;
+	bool json, tokenize_only, special, quiet, seed_set, ignore_eos;
 	struct engine_sampler_params sp;
 };
 
@@ -418,6 +421,7 @@ static int run_opts_parse(int argc, char **argv, struct run_opts *o)
 		case OPT_ISA: o->isa = optarg; break;
 		case OPT_REPACK: o->repack = optarg; break;
 		case OPT_REPACK_CACHE: o->repack_cache = optarg; break;
+		case OPT_IGNORE_EOS: o->ignore_eos = true; break;
 		case OPT_JSON: o->json = true; break;
 		case OPT_TOPL: bad = tools_parse_long(optarg, 0, 1 << 20, &o->top_n); break;
 		case OPT_TOKENIZE: o->tokenize_only = true; break;
@@ -709,7 +713,7 @@ static int run_generate(const struct run_opts *o, struct run *r)
 			print_token_json(o, r, id, piece, n, logits, top);
 		bool stop = n > 0 && out_push(&r->ot, piece, (size_t)n);
 		fflush(stdout);
-		if (eog || stop)
+		if ((eog && !o->ignore_eos) || stop)
 			break;
 		if (r->n_gen >= o->n_predict)
 			break;

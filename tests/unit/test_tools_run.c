@@ -190,6 +190,44 @@ static void test_tokenize_mode(void)
 	}
 }
 
+/* --logit-bias and --ignore-eos: the end-of-text token (2) pushed to
+ * the top ends the run at once, unless --ignore-eos, which runs to -n;
+ * an id the model lacks is a usage error (exit 1) naming it */
+static int count_lines(const char *s)
+{
+	int n = 0;
+	for (; s && *s; s++)
+		n += *s == '\n';
+	return n;
+}
+
+static void test_bias_ignore_eos(void)
+{
+	const char *m = test_data_path("models/stories260K-f32.gguf");
+	if (!test_file_exists(m)) {
+		TEST_SKIP_DATA("no %s", m);
+		return;
+	}
+	char cmd[16384], *out = NULL;
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Once upon a time' -n 5 --temp 0 -q --json "
+		 "--logit-bias 2=100", bin(), m);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
+	CHECK_MSG(count_lines(out) == 1 && strncmp(out, "{\"id\":2,", 8) == 0, "%s", out);
+	free(out);
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Once upon a time' -n 5 --temp 0 -q --json "
+		 "--logit-bias 2=100 --ignore-eos", bin(), m);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
+	CHECK_MSG(count_lines(out) == 5, "%s", out);
+	free(out);
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Once' -n 5 --logit-bias 512=-100 2>&1", bin(), m);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
+	CHECK_MSG(out && strstr(out, "token 512 is not in the vocabulary"), "%s", out);
+	free(out);
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Once' --logit-bias 5 2>&1", bin(), m);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
+	free(out);
+}
+
 static void test_usage_errors(void)
 {
 	char cmd[16384], *out = NULL;
@@ -237,6 +275,7 @@ int main(void)
 	TEST_RUN(test_reference_text_options);
 	TEST_RUN(test_json_mode);
 	TEST_RUN(test_tokenize_mode);
+	TEST_RUN(test_bias_ignore_eos);
 	TEST_RUN(test_usage_errors);
 	json_decref(ref);
 	return test_finish();
