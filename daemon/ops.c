@@ -361,7 +361,7 @@ static void do_detokenize(void *arg)
 			rc = cm_err_set(&err, -EINVAL, "ids[%zu]: %d is not in the vocabulary of %d",
 					i, q->ids[i], nv);
 	if (rc == 0)
-		rc = engine_detokenize(tok, q->ids, (int)q->n_ids, false, &text, &err);
+		rc = engine_detokenize(tok, q->ids, (int)q->n_ids, q->special, &text, &err);
 	pthread_rwlock_unlock(&j->s->model_lock);
 	if (rc) {
 		ipc_call_error(j->call, ipc_errcode_from_errno(rc), -1, "%s", err.msg);

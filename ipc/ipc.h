@@ -211,6 +211,7 @@ struct ipc_request {
 	/* detokenize */
 	const int32_t *ids;
 	size_t n_ids;
+	bool special; /* render control tokens as their text; default false */
 
 	struct ipc_arena *arena_; /* private */
 };

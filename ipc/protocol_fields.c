@@ -482,6 +482,8 @@ const struct ipc_field ipc_fields[] = {
 
 	{ "ids", IPC_FT_CUSTOM, DETOKENIZE, IPC_F_REQUIRED, .kind = &kind_ids,
 	  .doc = "the tokens to turn into text" },
+	{ "special", IPC_FT_BOOL, DETOKENIZE, 0, MEMBER(special),
+	  .def = 0, .doc = "when true, control tokens (`<s>`, `<|im_end|>`, ...) are rendered as their text instead of left out" },
 };
 /* clang-format on */
 

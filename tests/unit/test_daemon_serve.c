@@ -333,6 +333,16 @@ static void test_tokenize_info(void)
 	CHECK_STREQ(text, "Once upon a time");
 	edgelm_free(text);
 	edgelm_free(ids);
+	/* control tokens: left out, or their text with "special" (issue 25) */
+	json_t *d = call("{\"op\":\"detokenize\",\"ids\":[1,403,2]}");
+	json_t *ds = call("{\"op\":\"detokenize\",\"ids\":[1,403,2],\"special\":true}");
+	const char *plain = json_string_value(json_object_get(d, "text"));
+	const char *sp = json_string_value(json_object_get(ds, "text"));
+	CHECK_MSG(plain && sp && strstr(sp, "<s>") && strstr(sp, "</s>") && !strstr(plain, "<s>") &&
+		      strlen(sp) > strlen(plain),
+		  "plain '%s', special '%s'", plain ? plain : "", sp ? sp : "");
+	json_decref(d);
+	json_decref(ds);
 	char *info = NULL;
 	CHECK_OK(edgelm_info(c, &info, NULL));
 	json_t *j = info ? json_loads(info, 0, NULL) : NULL;
