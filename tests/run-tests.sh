@@ -29,7 +29,11 @@ is_live() {
 TEST_TIMEOUT=${TEST_TIMEOUT:-900}
 run_one() {
 	name=$1; shift
+	t0=$(date +%s%N)
 	out=$(timeout --kill-after=10 "$TEST_TIMEOUT" "$@" 2>"$TEST_TMPDIR/stderr"); rc=$?
+	# the wall time of each test, so the suite's 15-minute budget can be kept
+	dt=$(( ($(date +%s%N) - t0) / 100000000 ))
+	dt="$((dt / 10)).$((dt % 10)) s"
 	case $rc in
 	124) echo "timed out after $TEST_TIMEOUT s (TEST_TIMEOUT)" >>"$TEST_TMPDIR/stderr" ;;
 	137) echo "killed (SIGKILL: 10 s after TEST_TIMEOUT, or from outside)" >>"$TEST_TMPDIR/stderr" ;;
@@ -46,10 +50,10 @@ run_one() {
 	total_p=$((total_p + p)); total_f=$((total_f + f)); total_s=$((total_s + s))
 	if [ "$f" -ne 0 ]; then
 		failed="$failed $name"
-		printf 'FAIL  %-40s %s (exit %d)\n' "$name" "${line:-no closing line}" "$rc"
+		printf 'FAIL  %-40s %s (exit %d, %s)\n' "$name" "${line:-no closing line}" "$rc" "$dt"
 		sed 's/^/      /' "$TEST_TMPDIR/stderr" | tail -n 40
 	else
-		printf 'ok    %-40s %s\n' "$name" "$line"
+		printf 'ok    %-40s %-40s %8s\n' "$name" "$line" "$dt"
 		grep '^SKIP' "$TEST_TMPDIR/stderr" | sed 's/^/      /'
 	fi
 }
