@@ -1,5 +1,6 @@
 /* engine/repack.c: load-time repacking of weights (Q4_0, Q4_1, Q5_0, Q5_1,
- * IQ4_NL, Q8_0, Q4_K, Q6_K) into the kernels' x16 layout (kern.h).
+ * IQ4_NL, Q8_0, Q4_K, Q6_K; Q2_K, Q3_K, Q5_K, IQ4_XS where the variant has
+ * their kernels) into the kernels' x16 layout (kern.h).
  *
  * It works on the weight table it is given (struct engine_weights) and
  * knows nothing of the model; model.c calls it once the weights are loaded.

@@ -195,7 +195,7 @@ void kern_act_aux(uint32_t act_type, const void *a, int64_t n, float *aux);
 
 /* ---- the x16 repacked layout ----------------------------------------------
  * Load-time repacking (model.c) turns each group of 16 rows of a matrix
- * (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K, Q6_K) into one panel of the
+ * (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K, Q5_K, Q6_K) into one panel of the
  * same size, laid out the way a vpdpbusd (or sdot) kernel reads it: one
  * 64-byte vector holds 4 consecutive elements of each of the 16 rows, so a
  * decode kernel streams the panel front to back with no transpose and no
@@ -213,6 +213,28 @@ void kern_act_aux(uint32_t act_type, const void *a, int64_t n, float *aux);
  *         byte g*64 + 4r + i of the codes is element 4g + i of row r,
  *         stored as an unsigned code q + 128.
  *   scales: 16 f16, 2r: row r's block b scale.
+ * The K-quants (256-element super-blocks; details in kern_x16.c):
+ *   Q4_K: 2048 bytes of codes, 4 chunks of 512: chunk j, byte i*64 + 4r + k
+ *         is qs[32j + 4i + k] of row r (low nibble: sub-block 2j, high:
+ *         2j + 1); 256 of metadata: 16 d, 16 dmin (f16), then the 12
+ *         scale bytes, byte k of row r at 64 + 16k + r.
+ *   Q5_K: Q4_K's, each chunk of nibbles followed by its 128 bytes of 5th
+ *         bits (chunks 640 bytes apart, 2560 of codes): one 64-bit mask per
+ *         code vector, as Q5_0's, so that a masked byte add places them.
+ *   Q6_K: 3072 bytes of codes (ql, ql, qh per 64 bytes of each half) and
+ *         288 of metadata (16 int8 scales per sub-block, then 16 d).
+ *   IQ4_XS: per 32-element sub-block, a Q4_0 block's 256 bytes of codes
+ *         (codebook indices); 128 of metadata: 16 d, the 4 scales_l bytes
+ *         (byte k of row r at 32 + 16k + r), the 2 scales_h bytes (96 +
+ *         16k + r).
+ *   Q3_K: per half (128 elements) 768 bytes: 512 of the 2-bit codes, byte
+ *         64i + 4r + k is qs[32h + 4i + k] (bits 2g..2g+1: element 128h +
+ *         32g + 4i + k), then the high bits as one 64-bit mask per code
+ *         vector (g, i) at 512 + 64g + 8i; 224 of metadata: 16 d, the 12
+ *         scale bytes (byte k of row r at 32 + 16k + r).
+ *   Q2_K: Q3_K's 2-bit codes without the masks (1024 bytes); 320 of
+ *         metadata: 16 d, 16 dmin, then scales[2p + s] of row r at 64 +
+ *         32p + 2r + s (a row's pair in one dword once widened to int16).
  * The blocks go in pairs: block 2p's codes, block 2p+1's codes, then the
  * two blocks' metadata (scales; the K-quants' scales and mins, kern_x16.c),
  * so that a panel is one forward stream (an odd last block: codes, then

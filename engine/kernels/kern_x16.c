@@ -29,7 +29,11 @@ bool kern_x16_supported(uint32_t type)
 	case ENGINE_DTYPE_IQ4_NL:
 	case ENGINE_DTYPE_Q8_0:
 	case ENGINE_DTYPE_Q4_K:
-	case ENGINE_DTYPE_Q6_K: return true;
+	case ENGINE_DTYPE_Q5_K:
+	case ENGINE_DTYPE_Q6_K:
+	case ENGINE_DTYPE_IQ4_XS:
+	case ENGINE_DTYPE_Q3_K:
+	case ENGINE_DTYPE_Q2_K: return true;
 	default: return false;
 	}
 }
@@ -45,7 +49,11 @@ static size_t codes_per_block(uint32_t type)
 	case ENGINE_DTYPE_Q5_0:
 	case ENGINE_DTYPE_Q5_1: return 320; /* the Q4 nibbles, then 8 bit masks */
 	case ENGINE_DTYPE_Q8_0: return 512;
-	case ENGINE_DTYPE_Q4_K: return 2048;
+	case ENGINE_DTYPE_Q4_K:
+	case ENGINE_DTYPE_IQ4_XS: return 2048;
+	case ENGINE_DTYPE_Q5_K: return 2560; /* 4 x (512 of nibbles, 128 of masks) */
+	case ENGINE_DTYPE_Q3_K: return 1536; /* 2 x (512 of 2-bit codes, 256 of masks) */
+	case ENGINE_DTYPE_Q2_K: return 1024;
 	default: return 3072; /* Q6_K */
 	}
 }
@@ -59,9 +67,29 @@ static size_t meta_per_block(uint32_t type)
 	case ENGINE_DTYPE_Q8_0: return 32;
 	case ENGINE_DTYPE_Q4_1:
 	case ENGINE_DTYPE_Q5_1: return 64; /* 16 scales, then 16 mins */
-	case ENGINE_DTYPE_Q4_K: return 256;
+	case ENGINE_DTYPE_Q4_K:
+	case ENGINE_DTYPE_Q5_K: return 256;
+	case ENGINE_DTYPE_IQ4_XS: return 128; /* 16 d, 64 scales_l, 32 scales_h */
+	case ENGINE_DTYPE_Q3_K: return 224; /* 16 d, 192 scale bytes */
+	case ENGINE_DTYPE_Q2_K: return 320; /* 16 d, 16 dmin, 256 scale bytes */
 	default: return 288; /* Q6_K */
 	}
+}
+
+/* The 8 bit planes of the 8 bytes at p: byte b of the result holds bit b
+ * of each byte (bit m from p[m]), an 8x8 bit transpose. The fifth / high
+ * bits of 8 consecutive elements, for the masks of Q5_K and Q3_K (a load's
+ * repack moves every byte through here). */
+static inline uint64_t bit_planes8(const uint8_t *p)
+{
+	uint64_t x, t;
+	memcpy(&x, p, 8);
+	t = (x ^ (x >> 7)) & 0x00aa00aa00aa00aaull;
+	x = x ^ t ^ (t << 7);
+	t = (x ^ (x >> 14)) & 0x0000cccc0000ccccull;
+	x = x ^ t ^ (t << 14);
+	t = (x ^ (x >> 28)) & 0x00000000f0f0f0f0ull;
+	return x ^ t ^ (t << 28);
 }
 
 /* Move one block of row r between the native layout (`blk`) and the panel
@@ -149,6 +177,115 @@ static inline __attribute__((always_inline)) void x16_block(uint32_t type, bool 
 				MOVE(x->qs + 32 * j + 4 * i, pc + j * 512 + i * 64 + 4 * r, 4);
 		break;
 	}
+	case ENGINE_DTYPE_Q5_K: {
+		/* Q4_K's metadata; Q4_K's nibbles in chunks of 640 bytes, each
+		 * followed by the 16 bit masks of its code vectors: chunk j,
+		 * vector i, h = 0 (low nibbles, sub-block 2j) or 1 (high,
+		 * 2j + 1): 8 bytes at 640j + 512 + 16i + 8h, bit 4r + k for row
+		 * r's element 64j + 32h + 4i + k, whose 5th bit is bit 2j + h
+		 * of qh[4i + k] */
+		struct block_q5_K *x = (struct block_q5_K *)blk;
+		MOVE(&x->d, pm + 2 * r, 2);
+		MOVE(&x->dmin, pm + 32 + 2 * r, 2);
+		for (int k = 0; k < K_SCALE_SIZE; k++)
+			MOVE(&x->scales[k], pm + 64 + 16 * k + r, 1);
+		for (int j = 0; j < 4; j++)
+			for (int i = 0; i < 8; i++)
+				MOVE(x->qs + 32 * j + 4 * i, pc + j * 640 + i * 64 + 4 * r, 4);
+		uint8_t sh = (uint8_t)(4 * (r & 1));
+		uint64_t pl[4] = { 0 }; /* the planes of qh's elements 8q .. 8q + 7 */
+		if (pack)
+			for (int q = 0; q < 4; q++)
+				pl[q] = bit_planes8(x->qh + 8 * q);
+		else
+			memset(x->qh, 0, sizeof(x->qh));
+		for (int j = 0; j < 4; j++)
+			for (int i = 0; i < 8; i++)
+				for (int h = 0; h < 2; h++) {
+					uint8_t *mb = pc + j * 640 + 512 + 16 * i + 8 * h + r / 2;
+					int bit = 2 * j + h;
+					if (pack) {
+						/* elements 4i .. 4i + 3: a nibble of the
+						 * plane of elements 8(i/2) .. */
+						uint8_t v = (uint8_t)(pl[i / 2] >> (8 * bit + 4 * (i & 1)));
+						*mb = (uint8_t)((*mb & ~(0x0f << sh)) | ((v & 0x0f) << sh));
+					} else {
+						for (int k = 0; k < 4; k++)
+							x->qh[4 * i + k] |=
+								(uint8_t)(((*mb >> (sh + k)) & 1) << bit);
+					}
+				}
+		break;
+	}
+	case ENGINE_DTYPE_IQ4_XS: {
+		/* sub-block ib (32 elements) as a Q4_0 block's codes at 256 ib:
+		 * vector g, byte 4r + i is qs[16 ib + 4g + i] (low nibble:
+		 * element 32 ib + 4g + i, high: + 16); d at 2r, scales_l byte k
+		 * at 32 + 16k + r, scales_h's low byte at 96 + r, high at 112 + r */
+		struct block_iq4_xs *x = (struct block_iq4_xs *)blk;
+		uint8_t *sh = (uint8_t *)&x->scales_h;
+		MOVE(&x->d, pm + 2 * r, 2);
+		for (int k = 0; k < QK_K / 64; k++)
+			MOVE(&x->scales_l[k], pm + 32 + 16 * k + r, 1);
+		MOVE(sh, pm + 96 + r, 1);
+		MOVE(sh + 1, pm + 112 + r, 1);
+		for (int ib = 0; ib < QK_K / 32; ib++)
+			for (int g = 0; g < 4; g++)
+				MOVE(x->qs + 16 * ib + 4 * g, pc + ib * 256 + g * 64 + 4 * r, 4);
+		break;
+	}
+	case ENGINE_DTYPE_Q3_K: {
+		/* half h (elements 128h ..) at 768h: 8 vectors of the 2-bit
+		 * codes, byte 64i + 4r + k is qs[32h + 4i + k] of row r (bits 2g,
+		 * 2g + 1: element 128h + 32g + 4i + k), then the high bits as
+		 * the 64-bit masks of the 32 code vectors: (g, i) at 512 + 64g +
+		 * 8i, bit 4r + k is bit 4h + g of hmask[4i + k]; d at 2r, scale
+		 * byte k at 32 + 16k + r */
+		struct block_q3_K *x = (struct block_q3_K *)blk;
+		MOVE(&x->d, pm + 2 * r, 2);
+		for (int k = 0; k < 12; k++)
+			MOVE(&x->scales[k], pm + 32 + 16 * k + r, 1);
+		for (int h = 0; h < 2; h++)
+			for (int i = 0; i < 8; i++)
+				MOVE(x->qs + 32 * h + 4 * i, pc + 768 * h + 64 * i + 4 * r, 4);
+		uint8_t sh = (uint8_t)(4 * (r & 1));
+		uint64_t pl[4] = { 0 }; /* as Q5_K's */
+		if (pack)
+			for (int q = 0; q < 4; q++)
+				pl[q] = bit_planes8(x->hmask + 8 * q);
+		else
+			memset(x->hmask, 0, sizeof(x->hmask));
+		for (int h = 0; h < 2; h++)
+			for (int g = 0; g < 4; g++)
+				for (int i = 0; i < 8; i++) {
+					uint8_t *mb = pc + 768 * h + 512 + 64 * g + 8 * i + r / 2;
+					int bit = 4 * h + g;
+					if (pack) {
+						uint8_t v = (uint8_t)(pl[i / 2] >> (8 * bit + 4 * (i & 1)));
+						*mb = (uint8_t)((*mb & ~(0x0f << sh)) | ((v & 0x0f) << sh));
+					} else {
+						for (int k = 0; k < 4; k++)
+							x->hmask[4 * i + k] |=
+								(uint8_t)(((*mb >> (sh + k)) & 1) << bit);
+					}
+				}
+		break;
+	}
+	case ENGINE_DTYPE_Q2_K: {
+		/* Q3_K's 2-bit codes without the masks (halves 512 bytes
+		 * apart); d at 2r, dmin at 32 + 2r, the scale bytes in pairs:
+		 * scales[2p + s] at 64 + 32p + 2r + s, so that one widening to
+		 * int16 gives each row's (2p, 2p + 1) pair in its dword */
+		struct block_q2_K *x = (struct block_q2_K *)blk;
+		MOVE(&x->d, pm + 2 * r, 2);
+		MOVE(&x->dmin, pm + 32 + 2 * r, 2);
+		for (int j = 0; j < QK_K / 16; j++)
+			MOVE(&x->scales[j], pm + 64 + 32 * (j / 2) + 2 * r + (j & 1), 1);
+		for (int h = 0; h < 2; h++)
+			for (int i = 0; i < 8; i++)
+				MOVE(x->qs + 32 * h + 4 * i, pc + 512 * h + 64 * i + 4 * r, 4);
+		break;
+	}
 	default: { /* Q6_K */
 		struct block_q6_K *x = (struct block_q6_K *)blk;
 		for (int j = 0; j < QK_K / 16; j++)
@@ -201,6 +338,10 @@ static void x16_move(uint32_t type, bool pack, uint8_t *rows, size_t row_stride,
 	X16_MOVE_CASE(ENGINE_DTYPE_IQ4_NL)
 	X16_MOVE_CASE(ENGINE_DTYPE_Q8_0)
 	X16_MOVE_CASE(ENGINE_DTYPE_Q4_K)
+	X16_MOVE_CASE(ENGINE_DTYPE_Q5_K)
+	X16_MOVE_CASE(ENGINE_DTYPE_IQ4_XS)
+	X16_MOVE_CASE(ENGINE_DTYPE_Q3_K)
+	X16_MOVE_CASE(ENGINE_DTYPE_Q2_K)
 	default: X16_MOVE_CASE(ENGINE_DTYPE_Q6_K)
 	}
 #undef X16_MOVE_CASE
@@ -297,7 +438,7 @@ void kern_gemm_x16_ref(uint32_t type, int64_t n, int nr, int nt, const void *w,
 		       size_t w_stride, const void *a, size_t a_stride, const float *aux,
 		       size_t aux_stride, float *s, size_t s_stride, bool from_s)
 {
-	if (type == ENGINE_DTYPE_Q4_K || type == ENGINE_DTYPE_Q6_K) {
+	if (quant_dtype_get(type)->blck == QK_K) {
 		gemm_x16_ref_k(type, n, nr, nt, w, w_stride, a, a_stride, s, s_stride, from_s);
 		return;
 	}
