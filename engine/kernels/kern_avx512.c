@@ -1015,16 +1015,17 @@ X16_GEMM_FN(gemm_x16_q5_0, X16_Q5_0)
 X16_GEMM_FN(gemm_x16_q5_1, X16_Q5_1)
 X16_GEMM_FN(gemm_x16_iq4_nl, X16_IQ4_NL)
 
-/* ---- VNNI: x16 K-quants (Q4_K, Q6_K) --------------------------------------
+/* ---- VNNI: x16 K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) -----------
  * The same panel walk as above over 256-element super-blocks. Per super-
  * block and token the integer parts are exact (kern_generic.c's dot_k4 and
  * Q6_K dot: sub-block dots times their 6- or 8-bit scales, the Q4_K mins
  * against the activation's 16-element sums, the Q6_K code offset 32 taken
- * off the same way) and the float finish is the scalar reference's own
- * expression, so the results equal kern_generic's vec_dot bit for bit. A
- * super-block's codes are unpacked once per chunk of 64 (Q4_K) or 128
- * elements (Q6_K) for up to X16K_TOKENS tokens; the accumulators live in
- * the output (one add per token and super-block). */
+ * off the same way; Q2_K, Q3_K, Q5_K and IQ4_XS likewise, below) and the
+ * float finish is the scalar reference's own expression, so the results
+ * equal kern_generic's vec_dot bit for bit. A super-block's codes are
+ * unpacked once per chunk of 64 (Q4_K, Q5_K, IQ4_XS), 32 (Q2_K, Q3_K) or
+ * 128 elements (Q6_K) for up to X16K_TOKENS tokens; the accumulators live
+ * in the output (one add per token and super-block). */
 
 #define X16K_TOKENS 8
 
@@ -1043,20 +1044,34 @@ static inline __attribute__((always_inline)) VNNI __m512i dpwssd_bcst(__m512i ac
 	return acc;
 }
 
-static inline __attribute__((always_inline)) VNNI void
-x16_q4_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
-	       float *s, size_t s_stride, bool from_s)
+/* Q5_K's fifth bits: the 64-bit mask of code vector (chunk jj, vector i,
+ * half h: low or high nibbles) in the x16 layout (kern_x16.c) */
+static inline __attribute__((always_inline)) __mmask64 x16_q5_K_mask(const uint8_t *pc, int jj,
+								      int i, int h)
 {
-	const __m512i low = _mm512_set1_epi8(0x0f);
+	__mmask64 k;
+	memcpy(&k, pc + jj * 640 + 512 + 16 * i + 8 * h, 8);
+	return k;
+}
+
+/* Q4_K, and Q5_K (q5): the same walk, Q5_K's chunks of codes 640 bytes
+ * apart instead of 512, each code vector's fifth bit added under its
+ * mask (the code's bit 4 is clear: the add is an or) */
+static inline __attribute__((always_inline)) VNNI void
+x16_k4_panel(bool q5, int64_t nb, int NT, const uint8_t *panel, const uint8_t *a,
+	     size_t a_stride, float *s, size_t s_stride, bool from_s)
+{
+	const __m512i low = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
 	const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m48 = _mm_set1_epi8(0x30);
+	const size_t cb = q5 ? 2560 : 2048, cs = q5 ? 640 : 512;
 	_Pragma("GCC unroll 8") for (int t = 0; t < NT && !from_s; t++)
 		_mm512_storeu_ps(s + (size_t)t * s_stride, _mm512_setzero_ps());
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pc = KERN_X16_CODES(panel, nb, 2048, 256, b);
-		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 256, b);
+		const uint8_t *pc = KERN_X16_CODES(panel, nb, cb, 256, b);
+		const uint8_t *pm = KERN_X16_META(panel, nb, cb, 256, b);
 #if X16_PREFETCH
 		/* the codes' lines are asked for inside the jj loops below */
-		X16K_PF_SCALES(panel, nb, pc, 2048, 256, b);
+		X16K_PF_SCALES(panel, nb, pc, cb, 256, b);
 #endif
 		/* 6-bit scales and mins of the 8 sub-blocks, 16 rows each
 		 * (quant_scale_min_k4 on 16 lanes); mins as (m, m) int16 pairs */
@@ -1087,18 +1102,28 @@ x16_q4_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 			 * dot (holding all 16 across tokens spilled them) */
 			const int8_t *aq = ((const struct block_q8_K *)a)[b].qs + 64 * jj;
 #if X16_PREFETCH
-			KERN_PF_LINES(X16_PF, (const char *)pc + X16K_PREFETCH + 512 * jj, 512);
+			KERN_PF_LINES(X16_PF, (const char *)pc + X16K_PREFETCH + cs * jj, cs);
 #endif
 			__m512i i0 = _mm512_setzero_si512(), i1 = i0, i2 = i0, i3 = i0;
 			_Pragma("GCC unroll 8") for (int i = 0; i < 8; i += 2) {
-				__m512i v0 = _mm512_loadu_si512(pc + jj * 512 + i * 64);
-				__m512i v1 = _mm512_loadu_si512(pc + jj * 512 + i * 64 + 64);
-				i0 = dpbusd_bcst(i0, _mm512_and_si512(v0, low), aq + 4 * i);
-				i1 = dpbusd_bcst(i1, _mm512_and_si512(_mm512_srli_epi16(v0, 4), low),
-						 aq + 32 + 4 * i);
-				i2 = dpbusd_bcst(i2, _mm512_and_si512(v1, low), aq + 4 * i + 4);
-				i3 = dpbusd_bcst(i3, _mm512_and_si512(_mm512_srli_epi16(v1, 4), low),
-						 aq + 36 + 4 * i);
+				__m512i v0 = _mm512_loadu_si512(pc + jj * cs + i * 64);
+				__m512i v1 = _mm512_loadu_si512(pc + jj * cs + i * 64 + 64);
+				__m512i l0 = _mm512_and_si512(v0, low);
+				__m512i h0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), low);
+				__m512i l1 = _mm512_and_si512(v1, low);
+				__m512i h1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), low);
+				if (q5) {
+					l0 = _mm512_mask_add_epi8(l0, x16_q5_K_mask(pc, jj, i, 0), l0, bit4);
+					h0 = _mm512_mask_add_epi8(h0, x16_q5_K_mask(pc, jj, i, 1), h0, bit4);
+					l1 = _mm512_mask_add_epi8(l1, x16_q5_K_mask(pc, jj, i + 1, 0), l1,
+								  bit4);
+					h1 = _mm512_mask_add_epi8(h1, x16_q5_K_mask(pc, jj, i + 1, 1), h1,
+								  bit4);
+				}
+				i0 = dpbusd_bcst(i0, l0, aq + 4 * i);
+				i1 = dpbusd_bcst(i1, h0, aq + 32 + 4 * i);
+				i2 = dpbusd_bcst(i2, l1, aq + 4 * i + 4);
+				i3 = dpbusd_bcst(i3, h1, aq + 36 + 4 * i);
 			}
 			i0 = _mm512_add_epi32(i0, i2);
 			i1 = _mm512_add_epi32(i1, i3);
@@ -1109,12 +1134,18 @@ x16_q4_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 		for (int jj = 0; jj < 4 && NT > 1; jj++) {
 			__m512i lo[8], hi[8];
 #if X16_PREFETCH
-			KERN_PF_LINES(X16_PF, (const char *)pc + X16K_PREFETCH + 512 * jj, 512);
+			KERN_PF_LINES(X16_PF, (const char *)pc + X16K_PREFETCH + cs * jj, cs);
 #endif
 			_Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-				__m512i v = _mm512_loadu_si512(pc + jj * 512 + i * 64);
+				__m512i v = _mm512_loadu_si512(pc + jj * cs + i * 64);
 				lo[i] = _mm512_and_si512(v, low);
 				hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+				if (q5) {
+					lo[i] = _mm512_mask_add_epi8(lo[i], x16_q5_K_mask(pc, jj, i, 0),
+								     lo[i], bit4);
+					hi[i] = _mm512_mask_add_epi8(hi[i], x16_q5_K_mask(pc, jj, i, 1),
+								     hi[i], bit4);
+				}
 			}
 			_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
 				const int8_t *aq =
@@ -1240,7 +1271,355 @@ x16_q6_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_
 	}
 }
 
+/* IQ4_XS: per sub-block of 32, Q4_0's code vectors in the x16 layout
+ * through IQ4_NL's codebook shifted to unsigned (+128), the 6-bit scale
+ * ls - 32 per sub-block; isum = sum_ib sc_ib * (U_ib - 128 B_ib), B_ib the
+ * sub-block's activation sum (two Q8_K bsums), all exact; then the
+ * reference's (da * d) * isum. A super-block's codes are unpacked per pair
+ * of sub-blocks (512 bytes) for up to X16K_TOKENS tokens. */
+static inline __attribute__((always_inline)) VNNI void
+x16_iq4_xs_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
+		 float *s, size_t s_stride, bool from_s)
+{
+	const __m512i low = _mm512_set1_epi8(0x0f);
+	const __m512i book = _mm512_broadcast_i32x4(_mm_add_epi8(
+		_mm_loadu_si128((const __m128i *)quant_iq4nl_values), _mm_set1_epi8((char)0x80)));
+	const __m128i m15 = _mm_set1_epi8(15), m48 = _mm_set1_epi8(0x30), m32 = _mm_set1_epi8(32);
+	_Pragma("GCC unroll 8") for (int t = 0; t < NT && !from_s; t++)
+		_mm512_storeu_ps(s + (size_t)t * s_stride, _mm512_setzero_ps());
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pc = KERN_X16_CODES(panel, nb, 2048, 128, b);
+		const uint8_t *pm = KERN_X16_META(panel, nb, 2048, 128, b);
+#if X16_PREFETCH
+		X16K_PF_SCALES(panel, nb, pc, 2048, 128, b);
+#endif
+		/* the 8 sub-blocks' scales ls - 32 on 16 lanes; as (sc, sc) int16
+		 * pairs against the bsums pair of the sub-block */
+		__m512i sc[8], mp[8];
+		_Pragma("GCC unroll 8") for (int ib = 0; ib < 8; ib++) {
+			__m128i l = _mm_loadu_si128((const __m128i *)(pm + 32 + 16 * (ib / 2)));
+			__m128i h = _mm_loadu_si128((const __m128i *)(pm + 96 + 16 * (ib / 4)));
+			l = ib & 1 ? _mm_and_si128(_mm_srli_epi16(l, 4), m15) : _mm_and_si128(l, m15);
+			/* bits 2(ib % 4), +1 of h to bits 4, 5 (the mask drops what
+			 * the 16-bit shift brings from the next byte) */
+			switch (ib & 3) {
+			case 0: h = _mm_slli_epi16(h, 4); break;
+			case 1: h = _mm_slli_epi16(h, 2); break;
+			case 2: break;
+			default: h = _mm_srli_epi16(h, 2); break;
+			}
+			__m128i ls = _mm_ternarylogic_epi32(l, h, m48, 0xf8); /* l | (h & m48) */
+			sc[ib] = _mm512_cvtepi8_epi32(_mm_sub_epi8(ls, m32));
+			mp[ib] = _mm512_or_si512(_mm512_and_si512(sc[ib], _mm512_set1_epi32(0xffff)),
+						 _mm512_slli_epi32(sc[ib], 16));
+		}
+		__m512i sumi[X16K_TOKENS];
+		_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+			sumi[t] = _mm512_setzero_si512();
+		for (int jj = 0; jj < 4 && NT == 1; jj++) {
+			const int8_t *aq = ((const struct block_q8_K *)a)[b].qs + 64 * jj;
+#if X16_PREFETCH
+			KERN_PF_LINES(X16_PF, (const char *)pc + X16K_PREFETCH + 512 * jj, 512);
+#endif
+			__m512i i0 = _mm512_setzero_si512(), i1 = i0, i2 = i0, i3 = i0;
+			_Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
+				__m512i v0 = _mm512_loadu_si512(pc + jj * 512 + g * 64);
+				__m512i v1 = _mm512_loadu_si512(pc + jj * 512 + 256 + g * 64);
+				i0 = dpbusd_bcst(i0, _mm512_shuffle_epi8(book, _mm512_and_si512(v0, low)),
+						 aq + 4 * g);
+				i1 = dpbusd_bcst(i1,
+						 _mm512_shuffle_epi8(book, _mm512_and_si512(
+										   _mm512_srli_epi16(v0, 4), low)),
+						 aq + 16 + 4 * g);
+				i2 = dpbusd_bcst(i2, _mm512_shuffle_epi8(book, _mm512_and_si512(v1, low)),
+						 aq + 32 + 4 * g);
+				i3 = dpbusd_bcst(i3,
+						 _mm512_shuffle_epi8(book, _mm512_and_si512(
+										   _mm512_srli_epi16(v1, 4), low)),
+						 aq + 48 + 4 * g);
+			}
+			i0 = _mm512_add_epi32(i0, i1);
+			i2 = _mm512_add_epi32(i2, i3);
+			sumi[0] = _mm512_add_epi32(
+				sumi[0], _mm512_add_epi32(_mm512_mullo_epi32(i0, sc[2 * jj]),
+							  _mm512_mullo_epi32(i2, sc[2 * jj + 1])));
+		}
+		for (int jj = 0; jj < 4 && NT > 1; jj++) {
+			__m512i c[16];
+#if X16_PREFETCH
+			KERN_PF_LINES(X16_PF, (const char *)pc + X16K_PREFETCH + 512 * jj, 512);
+#endif
+			/* c[8h + 4lo/hi + g]: sub-block 2jj + h, g's low or high nibbles */
+			_Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+				__m512i v = _mm512_loadu_si512(pc + jj * 512 + i * 64);
+				int h = i / 4, g = i % 4;
+				c[8 * h + g] = _mm512_shuffle_epi8(book, _mm512_and_si512(v, low));
+				c[8 * h + 4 + g] = _mm512_shuffle_epi8(
+					book, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+			}
+			_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
+				const int8_t *aq =
+					((const struct block_q8_K *)(a + (size_t)t * a_stride))[b].qs +
+					64 * jj;
+				__m512i i0 = _mm512_setzero_si512(), i1 = i0, i2 = i0, i3 = i0;
+				_Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
+					i0 = dpbusd_bcst(i0, c[g], aq + 4 * g);
+					i1 = dpbusd_bcst(i1, c[4 + g], aq + 16 + 4 * g);
+					i2 = dpbusd_bcst(i2, c[8 + g], aq + 32 + 4 * g);
+					i3 = dpbusd_bcst(i3, c[12 + g], aq + 48 + 4 * g);
+				}
+				i0 = _mm512_add_epi32(i0, i1);
+				i2 = _mm512_add_epi32(i2, i3);
+				sumi[t] = _mm512_add_epi32(
+					sumi[t], _mm512_add_epi32(_mm512_mullo_epi32(i0, sc[2 * jj]),
+								  _mm512_mullo_epi32(i2, sc[2 * jj + 1])));
+			}
+		}
+		__m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pm));
+		_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
+			const struct block_q8_K *ab = (const struct block_q8_K *)(a + (size_t)t * a_stride) + b;
+			__m512i off = _mm512_setzero_si512();
+			_Pragma("GCC unroll 8") for (int ib = 0; ib < 8; ib++)
+				off = dpwssd_bcst(off, mp[ib], q8k_bsums(ab) + 2 * ib);
+			__m512i isum = _mm512_sub_epi32(sumi[t], _mm512_slli_epi32(off, 7));
+			float daf;
+			memcpy(&daf, &ab->d, sizeof(daf));
+			/* (da * d) * isum, the reference's order */
+			__m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(daf), dv),
+						 _mm512_cvtepi32_ps(isum));
+			float *o = s + (size_t)t * s_stride;
+			_mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), f));
+		}
+	}
+}
+
+/* Q3_K: per half of a super-block, 8 vectors of 2-bit codes (4 code
+ * vectors each, g = 0..3: elements 32g + 4i + k of the half) and the high
+ * bits as masks (kern_x16.c). Code vector g < 3 stays in place, v & (3 <<
+ * 2g) with 4 << 2g added under its mask: 4^g x the 3-bit code, which the
+ * sub-block's scale makes up for (sc << (6 - 2g), the sums come out 64
+ * times the reference's and are shifted back exactly); g = 3 is shifted
+ * down (sc << 6). A sub-block (16 elements) has one g. The offset 4 comes
+ * off through the Q8_K bsums as Q6_K's 32 does; then the reference's
+ * (da * d) * isum. */
+static inline __attribute__((always_inline)) VNNI __m512i x16_q3_K_code(__m512i v, int g,
+									 const uint8_t *mk)
+{
+	__mmask64 k;
+	memcpy(&k, mk, 8);
+	__m512i c = g < 3 ? _mm512_and_si512(v, _mm512_set1_epi8((char)(3 << (2 * g))))
+			  : _mm512_and_si512(_mm512_srli_epi16(v, 6), _mm512_set1_epi8(3));
+	return _mm512_mask_add_epi8(c, k, c, _mm512_set1_epi8((char)(g < 3 ? 4 << (2 * g) : 4)));
+}
+
+static inline __attribute__((always_inline)) VNNI void
+x16_q3_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
+	       float *s, size_t s_stride, bool from_s)
+{
+	const __m512i m15 = _mm512_set1_epi8(15), m48 = _mm512_set1_epi8(0x30);
+	const __m512i m32 = _mm512_set1_epi8(32);
+	_Pragma("GCC unroll 8") for (int t = 0; t < NT && !from_s; t++)
+		_mm512_storeu_ps(s + (size_t)t * s_stride, _mm512_setzero_ps());
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pc = KERN_X16_CODES(panel, nb, 1536, 224, b);
+		const uint8_t *pm = KERN_X16_META(panel, nb, 1536, 224, b);
+#if X16_PREFETCH
+		X16K_PF_SCALES(panel, nb, pc, 1536, 224, b);
+#endif
+		/* the 16 scales (quant_scale_q3_K) four sub-blocks at a time:
+		 * lane k of quarter q is sub-block 4q + k, byte r its row */
+		__m512i L0 = _mm512_loadu_si512(pm + 32), L1 = _mm512_loadu_si512(pm + 96);
+		__m512i H = _mm512_loadu_si512(pm + 160);
+		__m512i sc[16], sp[8];
+		_Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+			__m512i lo = q < 2 ? _mm512_and_si512(q ? L1 : L0, m15)
+					   : _mm512_and_si512(_mm512_srli_epi16(q == 3 ? L1 : L0, 4), m15);
+			__m512i hs = q == 0 ? _mm512_slli_epi16(H, 4)
+				     : q == 1 ? _mm512_slli_epi16(H, 2)
+				     : q == 2 ? H
+					      : _mm512_srli_epi16(H, 2);
+			__m512i v = _mm512_sub_epi8(_mm512_ternarylogic_epi32(lo, hs, m48, 0xf8), m32);
+			/* immediates spelled out: at -O1 (make check's sanitizer
+			 * pass) an unrolled loop index is not a constant */
+			sc[4 * q + 0] = _mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 0));
+			sc[4 * q + 1] = _mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 1));
+			sc[4 * q + 2] = _mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 2));
+			sc[4 * q + 3] = _mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 3));
+		}
+		_Pragma("GCC unroll 8") for (int p = 0; p < 8; p++)
+			sp[p] = _mm512_or_si512(_mm512_and_si512(sc[2 * p], _mm512_set1_epi32(0xffff)),
+						_mm512_slli_epi32(sc[2 * p + 1], 16));
+		_Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
+			int g = (j % 8) / 2;
+			sc[j] = _mm512_slli_epi32(sc[j], g < 3 ? 6 - 2 * g : 6);
+		}
+		__m512i sumi[X16K_TOKENS];
+		_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+			sumi[t] = _mm512_setzero_si512();
+		for (int h = 0; h < 2; h++) {
+			const uint8_t *ph = pc + 768 * h;
+#if X16_PREFETCH
+			KERN_PF_LINES(X16_PF, (const char *)ph + X16K_PREFETCH, 768);
+#endif
+			__m512i v[8];
+			_Pragma("GCC unroll 8") for (int i = 0; i < 8; i++)
+				v[i] = _mm512_loadu_si512(ph + 64 * i);
+			_Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
+				const uint8_t *mk = ph + 512 + 64 * g;
+				int j = 8 * h + 2 * g;
+				if (NT == 1) {
+					const int8_t *aq = ((const struct block_q8_K *)a)[b].qs + 128 * h + 32 * g;
+					__m512i i0 = _mm512_setzero_si512(), i1 = i0;
+					_Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+						i0 = dpbusd_bcst(i0, x16_q3_K_code(v[i], g, mk + 8 * i),
+								 aq + 4 * i);
+						i1 = dpbusd_bcst(i1, x16_q3_K_code(v[i + 4], g, mk + 8 * i + 32),
+								 aq + 16 + 4 * i);
+					}
+					sumi[0] = _mm512_add_epi32(
+						sumi[0], _mm512_add_epi32(_mm512_mullo_epi32(i0, sc[j]),
+									  _mm512_mullo_epi32(i1, sc[j + 1])));
+					continue;
+				}
+				__m512i c[8];
+				_Pragma("GCC unroll 8") for (int i = 0; i < 8; i++)
+					c[i] = x16_q3_K_code(v[i], g, mk + 8 * i);
+				_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
+					const int8_t *aq =
+						((const struct block_q8_K *)(a + (size_t)t * a_stride))[b].qs +
+						128 * h + 32 * g;
+					__m512i i0 = _mm512_setzero_si512(), i1 = i0;
+					_Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+						i0 = dpbusd_bcst(i0, c[i], aq + 4 * i);
+						i1 = dpbusd_bcst(i1, c[i + 4], aq + 16 + 4 * i);
+					}
+					sumi[t] = _mm512_add_epi32(
+						sumi[t], _mm512_add_epi32(_mm512_mullo_epi32(i0, sc[j]),
+									  _mm512_mullo_epi32(i1, sc[j + 1])));
+				}
+			}
+		}
+		__m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pm));
+		_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
+			const struct block_q8_K *ab = (const struct block_q8_K *)(a + (size_t)t * a_stride) + b;
+			__m512i off = _mm512_setzero_si512();
+			_Pragma("GCC unroll 8") for (int p = 0; p < 8; p++)
+				off = dpwssd_bcst(off, sp[p], q8k_bsums(ab) + 2 * p);
+			__m512i isum = _mm512_sub_epi32(_mm512_srai_epi32(sumi[t], 6),
+							_mm512_slli_epi32(off, 2));
+			float daf;
+			memcpy(&daf, &ab->d, sizeof(daf));
+			/* (da * d) * isum, the reference's order */
+			__m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(daf), dv),
+						 _mm512_cvtepi32_ps(isum));
+			float *o = s + (size_t)t * s_stride;
+			_mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), f));
+		}
+	}
+}
+
+/* Q2_K: Q3_K's code vectors without the high bits, all four in place (v &
+ * (3 << 2g), 4^g x the code, unsigned up to 192), the scales made up for
+ * as in Q3_K; the mins against the bsums as Q4_K's; then the reference's
+ * da * d * isum - da * dmin * msum. */
+static inline __attribute__((always_inline)) VNNI void
+x16_q2_K_panel(int64_t nb, int NT, const uint8_t *panel, const uint8_t *a, size_t a_stride,
+	       float *s, size_t s_stride, bool from_s)
+{
+	_Pragma("GCC unroll 8") for (int t = 0; t < NT && !from_s; t++)
+		_mm512_storeu_ps(s + (size_t)t * s_stride, _mm512_setzero_ps());
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pc = KERN_X16_CODES(panel, nb, 1024, 320, b);
+		const uint8_t *pm = KERN_X16_META(panel, nb, 1024, 320, b);
+#if X16_PREFETCH
+		X16K_PF_SCALES(panel, nb, pc, 1024, 320, b);
+#endif
+		/* per pair p of sub-blocks, each row's two scale bytes as an
+		 * int16 pair in its dword: the mins (high nibbles) as (m 2p,
+		 * m 2p+1) pairs, the scales (low nibbles) shifted by 6 - 2g to
+		 * make up for the codes' 4^g (2p and 2p + 1 share g) */
+		__m512i sc[16], mp[8];
+		_Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) {
+			__m512i X = _mm512_cvtepu8_epi16(
+				_mm256_loadu_si256((const __m256i *)(pm + 64 + 32 * p)));
+			int sh = 6 - 2 * ((2 * p % 8) / 2);
+			__m512i m = _mm512_set1_epi32(15 << sh);
+			mp[p] = _mm512_srli_epi16(X, 4);
+			sc[2 * p] = _mm512_and_si512(_mm512_slli_epi32(X, sh), m);
+			sc[2 * p + 1] = _mm512_and_si512(_mm512_srli_epi32(X, 16 - sh), m);
+		}
+		__m512i sumi[X16K_TOKENS];
+		_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++)
+			sumi[t] = _mm512_setzero_si512();
+		for (int h = 0; h < 2; h++) {
+			const uint8_t *ph = pc + 512 * h;
+#if X16_PREFETCH
+			KERN_PF_LINES(X16_PF, (const char *)ph + X16K_PREFETCH, 512);
+#endif
+			__m512i v[8];
+			_Pragma("GCC unroll 8") for (int i = 0; i < 8; i++)
+				v[i] = _mm512_loadu_si512(ph + 64 * i);
+			_Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
+				const __m512i m = _mm512_set1_epi8((char)(3 << (2 * g)));
+				int j = 8 * h + 2 * g;
+				if (NT == 1) {
+					const int8_t *aq = ((const struct block_q8_K *)a)[b].qs + 128 * h + 32 * g;
+					__m512i i0 = _mm512_setzero_si512(), i1 = i0;
+					_Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+						i0 = dpbusd_bcst(i0, _mm512_and_si512(v[i], m), aq + 4 * i);
+						i1 = dpbusd_bcst(i1, _mm512_and_si512(v[i + 4], m),
+								 aq + 16 + 4 * i);
+					}
+					sumi[0] = _mm512_add_epi32(
+						sumi[0], _mm512_add_epi32(_mm512_mullo_epi32(i0, sc[j]),
+									  _mm512_mullo_epi32(i1, sc[j + 1])));
+					continue;
+				}
+				__m512i c[8];
+				_Pragma("GCC unroll 8") for (int i = 0; i < 8; i++)
+					c[i] = _mm512_and_si512(v[i], m);
+				_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
+					const int8_t *aq =
+						((const struct block_q8_K *)(a + (size_t)t * a_stride))[b].qs +
+						128 * h + 32 * g;
+					__m512i i0 = _mm512_setzero_si512(), i1 = i0;
+					_Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+						i0 = dpbusd_bcst(i0, c[i], aq + 4 * i);
+						i1 = dpbusd_bcst(i1, c[i + 4], aq + 16 + 4 * i);
+					}
+					sumi[t] = _mm512_add_epi32(
+						sumi[t], _mm512_add_epi32(_mm512_mullo_epi32(i0, sc[j]),
+									  _mm512_mullo_epi32(i1, sc[j + 1])));
+				}
+			}
+		}
+		__m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pm));
+		__m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pm + 32)));
+		_Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) {
+			const struct block_q8_K *ab = (const struct block_q8_K *)(a + (size_t)t * a_stride) + b;
+			__m512i msum = _mm512_setzero_si512();
+			_Pragma("GCC unroll 8") for (int p = 0; p < 8; p++)
+				msum = dpwssd_bcst(msum, mp[p], q8k_bsums(ab) + 2 * p);
+			float daf;
+			memcpy(&daf, &ab->d, sizeof(daf));
+			__m512 da = _mm512_set1_ps(daf);
+			/* da * d * isum - da * dmin * msum, the reference's order */
+			__m512 t1 = _mm512_mul_ps(_mm512_mul_ps(da, dv),
+						  _mm512_cvtepi32_ps(_mm512_srai_epi32(sumi[t], 6)));
+			__m512 t2 = _mm512_mul_ps(_mm512_mul_ps(da, dmv), _mm512_cvtepi32_ps(msum));
+			float *o = s + (size_t)t * s_stride;
+			_mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_sub_ps(t1, t2)));
+		}
+	}
+}
+
+#define x16_q4_K_panel(...) x16_k4_panel(false, __VA_ARGS__)
+#define x16_q5_K_panel(...) x16_k4_panel(true, __VA_ARGS__)
 KERN_X16K_GEMM(gemm_x16_q4_K, VNNI, x16_q4_K_panel, X16K_TOKENS)
+KERN_X16K_GEMM(gemm_x16_q5_K, VNNI, x16_q5_K_panel, X16K_TOKENS)
+KERN_X16K_GEMM(gemm_x16_iq4_xs, VNNI, x16_iq4_xs_panel, X16K_TOKENS)
+KERN_X16K_GEMM(gemm_x16_q3_K, VNNI, x16_q3_K_panel, X16K_TOKENS)
+KERN_X16K_GEMM(gemm_x16_q2_K, VNNI, x16_q2_K_panel, X16K_TOKENS)
 KERN_X16K_GEMM(gemm_x16_q6_K, VNNI, x16_q6_K_panel, X16K_TOKENS)
 
 /* ==== attention over F16 / Q8_0 KV caches ====================================
@@ -1681,7 +2060,12 @@ const struct kern_ops kern_avx512vnni_ops = {
 		/* the K-quants keep avx2's vec_dot (same activations) and add
 		 * the x16 kernels */
 		[ENGINE_DTYPE_Q4_K] = { .act_type = ENGINE_DTYPE_Q8_K, .gemm_x16 = gemm_x16_q4_K },
+		[ENGINE_DTYPE_Q5_K] = { .act_type = ENGINE_DTYPE_Q8_K, .gemm_x16 = gemm_x16_q5_K },
 		[ENGINE_DTYPE_Q6_K] = { .act_type = ENGINE_DTYPE_Q8_K, .gemm_x16 = gemm_x16_q6_K },
+		[ENGINE_DTYPE_Q2_K] = { .act_type = ENGINE_DTYPE_Q8_K, .gemm_x16 = gemm_x16_q2_K },
+		[ENGINE_DTYPE_Q3_K] = { .act_type = ENGINE_DTYPE_Q8_K, .gemm_x16 = gemm_x16_q3_K },
+		[ENGINE_DTYPE_IQ4_XS] = { .act_type = ENGINE_DTYPE_Q8_K,
+					  .gemm_x16 = gemm_x16_iq4_xs },
 		/* so do these (their vec_dot: kern_avx2_q32.c) */
 		[ENGINE_DTYPE_Q4_1] = { .act_type = ENGINE_DTYPE_Q8_1, .gemm_x16 = gemm_x16_q4_1 },
 		[ENGINE_DTYPE_Q5_0] = { .act_type = ENGINE_DTYPE_Q8_0, .gemm_x16 = gemm_x16_q5_0 },

@@ -1604,7 +1604,8 @@ static void test_variant_x16(void)
 {
 	static const uint32_t types[] = { ENGINE_DTYPE_Q4_0, ENGINE_DTYPE_Q8_0,   ENGINE_DTYPE_Q4_K,
 					  ENGINE_DTYPE_Q6_K, ENGINE_DTYPE_Q4_1,   ENGINE_DTYPE_Q5_0,
-					  ENGINE_DTYPE_Q5_1, ENGINE_DTYPE_IQ4_NL };
+					  ENGINE_DTYPE_Q5_1, ENGINE_DTYPE_IQ4_NL, ENGINE_DTYPE_Q5_K,
+					  ENGINE_DTYPE_IQ4_XS, ENGINE_DTYPE_Q3_K,   ENGINE_DTYPE_Q2_K };
 	/* three panels: avx512vnni's Q8_0 pairs two of them from
 	 * X16_PAIR_MIN_NT (64) tokens on, the third runs alone */
 	enum { NR = 48, NT = 130 };

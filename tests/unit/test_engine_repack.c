@@ -153,7 +153,9 @@ static void check_type(const char *type)
 	 * the file layout's kernels of the other 32-element types (no FMA). */
 	const struct kern_ops *ko = kern_select(NULL, getenv("EDGELM_ISA"));
 	bool q4q8 = strcmp(type, "Q4_0") == 0 || strcmp(type, "Q8_0") == 0;
-	bool same_order = ko && (strcmp(type, "Q4_K_M") == 0 ||
+	bool same_order = ko && (strncmp(type, "Q4_K", 4) == 0 || strncmp(type, "Q5_K", 4) == 0 ||
+				 strncmp(type, "Q3_K", 4) == 0 || strcmp(type, "Q2_K") == 0 ||
+				 strcmp(type, "IQ4_XS") == 0 ||
 				 (q4q8 && ko->t[ENGINE_DTYPE_Q4_0].gemm &&
 				  ko->t[ENGINE_DTYPE_Q8_0].gemm));
 	double bound = same_order ? 1e-5 : 2e-2;
@@ -217,6 +219,29 @@ static void test_q32_types(void)
 	check_type("Q5_0");
 	check_type("Q5_1");
 	check_type("IQ4_NL");
+}
+
+/* The K-quants with x16 kernels beside Q4_K and Q6_K, on a variant that
+ * has them (avx512vnni; elsewhere only part of a mix would be repacked):
+ * the small shape's 256-wide rows keep the mixes' K-types in every
+ * matrix */
+static void check_kq(const char *mix, uint32_t type)
+{
+	const struct kern_ops *ko = kern_select(NULL, getenv("EDGELM_ISA"));
+	if (!ko || !ko->t[type].gemm_x16) {
+		TEST_SKIP("kernel variant %s has no x16 kernel for %s", ko ? ko->name : "?",
+			  quant_dtype_name(type));
+		return;
+	}
+	check_type(mix);
+}
+
+static void test_kq_types(void)
+{
+	check_kq("Q5_K_M", ENGINE_DTYPE_Q5_K);
+	check_kq("IQ4_XS", ENGINE_DTYPE_IQ4_XS);
+	check_kq("Q3_K_M", ENGINE_DTYPE_Q3_K);
+	check_kq("Q2_K", ENGINE_DTYPE_Q2_K);
 }
 
 /* The VmFlags line of the smaps entry starting at addr ("" if none) */
@@ -448,6 +473,7 @@ int main(void)
 	TEST_RUN(test_q8_0);
 	TEST_RUN(test_q4_k_m);
 	TEST_RUN(test_q32_types);
+	TEST_RUN(test_kq_types);
 	TEST_RUN(test_anon_copy);
 	TEST_RUN(test_load_peak);
 	TEST_RUN(test_before_weights);
