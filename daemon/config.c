@@ -67,7 +67,7 @@ static const struct opt options[] = {
 	{ "isa", OPT_STRING, FIELD(isa), "auto", 0, 0, 0, NULL, NULL, 0, NULL,
 	  "kernel variant: auto (best this CPU has), scalar, avx2, avx512, ... (EDGELM_ISA overrides the file; --isa and --set override both)" },
 	{ "repack", OPT_STRING, FIELD(repack), "auto", 0, 0, 0, "auto|on|off", NULL, 0, NULL,
-	  "repack Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL/Q8_0/Q4_K/Q6_K weights at load into the kernels' interleaved layout (faster decode and prefill; the repacked tensors become private memory): auto (when the kernels read it and it takes at most half the RAM), on, off" },
+	  "repack Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL/Q8_0/Q4_K/Q6_K weights (on avx512vnni also Q2_K/Q3_K/Q5_K/IQ4_XS) at load into the kernels' interleaved layout (faster decode and prefill; the repacked tensors become private memory): auto (when the kernels read it and it takes at most half the RAM), on, off" },
 	{ "repack_cache", OPT_STRING, FIELD(repack_cache), "", 0, 0, 0, NULL,
 	  check_abs_path_or_empty, 0, NULL,
 	  "directory that keeps the repacked weights (the unit's CacheDirectory, /var/cache/edgelm): the first load writes them, later loads map them instead of repacking, which loads at once but leaves the weights in 4 KiB pages (docs/engine.md); \"\": repack at every load" },
