@@ -11,7 +11,7 @@ TMPFILESDIR ?= $(or $(shell $(PKG_CONFIG) --variable=tmpfilesdir systemd 2>/dev/
 MANDIR      ?= $(PREFIX)/share/man
 
 PACKAGING_MAN := packaging/man/edgelmctl.1 packaging/man/edgelm-bench.1 packaging/man/edgelm-gguf.1 \
-		 packaging/man/edgelm-quantize.1 packaging/man/edgelm-run.1 packaging/man/edgelm.conf.5 \
+		 packaging/man/edgelm-quantize.1 packaging/man/edgelm-perplexity.1 packaging/man/edgelm-run.1 packaging/man/edgelm.conf.5 \
 		 packaging/man/edgelmd.8
 
 # The dashboard, alert rules and scrape example (docs/operations.md), for
