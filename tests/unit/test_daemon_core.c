@@ -639,6 +639,20 @@ static int as_call(const char *u, const char *req)
 	return 0;
 }
 
+static char sock_dir[4096];
+static struct stat tmp_before;
+static bool had_tmp;
+
+/* The run left the temporary directory's mode alone (the socket's
+ * directory is its own). */
+static void test_tmpdir_untouched(void)
+{
+	struct stat after;
+	CHECK(!had_tmp ||
+	      (stat(test_tmpdir(), &after) == 0 && after.st_mode == tmp_before.st_mode));
+	CHECK(rmdir(sock_dir) == 0 || errno == ENOTEMPTY);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 4 && strcmp(argv[1], "--as-call") == 0)
@@ -654,9 +668,17 @@ int main(int argc, char **argv)
 			test_n_fail++;
 		return test_finish();
 	}
-	/* a directory the other user can reach, for the socket */
-	snprintf(url, sizeof(url), "ipc://%s/core.sock", test_tmpdir());
-	chmod(test_tmpdir(), 0755);
+	/* a directory of its own that the other user can reach, for the
+	 * socket: run by hand, test_tmpdir() is /tmp itself, and making that
+	 * 0755 once broke apt (its _apt user writes there) */
+	had_tmp = stat(test_tmpdir(), &tmp_before) == 0;
+	snprintf(sock_dir, sizeof(sock_dir), "%s/edgelm-core.XXXXXX", test_tmpdir());
+	if (!mkdtemp(sock_dir)) {
+		fprintf(stderr, "mkdtemp %s: %s\n", sock_dir, strerror(errno));
+		return 1;
+	}
+	chmod(sock_dir, 0755);
+	snprintf(url, sizeof(url), "ipc://%s/core.sock", sock_dir);
 	snprintf(conf_path, sizeof(conf_path), "%s/edgelm-core.conf", test_tmpdir());
 	write_conf("");
 
@@ -676,5 +698,6 @@ int main(int argc, char **argv)
 	TEST_RUN(test_daemon_core_swap);
 	TEST_RUN(test_daemon_core_max_tokens_limit);
 	TEST_RUN(test_daemon_core_wedge);
+	TEST_RUN(test_tmpdir_untouched);
 	return test_finish();
 }
