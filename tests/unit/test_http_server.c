@@ -195,6 +195,44 @@ static void test_replies(void)
 	http_front_stop(h);
 }
 
+/* CORS only when configured: the origin on every answer, preflights 204 */
+static void test_cors(void)
+{
+	static const char *const listen[] = {"127.0.0.1:0"};
+	struct http_params p = {.listen = listen,
+				.n_listen = 1,
+				.cors_origin = "https://app.example",
+				.submit = submit};
+	struct cm_err err = {0};
+	http_front *h = NULL;
+	CHECK_OK(http_front_start(&p, &h, &err));
+	if (!h)
+		return;
+	unsigned port = http_front_port(h, 0);
+	char *r = http(port, "OPTIONS /v1/chat/completions HTTP/1.0\r\n"
+			     "Origin: https://app.example\r\n"
+			     "Access-Control-Request-Method: POST\r\n\r\n");
+	CHECK_EQ_INT(status(r), 204);
+	CHECK(strstr(r, "Access-Control-Allow-Origin: https://app.example") &&
+	      strstr(r, "Access-Control-Allow-Headers: Authorization, Content-Type"));
+	r = http(port, "GET /v1/models HTTP/1.0\r\n\r\n");
+	CHECK_EQ_INT(status(r), 200);
+	CHECK(strstr(r, "Access-Control-Allow-Origin: https://app.example") != NULL);
+	r = post(port, "/v1/completions", "{\"prompt\":\"a\",\"n\":2}");
+	CHECK(status(r) == 400 && strstr(r, "Access-Control-Allow-Origin") != NULL);
+	http_front_stop(h);
+	/* and none without it */
+	p.cors_origin = NULL;
+	CHECK_OK(http_front_start(&p, &h, &err));
+	if (!h)
+		return;
+	port = http_front_port(h, 0);
+	r = http(port, "GET /v1/models HTTP/1.0\r\n\r\n");
+	CHECK(status(r) == 200 && !strstr(r, "Access-Control"));
+	CHECK_EQ_INT(status(http(port, "OPTIONS /v1/models HTTP/1.0\r\n\r\n")), 405);
+	http_front_stop(h);
+}
+
 static void test_keys_file(void)
 {
 	char path[] = "/tmp/test_http_keys.XXXXXX";
@@ -232,6 +270,7 @@ int main(void)
 {
 	TEST_RUN(test_loading);
 	TEST_RUN(test_replies);
+	TEST_RUN(test_cors);
 	TEST_RUN(test_keys_file);
 	return test_finish();
 }
