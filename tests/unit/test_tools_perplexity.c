@@ -57,6 +57,12 @@ static double ppl_of(const char *out)
 
 static void test_llama_figure(void)
 {
+#if defined(__SANITIZE_ADDRESS__)
+	/* an accuracy figure, 30 s under ASan; the tool's code runs under it
+	 * in the two tests below */
+	TEST_SKIP("the 40-chunk figure is checked in the normal build");
+	return;
+#endif
 	const char *text = heldout();
 	const char *m = test_data_path("models/stories3M-f32.gguf");
 	if (!text || !test_file_exists(m)) {
