@@ -7,6 +7,9 @@ PASS_NAME=${TEST_PASS:-normal}
 : "${EDGELM_TESTDATA:=$(cd "$(dirname "$0")/.." && pwd)/../shared}"
 export EDGELM_TESTDATA BUILD
 export TEST_TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/edgelm-test.XXXXXX")
+# searchable, not listable: tests that run a client as another user put a
+# socket in a directory of their own in here (test_daemon_core)
+chmod 0711 "$TEST_TMPDIR"
 trap 'rm -rf "$TEST_TMPDIR"' EXIT
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

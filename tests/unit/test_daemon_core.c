@@ -679,6 +679,10 @@ int main(int argc, char **argv)
 	}
 	chmod(sock_dir, 0755);
 	snprintf(url, sizeof(url), "ipc://%s/core.sock", sock_dir);
+	if (had_tmp && !(tmp_before.st_mode & S_IXOTH))
+		fprintf(stderr, "%s is not searchable by other users: the other user's calls will "
+				"fail (tests/run-tests.sh makes its directory 0711)\n",
+			test_tmpdir());
 	snprintf(conf_path, sizeof(conf_path), "%s/edgelm-core.conf", test_tmpdir());
 	write_conf("");
 
