@@ -13,6 +13,7 @@
  *
  * Nothing here counts requests: the server reports every reply, refusals
  * of its own included, to daemon_count_reply (metrics.c). */
+#include "common/net.h"
 #include "daemon/log.h"
 #include "daemon/serve.h"
 
@@ -50,18 +51,7 @@ static void caller_of(struct sched *s, ipc_call *call, struct caller *c)
 static void random_id(char *buf, size_t cap)
 {
 	uint8_t b[16];
-	size_t got = 0;
-	while (got < sizeof(b)) {
-		ssize_t n = getrandom(b + got, sizeof(b) - got, 0);
-		if (n > 0) {
-			got += (size_t)n;
-		} else if (n < 0 && errno != EINTR) {
-			/* no entropy source: still unique, from the clock and address */
-			uint64_t t = cm_now_ns() ^ (uint64_t)(uintptr_t)buf;
-			for (; got < sizeof(b); got++, t = t * 6364136223846793005ull + 1)
-				b[got] = (uint8_t)(t >> 56);
-		}
-	}
+	cm_random_bytes(b, sizeof(b));
 	char *p = buf;
 	p += snprintf(p, cap, "r-");
 	for (size_t i = 0; i < sizeof(b) && (size_t)(p - buf) + 3 <= cap; i++)

@@ -19,6 +19,8 @@
  * closes connections silent for timeout_s. */
 #include "http/http_impl.h"
 
+#include "common/net.h"
+
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
@@ -32,7 +34,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -406,11 +407,7 @@ static void random_hex(char *buf, size_t nbytes)
 	uint8_t b[16];
 	if (nbytes > sizeof(b))
 		nbytes = sizeof(b);
-	if (getrandom(b, nbytes, 0) != (ssize_t)nbytes) {
-		uint64_t t = cm_now_ns() ^ (uint64_t)(uintptr_t)buf;
-		for (size_t i = 0; i < nbytes; i++, t = t * 6364136223846793005ull + 1)
-			b[i] = (uint8_t)(t >> 56);
-	}
+	cm_random_bytes(b, nbytes);
 	for (size_t i = 0; i < nbytes; i++)
 		sprintf(buf + 2 * i, "%02x", b[i]);
 }
@@ -1136,47 +1133,6 @@ static int keys_load(struct http_front *h, const char *path, struct cm_err *err)
 
 /* ---- start, stop ------------------------------------------------------------------- */
 
-static int parse_listen(const char *s, struct sockaddr_storage *ss, bool *v6)
-{
-	char host[128];
-	const char *port;
-	if (s[0] == '[') {
-		const char *e = strchr(s, ']');
-		if (!e || e[1] != ':' || (size_t)(e - s - 1) >= sizeof(host))
-			return -EINVAL;
-		memcpy(host, s + 1, (size_t)(e - s - 1));
-		host[e - s - 1] = '\0';
-		port = e + 2;
-	} else {
-		const char *c = strrchr(s, ':');
-		if (!c || (size_t)(c - s) >= sizeof(host))
-			return -EINVAL;
-		memcpy(host, s, (size_t)(c - s));
-		host[c - s] = '\0';
-		port = c + 1;
-	}
-	char *end;
-	long p = strtol(port, &end, 10);
-	if (!*port || *end || p < 0 || p > 65535)
-		return -EINVAL;
-	memset(ss, 0, sizeof(*ss));
-	if (strcmp(host, "localhost") == 0)
-		snprintf(host, sizeof(host), "127.0.0.1");
-	struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
-	struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
-	if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
-		a4->sin_family = AF_INET;
-		a4->sin_port = htons((uint16_t)p);
-		*v6 = false;
-	} else if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
-		a6->sin6_family = AF_INET6;
-		a6->sin6_port = htons((uint16_t)p);
-		*v6 = true;
-	} else {
-		return -EINVAL;
-	}
-	return 0;
-}
 
 int http_front_start(const struct http_params *p, http_front **ret, struct cm_err *err)
 {
@@ -1205,7 +1161,7 @@ int http_front_start(const struct http_params *p, http_front **ret, struct cm_er
 	for (size_t i = 0; i < p->n_listen; i++) {
 		struct sockaddr_storage ss;
 		bool v6;
-		if (parse_listen(p->listen[i], &ss, &v6)) {
+		if (cm_parse_addr_port(p->listen[i], &ss, &v6)) {
 			http_front_stop(h);
 			return cm_err_set(err, -EINVAL,
 					  "http: bad listen address '%s' (want ADDR:PORT or "

@@ -19,6 +19,8 @@
  * before an eviction takes effect (the next turn of the loop). */
 #include "monitor/monitor_impl.h"
 
+#include "common/net.h"
+
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -98,48 +100,6 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 	return ret;
 }
 
-/* "ADDR:PORT", "[ADDR6]:PORT" or "localhost:PORT". */
-static int parse_listen(const char *s, struct sockaddr_storage *ss, bool *v6)
-{
-	char host[128];
-	const char *port;
-	if (s[0] == '[') {
-		const char *e = strchr(s, ']');
-		if (!e || e[1] != ':' || (size_t)(e - s - 1) >= sizeof(host))
-			return -EINVAL;
-		memcpy(host, s + 1, (size_t)(e - s - 1));
-		host[e - s - 1] = '\0';
-		port = e + 2;
-	} else {
-		const char *c = strrchr(s, ':');
-		if (!c || (size_t)(c - s) >= sizeof(host))
-			return -EINVAL;
-		memcpy(host, s, (size_t)(c - s));
-		host[c - s] = '\0';
-		port = c + 1;
-	}
-	char *end;
-	long p = strtol(port, &end, 10);
-	if (!*port || *end || p < 0 || p > 65535)
-		return -EINVAL;
-	memset(ss, 0, sizeof(*ss));
-	if (strcmp(host, "localhost") == 0)
-		snprintf(host, sizeof(host), "127.0.0.1");
-	struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
-	struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
-	if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
-		a4->sin_family = AF_INET;
-		a4->sin_port = htons((uint16_t)p);
-		*v6 = false;
-	} else if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
-		a6->sin6_family = AF_INET6;
-		a6->sin6_port = htons((uint16_t)p);
-		*v6 = true;
-	} else {
-		return -EINVAL;
-	}
-	return 0;
-}
 
 static void conn_ip(const struct sockaddr *sa, struct http_conn *hc)
 {
@@ -242,7 +202,7 @@ int monitor_http_start(monitor *m, const char *listen, struct cm_err *err)
 		                  m->http_port);
 	struct sockaddr_storage ss;
 	bool v6;
-	if (parse_listen(listen, &ss, &v6))
+	if (cm_parse_addr_port(listen, &ss, &v6))
 		return cm_err_set(err, -EINVAL,
 		                  "monitor: http: bad listen address '%s' (want ADDR:PORT, "
 		                  "[ADDR6]:PORT or off)",
