@@ -92,6 +92,37 @@ static inline uint64_t bit_planes8(const uint8_t *p)
 	return x ^ t ^ (t << 28);
 }
 
+/* Q5_K's qh and Q3_K's hmask (32 bytes, hb) and their panel masks: before
+ * the moves, pl gets the bit planes of hb's 4 groups of 8 bytes (pack), or
+ * hb is cleared for the bits to be ORed back (unpack). */
+static inline __attribute__((always_inline)) void x16_masks_begin(bool pack, uint8_t *hb,
+								  uint64_t pl[4])
+{
+	if (pack)
+		for (int q = 0; q < 4; q++)
+			pl[q] = bit_planes8(hb + 8 * q);
+	else
+		memset(hb, 0, 32);
+}
+
+/* One nibble of a panel mask byte `mb` (the nibble of row r): the bit
+ * `bit` of hb's elements 4i .. 4i + 3, one way or the other. */
+static inline __attribute__((always_inline)) void x16_mask_nibble(bool pack, uint8_t *mb,
+								  const uint64_t pl[4], int bit,
+								  int i, int r, uint8_t *hb)
+{
+	uint8_t sh = (uint8_t)(4 * (r & 1));
+	if (pack) {
+		/* elements 4i .. 4i + 3: a nibble of the plane of elements
+		 * 8(i/2) .. */
+		uint8_t v = (uint8_t)(pl[i / 2] >> (8 * bit + 4 * (i & 1)));
+		*mb = (uint8_t)((*mb & ~(0x0f << sh)) | ((v & 0x0f) << sh));
+	} else {
+		for (int k = 0; k < 4; k++)
+			hb[4 * i + k] |= (uint8_t)(((*mb >> (sh + k)) & 1) << bit);
+	}
+}
+
 /* Move one block of row r between the native layout (`blk`) and the panel
  * (codes `pc`, metadata `pm` of that block); `pack` says which way. Every
  * byte of the block has exactly one place in the panel (kern.h). */
@@ -192,29 +223,13 @@ static inline __attribute__((always_inline)) void x16_block(uint32_t type, bool 
 		for (int j = 0; j < 4; j++)
 			for (int i = 0; i < 8; i++)
 				MOVE(x->qs + 32 * j + 4 * i, pc + j * 640 + i * 64 + 4 * r, 4);
-		uint8_t sh = (uint8_t)(4 * (r & 1));
 		uint64_t pl[4] = { 0 }; /* the planes of qh's elements 8q .. 8q + 7 */
-		if (pack)
-			for (int q = 0; q < 4; q++)
-				pl[q] = bit_planes8(x->qh + 8 * q);
-		else
-			memset(x->qh, 0, sizeof(x->qh));
+		x16_masks_begin(pack, x->qh, pl);
 		for (int j = 0; j < 4; j++)
 			for (int i = 0; i < 8; i++)
-				for (int h = 0; h < 2; h++) {
-					uint8_t *mb = pc + j * 640 + 512 + 16 * i + 8 * h + r / 2;
-					int bit = 2 * j + h;
-					if (pack) {
-						/* elements 4i .. 4i + 3: a nibble of the
-						 * plane of elements 8(i/2) .. */
-						uint8_t v = (uint8_t)(pl[i / 2] >> (8 * bit + 4 * (i & 1)));
-						*mb = (uint8_t)((*mb & ~(0x0f << sh)) | ((v & 0x0f) << sh));
-					} else {
-						for (int k = 0; k < 4; k++)
-							x->qh[4 * i + k] |=
-								(uint8_t)(((*mb >> (sh + k)) & 1) << bit);
-					}
-				}
+				for (int h = 0; h < 2; h++)
+					x16_mask_nibble(pack, pc + j * 640 + 512 + 16 * i + 8 * h + r / 2,
+							pl, 2 * j + h, i, r, x->qh);
 		break;
 	}
 	case ENGINE_DTYPE_IQ4_XS: {
@@ -248,27 +263,13 @@ static inline __attribute__((always_inline)) void x16_block(uint32_t type, bool 
 		for (int h = 0; h < 2; h++)
 			for (int i = 0; i < 8; i++)
 				MOVE(x->qs + 32 * h + 4 * i, pc + 768 * h + 64 * i + 4 * r, 4);
-		uint8_t sh = (uint8_t)(4 * (r & 1));
 		uint64_t pl[4] = { 0 }; /* as Q5_K's */
-		if (pack)
-			for (int q = 0; q < 4; q++)
-				pl[q] = bit_planes8(x->hmask + 8 * q);
-		else
-			memset(x->hmask, 0, sizeof(x->hmask));
+		x16_masks_begin(pack, x->hmask, pl);
 		for (int h = 0; h < 2; h++)
 			for (int g = 0; g < 4; g++)
-				for (int i = 0; i < 8; i++) {
-					uint8_t *mb = pc + 768 * h + 512 + 64 * g + 8 * i + r / 2;
-					int bit = 4 * h + g;
-					if (pack) {
-						uint8_t v = (uint8_t)(pl[i / 2] >> (8 * bit + 4 * (i & 1)));
-						*mb = (uint8_t)((*mb & ~(0x0f << sh)) | ((v & 0x0f) << sh));
-					} else {
-						for (int k = 0; k < 4; k++)
-							x->hmask[4 * i + k] |=
-								(uint8_t)(((*mb >> (sh + k)) & 1) << bit);
-					}
-				}
+				for (int i = 0; i < 8; i++)
+					x16_mask_nibble(pack, pc + 768 * h + 512 + 64 * g + 8 * i + r / 2,
+							pl, 4 * h + g, i, r, x->hmask);
 		break;
 	}
 	case ENGINE_DTYPE_Q2_K: {
