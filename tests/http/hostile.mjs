@@ -5,17 +5,12 @@
 // EDGELM_EXPECT_JSON (the greedy text of the side stream, from the socket).
 // Prints "N passed, N failed".
 import net from "node:net";
-// the expected text as JSON: a shell would strip its trailing newlines
-const EXPECT = JSON.parse(process.env.EDGELM_EXPECT_JSON ?? "null");
+import { ok, ko, check, finishTests, EXPECT } from "./check.mjs";
 
 const url = new URL(process.env.EDGELM_HTTP);
 const host = url.hostname, port = Number(url.port);
 const key = process.env.EDGELM_KEY;
 const maxconn = Number(process.env.EDGELM_HTTP_MAXCONN || 64);
-let pass = 0, fail = 0;
-const ok = () => { pass++; };
-const ko = (msg) => { fail++; console.error("FAIL: " + msg); };
-const check = (cond, msg) => (cond ? ok() : ko(msg));
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // One raw exchange: write `data` (or pieces of it), read until the server
@@ -178,5 +173,4 @@ if (process.env.EDGELM_METRICS) {
   check(n === 0, `generations of clients that left still run: ${n}`);
 }
 await healthy("at the end");
-console.log(`${pass} passed, ${fail} failed`);
-process.exit(fail ? 1 : 0);
+finishTests();

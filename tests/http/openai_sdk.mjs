@@ -9,15 +9,12 @@
 // Prints "N passed, N failed".
 import OpenAI from "openai";
 import { execFileSync } from "node:child_process";
+import { ok, ko, check, finishTests } from "./check.mjs";
 
 const base = process.env.EDGELM_HTTP;
 const ctl = (args, input) =>
   JSON.parse(execFileSync(process.env.EDGELM_CTL,
     ["--socket", process.env.EDGELM_SOCK, "--json", ...args], { input }).toString().trim().split("\n").pop());
-let pass = 0, fail = 0;
-const ok = () => { pass++; };
-const ko = (msg) => { fail++; console.error("FAIL: " + msg); };
-const check = (cond, msg) => (cond ? ok() : ko(msg));
 
 async function expectError(what, fn, status, param) {
   try {
@@ -184,5 +181,4 @@ const aborted = (e) => e instanceof OpenAI.APIUserAbortError || e.name === "Abor
   await settles("non-streaming abort");
 }
 
-console.log(`${pass} passed, ${fail} failed`);
-process.exit(fail ? 1 : 0);
+finishTests();

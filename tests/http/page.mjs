@@ -7,13 +7,7 @@
 // Environment: EDGELM_HTTP, EDGELM_KEY, EDGELM_CHROMIUM (the browser).
 // Prints "N passed, N failed".
 import { chromium } from "playwright-core";
-// the expected text as JSON: a shell would strip its trailing newlines
-const EXPECT = JSON.parse(process.env.EDGELM_EXPECT_JSON ?? "null");
-
-let pass = 0, fail = 0;
-const ok = () => { pass++; };
-const ko = (msg) => { fail++; console.error("FAIL: " + msg); };
-const check = (cond, msg) => (cond ? ok() : ko(msg));
+import { ok, ko, check, finishTests, EXPECT } from "./check.mjs";
 
 const base = process.env.EDGELM_HTTP;
 const browser = await chromium.launch({ executablePath: process.env.EDGELM_CHROMIUM,
@@ -67,5 +61,4 @@ try {
 } finally {
   await browser.close();
 }
-console.log(`${pass} passed, ${fail} failed`);
-process.exit(fail ? 1 : 0);
+finishTests();

@@ -9,13 +9,7 @@ import puppeteer from "puppeteer-core";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-// the expected text as JSON: a shell would strip its trailing newlines
-const EXPECT = JSON.parse(process.env.EDGELM_EXPECT_JSON ?? "null");
-
-let pass = 0, fail = 0;
-const ok = () => { pass++; };
-const ko = (msg) => { fail++; console.error("FAIL: " + msg); };
-const check = (cond, msg) => (cond ? ok() : ko(msg));
+import { ok, ko, check, finishTests, EXPECT } from "./check.mjs";
 
 const base = process.env.EDGELM_HTTP;
 const profile = mkdtempSync(join(tmpdir(), "edgelm-ff-"));
@@ -75,5 +69,4 @@ try {
   await browser.close();
   rmSync(profile, { recursive: true, force: true });
 }
-console.log(`${pass} passed, ${fail} failed`);
-process.exit(fail ? 1 : 0);
+finishTests();

@@ -202,22 +202,22 @@ if [ $clients = yes ]; then
 		node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>process.stdout.write(JSON.stringify(JSON.parse(s).text)))')
 	export EDGELM_EXPECT_JSON
 	run_node hostile.mjs
+	# both browsers' answer: the socket's greedy chat text
+	EDGELM_EXPECT_JSON=$(echo "Hello there" | $CTL --json chat --temp 0 -n 16 |
+		node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>process.stdout.write(JSON.stringify(JSON.parse(s.trim().split("\n").pop()).text)))')
+	export EDGELM_EXPECT_JSON
 	CHROMIUM=${EDGELM_CHROMIUM:-$(command -v chromium || command -v chromium-browser || true)}
 	if [ -z "$CHROMIUM" ]; then
 		sk "chromium not installed (Debian's package chromium): the page was not tested in a browser"
 	else
-		EDGELM_EXPECT_JSON=$(echo "Hello there" | $CTL --json chat --temp 0 -n 16 |
-			node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>process.stdout.write(JSON.stringify(JSON.parse(s.trim().split("\n").pop()).text)))')
-		export EDGELM_EXPECT_JSON EDGELM_CHROMIUM=$CHROMIUM
+		export EDGELM_CHROMIUM=$CHROMIUM
 		run_node page.mjs
 	fi
 	FIREFOX=${EDGELM_FIREFOX:-$(command -v firefox-esr || command -v firefox || true)}
 	if [ -z "$FIREFOX" ]; then
 		sk "firefox not installed (Debian's package firefox-esr): the page was not tested in Firefox"
 	else
-		EDGELM_EXPECT_JSON=$(echo "Hello there" | $CTL --json chat --temp 0 -n 16 |
-			node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>process.stdout.write(JSON.stringify(JSON.parse(s.trim().split("\n").pop()).text)))')
-		export EDGELM_EXPECT_JSON EDGELM_FIREFOX=$FIREFOX
+		export EDGELM_FIREFOX=$FIREFOX
 		run_node page_firefox.mjs
 	fi
 	settles "after the clients"
