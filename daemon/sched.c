@@ -227,12 +227,11 @@ static void on_logits(struct sched *s, struct daemon_request *r, const float *lo
 	char lp_text[1 + IPC_MAX_TOP_LOGPROBS][128];
 	const char *lp_pieces[1 + IPC_MAX_TOP_LOGPROBS];
 	if (r->want_lp) {
-		struct engine_model_info mi;
-		engine_model_get_info(d->model, &mi);
 		int32_t top_ids[IPC_MAX_TOP_LOGPROBS];
 		float top_lps[IPC_MAX_TOP_LOGPROBS];
 		int nt = CM_MIN(r->n_top_lp, IPC_MAX_TOP_LOGPROBS);
-		lpe.tok.lp = engine_logprobs(logits, (int)mi.n_vocab, id, nt, top_ids, top_lps);
+		lpe.tok.lp = engine_logprobs(logits, engine_tokenizer_n_vocab(tok), id, nt, top_ids,
+					     top_lps);
 		lpe.n_top = 0;
 		for (int k = 0; k <= nt; k++) {
 			int32_t t = k == 0 ? id : top_ids[k - 1];

@@ -179,19 +179,36 @@ void store_lp_settle(struct daemon_request *r)
 		r->lp[r->lp_pending].text_end = (uint32_t)CM_MIN(r->gen_len, (size_t)UINT32_MAX - 1);
 }
 
+/* The first entry whose text ends after `at` (entries' ends never
+ * decrease: settled ones take gen_len as it grows, the pending ones after
+ * them are LP_PENDING). */
+static size_t lp_after(const struct daemon_request *r, uint64_t at)
+{
+	size_t lo = 0, hi = r->n_lp;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (r->lp[mid].text_end > at)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	return lo;
+}
+
 /* The logprobs a reply carries: entries whose text ends in (ack, upto],
  * or, once finished, every entry whose text ends after ack (text cut by a
- * stop string, held by the detokenizer). Copied into m (m->lp). */
+ * stop string, held by the detokenizer); a first poll (ack 0) takes the
+ * entries from the start. One range, found by bisection: a poll answered
+ * under the lock at every token must not walk the whole stream. Copied
+ * into m (m->lp). */
 static int reply_logprobs(struct outbox_msg *m, const struct daemon_request *r, uint64_t ack,
 			  uint64_t upto, bool done, const struct ipc_logprob **ret, size_t *ret_n)
 {
-	size_t n = 0, n_top = 0, bytes = 0;
-	for (size_t i = 0; i < r->n_lp; i++) {
+	size_t from = ack == 0 ? 0 : lp_after(r, ack);
+	size_t to = done ? r->n_lp : lp_after(r, upto);
+	size_t n = to > from ? to - from : 0, n_top = 0, bytes = 0;
+	for (size_t i = from; i < from + n; i++) {
 		const struct lp_entry *e = &r->lp[i];
-		uint64_t end = e->text_end;
-		if (!(end > ack || (ack == 0 && end == 0)) || (!done && end > upto))
-			continue;
-		n++;
 		n_top += e->n_top;
 		bytes += e->tok.len;
 		for (int k = 0; k < e->n_top; k++)
@@ -208,12 +225,8 @@ static int reply_logprobs(struct outbox_msg *m, const struct daemon_request *r, 
 	struct ipc_logprob *lp = (struct ipc_logprob *)mem;
 	struct ipc_logprob_top *tp = (struct ipc_logprob_top *)(lp + n);
 	char *txt = (char *)(tp + n_top);
-	size_t j = 0;
-	for (size_t i = 0; i < r->n_lp; i++) {
+	for (size_t i = from, j = 0; j < n; i++, j++) {
 		const struct lp_entry *e = &r->lp[i];
-		uint64_t end = e->text_end;
-		if (!(end > ack || (ack == 0 && end == 0)) || (!done && end > upto))
-			continue;
 		memcpy(txt, r->lp_pool + e->tok.off, e->tok.len);
 		lp[j] = (struct ipc_logprob){txt, e->tok.len, e->tok.lp, tp, e->n_top};
 		txt += e->tok.len;
@@ -222,7 +235,6 @@ static int reply_logprobs(struct outbox_msg *m, const struct daemon_request *r, 
 			*tp++ = (struct ipc_logprob_top){txt, e->top[k].len, e->top[k].lp};
 			txt += e->top[k].len;
 		}
-		j++;
 	}
 	cm_free(m->lp);
 	m->lp = mem;
