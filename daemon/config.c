@@ -20,6 +20,7 @@
  * quotes. A repeated key replaces the earlier value, except `listen`: its
  * lines add URLs (the first `listen` line of a file replaces the built-in
  * default). */
+#include "common/net.h"
 #include "daemon/config.h"
 #include "daemon/config_impl.h"
 #include "daemon/policy.h"
@@ -27,7 +28,6 @@
 
 #include "tuning/tuning.h"
 
-#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
@@ -236,34 +236,21 @@ static int check_chat_template(const char *v, struct cm_err *err)
 }
 
 /* ADDR:PORT or [ADDR6]:PORT with a numeric address (http/ binds it as
- * given: no name lookups in a daemon's start) or localhost. */
+ * given: no name lookups in a daemon's start) or localhost: what the HTTP
+ * front's parser takes, with IPv6 only in brackets (where the port cannot
+ * be read as part of the address) and a port of digits. */
 static int check_http_listen(const char *v, struct cm_err *err)
 {
-	char host[64];
 	const char *colon = strrchr(v, ':');
 	if (!colon || colon == v || !isdigit((unsigned char)colon[1]))
 		return cm_err_set(err, -EINVAL, "'%s' is not ADDR:PORT", v);
-	char *end;
-	errno = 0;
-	unsigned long port = strtoul(colon + 1, &end, 10);
-	if (*end || errno || port > 65535)
-		return cm_err_set(err, -EINVAL, "'%s': bad port", v);
-	size_t hl = (size_t)(colon - v);
-	const char *h = v;
-	if (v[0] == '[') {
-		if (hl < 3 || v[hl - 1] != ']')
-			return cm_err_set(err, -EINVAL, "'%s' is not [ADDR6]:PORT", v);
-		h = v + 1;
-		hl -= 2;
-	}
-	if (hl >= sizeof(host))
-		return cm_err_set(err, -EINVAL, "'%s': address too long", v);
-	memcpy(host, h, hl);
-	host[hl] = '\0';
-	unsigned char buf[16];
-	if (strcmp(host, "localhost") != 0 && inet_pton(AF_INET, host, buf) != 1 &&
-	    !(v[0] == '[' && inet_pton(AF_INET6, host, buf) == 1))
-		return cm_err_set(err, -EINVAL, "'%s': the address must be numeric (127.0.0.1, [::1]) or localhost", v);
+	struct sockaddr_storage ss;
+	bool v6;
+	if (cm_parse_addr_port(v, &ss, &v6) != 0 || (v6 && v[0] != '['))
+		return cm_err_set(err, -EINVAL,
+				  "'%s': the address must be numeric (127.0.0.1, [::1]) or localhost, "
+				  "the port 0-65535",
+				  v);
 	return 0;
 }
 

@@ -219,6 +219,19 @@ static void test_set(void)
 	CHECK_OK(daemon_config_set(&c, "metrics_listen", "[::1]:9000", &err));
 	CHECK_EQ_INT(daemon_config_set(&c, "metrics_listen", "9477", &err), -EINVAL);
 	CHECK_EQ_INT(daemon_config_set(&c, "metrics_listen", "0.0.0.0:99999", &err), -EINVAL);
+	/* http_listen: what the HTTP front binds (numeric or localhost, IPv6 in
+	 * brackets, a port of digits) */
+	static const char *const http_ok[] = {"127.0.0.1:8080", "localhost:0", "[::1]:8080",
+					       "0.0.0.0:80", "[127.0.0.1]:80"};
+	static const char *const http_bad[] = {"8080", ":8080", "host.example:80", "::1:8080",
+						"127.0.0.1:99999", "127.0.0.1:", "127.0.0.1:+80",
+						"[::1]8080", "[::1:80", "127.0.0.1:80x"};
+	for (size_t i = 0; i < CM_ARRAY_LEN(http_ok); i++)
+		CHECK_MSG(daemon_config_set(&c, "http_listen", http_ok[i], &err) == 0, "%s: %s",
+			  http_ok[i], err.msg);
+	for (size_t i = 0; i < CM_ARRAY_LEN(http_bad); i++)
+		CHECK_MSG(daemon_config_set(&c, "http_listen", http_bad[i], &err) == -EINVAL,
+			  "%s accepted", http_bad[i]);
 	CHECK_EQ_INT(daemon_config_set(&c, "state_file", "tuning.state", &err), -EINVAL);
 	CHECK_EQ_INT(daemon_config_set(&c, "metrics_textfile", "x.prom", &err), -EINVAL);
 	CHECK_OK(daemon_config_set(&c, "metrics_textfile", "", &err));
