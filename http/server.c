@@ -297,6 +297,15 @@ static json_t *core_simple(struct hreq *q, const char *op)
 	return core_call(q, json, (size_t)n);
 }
 
+/* The model's id as /v1/models lists it and responses name it: the file's
+ * name without its directory, from an info reply. */
+static const char *model_id(const json_t *info)
+{
+	const char *m = json_string_value(json_object_get(info, "model"));
+	const char *slash = m ? strrchr(m, '/') : NULL;
+	return slash ? slash + 1 : m ? m : "edgelm";
+}
+
 static void model_name(struct hreq *q)
 {
 	struct http_front *h = q->h;
@@ -309,10 +318,7 @@ static void model_name(struct hreq *q)
 	if (fresh)
 		return;
 	json_t *j = core_simple(q, "info");
-	const char *m = json_string_value(json_object_get(j, "model"));
-	/* the file's name without its directory: what /v1/models lists */
-	const char *slash = m ? strrchr(m, '/') : NULL;
-	snprintf(q->model, sizeof(q->model), "%s", slash ? slash + 1 : m ? m : "edgelm");
+	snprintf(q->model, sizeof(q->model), "%s", model_id(j));
 	pthread_mutex_lock(&h->mu);
 	snprintf(h->model, sizeof(h->model), "%s", q->model);
 	h->model_ns = now;
@@ -349,10 +355,8 @@ static enum MHD_Result do_models(struct hreq *q)
 		json_decref(j);
 		return send_err(q, &e);
 	}
-	const char *m = json_string_value(json_object_get(j, "model"));
-	const char *slash = m ? strrchr(m, '/') : NULL;
 	json_t *model = json_pack(
-	    "{s:s,s:s,s:I,s:s,s:O*,s:O*,s:O*}", "id", slash ? slash + 1 : m ? m : "edgelm",
+	    "{s:s,s:s,s:I,s:s,s:O*,s:O*,s:O*}", "id", model_id(j),
 	    "object", "model", "created", (json_int_t)0, "owned_by", "edgelm", "architecture",
 	    json_object_get(j, "architecture"), "context_length", json_object_get(j, "n_ctx"),
 	    "quantization", json_object_get(j, "quant_types"));
