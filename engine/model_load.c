@@ -207,6 +207,10 @@ static int load_hparams_arch(struct loader *L)
 	hp->rope_base_local = 0;
 	if (hp->arch == ARCH_PHI3)
 		return phi3_window(L);
+	/* Mistral v0.1: one window on every layer (llama.cpp ignores it and
+	 * drifts once a sequence outgrows it); 0 or absent: full attention */
+	if (hp->arch == ARCH_LLAMA)
+		return hp_u32(L, "attention.sliding_window", false, 0, &hp->n_swa);
 	if (hp->arch != ARCH_GEMMA && hp->arch != ARCH_GEMMA2 && hp->arch != ARCH_GEMMA3)
 		return 0;
 	/* The files store the norms' 1 + w already: plain RMSNorm multiplies. */
@@ -241,6 +245,7 @@ static int load_hparams_arch(struct loader *L)
 static uint32_t layer_window(const struct hparams *hp, uint32_t il)
 {
 	switch (hp->arch) {
+	case ARCH_LLAMA:
 	case ARCH_PHI3: return hp->n_swa;                            /* every layer */
 	case ARCH_GEMMA2: return il % 2 == 0 ? hp->n_swa : 0;        /* even layers */
 	case ARCH_GEMMA3: return (il + 1) % 6 != 0 ? hp->n_swa : 0;  /* 5 of each 6 */

@@ -1,4 +1,5 @@
-/* tests/unit/test_engine_archs_ref.c: the phi3 and gemma-family math of the engine
+/* tests/unit/test_engine_archs_ref.c: the phi3 and gemma-family math of the engine,
+ * and llama's sliding window (Mistral v0.1),
  * against a plain reference written here from gguf-formats §4.3-4.4.
  *
  * Each case takes a small shape from `edgelm-gguf mkmodel` (F32, synthetic
@@ -23,7 +24,7 @@
 
 #include <unistd.h>
 
-enum ref_arch { R_PHI3, R_GEMMA, R_GEMMA2, R_GEMMA3 };
+enum ref_arch { R_PHI3, R_GEMMA, R_GEMMA2, R_GEMMA3, R_LLAMA };
 
 /* Deliberate mistakes, for the reference only. */
 enum {
@@ -229,7 +230,7 @@ static int build(const struct ref_case *rc, const struct damage *dm, const char 
 		gguf_writer_remove(w, dm->drop_key);
 
 	/* fresh values for every tensor of the shape */
-	bool gemma = rc->kind != R_PHI3;
+	bool gemma = rc->kind != R_PHI3 && rc->kind != R_LLAMA;
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
 		const struct gguf_tensor *gt = &f->tensors[i];
 		struct ref_tensor *t = ref_add(M, gt->name, gt->ne[0], gt->ne[1]);
@@ -308,7 +309,8 @@ static int ref_window(const struct ref_model *M, int l, unsigned mut)
 {
 	bool sliding;
 	switch (M->arch) {
-	case R_PHI3: sliding = true; break;
+	case R_PHI3:
+	case R_LLAMA: sliding = true; break;
 	case R_GEMMA2: sliding = (mut & M_WINDOW_ODD) ? l % 2 == 1 : l % 2 == 0; break;
 	case R_GEMMA3: sliding = (l + 1) % 6 != 0; break;
 	default: sliding = false;
@@ -318,9 +320,10 @@ static int ref_window(const struct ref_model *M, int l, unsigned mut)
 	return M->n_swa + ((mut & M_WINDOW_PLUS_ONE) ? 1 : 0);
 }
 
-/* NEOX rope on n_heads vectors of HD at position p. */
+/* NEOX rope (NORM: adjacent pairs, llama) on n_heads vectors of HD at
+ * position p. */
 static void ref_rope(double *v, int n_heads, int HD, int p, double base, const float *div,
-                     double freq_scale, double mscale)
+                     double freq_scale, double mscale, bool norm)
 {
 	int half = HD / 2;
 	for (int h = 0; h < n_heads; h++) {
@@ -330,9 +333,10 @@ static void ref_rope(double *v, int n_heads, int HD, int p, double base, const f
 			if (div)
 				th /= div[i];
 			double c = cos(th) * mscale, s = sin(th) * mscale;
-			double a = x[i], b = x[i + half];
-			x[i] = a * c - b * s;
-			x[i + half] = a * s + b * c;
+			int ia = norm ? 2 * i : i, ib = norm ? 2 * i + 1 : i + half;
+			double a = x[ia], b = x[ib];
+			x[ia] = a * c - b * s;
+			x[ib] = a * s + b * c;
 		}
 	}
 }
@@ -354,7 +358,7 @@ static void ref_forward(const struct ref_model *M, unsigned mut, const int32_t *
 {
 	const int E = M->E, H = M->H, HKV = M->HKV, HD = M->HD, F = M->F, V = M->V;
 	const int QD = H * HD, KD = HKV * HD;
-	const bool phi3 = M->arch == R_PHI3, gemma = !phi3;
+	const bool phi3 = M->arch == R_PHI3, llama = M->arch == R_LLAMA, gemma = !phi3 && !llama;
 	double *x = calloc((size_t)T * E, sizeof(double));
 	double *h = calloc((size_t)E, sizeof(double));
 	double *q = calloc((size_t)T * QD, sizeof(double));
@@ -414,8 +418,8 @@ static void ref_forward(const struct ref_model *M, unsigned mut, const int32_t *
 					ref_rmsnorm(kt + hh * HD, kt + hh * HD,
 					            W(M, "blk.%d.attn_k_norm.weight", l), HD, M->eps, mut);
 			}
-			ref_rope(qt, H, HD, t, base, div, fs, mscale);
-			ref_rope(kt, HKV, HD, t, base, div, fs, mscale);
+			ref_rope(qt, H, HD, t, base, div, fs, mscale, llama);
+			ref_rope(kt, HKV, HD, t, base, div, fs, mscale, llama);
 		}
 		for (int t = 0; t < T; t++) {
 			for (int hh = 0; hh < H; hh++) {
@@ -668,6 +672,16 @@ static void test_ref_gemma3(void)
 	run_case(&rc, 11);
 }
 
+/* Mistral v0.1: llama with a window on every layer, 8 keys over the
+ * 10-token prompt (without the key the logits differ: M_NO_WINDOW). */
+static void test_ref_llama_window(void)
+{
+	static const struct ref_case rc = {
+	    .shape = "small", .arch = "llama", .kind = R_LLAMA, .n_layer = 2, .n_swa = 8,
+	    .mutations = M_NO_WINDOW | M_WINDOW_PLUS_ONE};
+	run_case(&rc, 13);
+}
+
 /* ---- refusals ------------------------------------------------------------ */
 
 static void expect_refused(const struct ref_case *rc, const struct damage *dm, const char *want)
@@ -747,6 +761,7 @@ int main(void)
 	TEST_RUN(test_ref_gemma);
 	TEST_RUN(test_ref_gemma2);
 	TEST_RUN(test_ref_gemma3);
+	TEST_RUN(test_ref_llama_window);
 	TEST_RUN(test_refusals);
 	return test_finish();
 }
