@@ -192,6 +192,12 @@ void engine_seq_truncate(engine_ctx *c, int seq, int pos);
 int engine_seq_len(const engine_ctx *c, int seq);
 /* Copy sequence src's first n KV positions into dst (prefix reuse). */
 int engine_seq_copy(engine_ctx *c, int dst, int src, int n);
+/* Context shift: drop KV positions [n_keep, n_keep + n_discard) of a
+ * sequence and move the later ones down by n_discard, their keys re-rotated
+ * to the new positions (docs/engine.md, "Context shift"); the sequence's
+ * length drops by n_discard. Any KV type (q8_0 is requantized). -EINVAL for
+ * a range beyond the sequence; the logits of the last decode are stale. */
+int engine_seq_shift(engine_ctx *c, int seq, int n_keep, int n_discard, struct cm_err *err);
 
 /* Convenience for one sequence: feed tokens[0..n) at pos.. into seq 0 in
  * chunks of n_batch (prefill in chunks: the scratch buffers are sized for

@@ -116,13 +116,12 @@ static void act_range(engine_ctx *c, int64_t i0, int64_t i1, const void *varg)
 		c->hb[i] = gelu(c->hb[i]) * c->hb2[i];
 }
 
-/* local: gemma3's sliding layers, with their own tables */
-static void rope_apply(const engine_ctx *c, float *v, int n_heads, int pos, bool local)
+/* Rotate the first n_rot dimensions of n_heads head vectors at v by the
+ * angles whose cosines and sines are cs[], sn[] (n_rot / 2 each). */
+static void rope_rotate(const struct hparams *hp, float *v, int n_heads, const float *cs,
+			const float *sn)
 {
-	const struct hparams *hp = &c->m->hp;
 	int half = (int)hp->n_rot / 2;
-	const float *cs = (local ? c->rope_cos_local : c->rope_cos) + (size_t)pos * half;
-	const float *sn = (local ? c->rope_sin_local : c->rope_sin) + (size_t)pos * half;
 	for (int h = 0; h < n_heads; h++) {
 		float *x = v + (size_t)h * hp->head_dim;
 		int i = 0;
@@ -141,6 +140,15 @@ static void rope_apply(const engine_ctx *c, float *v, int n_heads, int pos, bool
 			x[ib] = a * sn[i] + b * cs[i];
 		}
 	}
+}
+
+/* local: gemma3's sliding layers, with their own tables */
+static void rope_apply(const engine_ctx *c, float *v, int n_heads, int pos, bool local)
+{
+	size_t half = c->m->hp.n_rot / 2;
+	rope_rotate(&c->m->hp, v, n_heads,
+		    (local ? c->rope_cos_local : c->rope_cos) + (size_t)pos * half,
+		    (local ? c->rope_sin_local : c->rope_sin) + (size_t)pos * half);
 }
 
 /* kv_store() pads each head through c->kv_pad (Q8_0 cache, head_dim not a
@@ -174,6 +182,31 @@ static void kv_store(engine_ctx *c, uint8_t *dst, const float *x)
 	}
 	default:
 		memcpy(dst, x, kvd * sizeof(float));
+		break;
+	}
+}
+
+/* kv_store's inverse: one cached K or V row (all heads) into x as floats. */
+static void kv_load(engine_ctx *c, const uint8_t *src, float *x)
+{
+	const struct hparams *hp = &c->m->hp;
+	size_t hd = hp->head_dim, kvd = hd * hp->n_head_kv;
+	switch (c->kv_type) {
+	case ENGINE_KV_F16:
+		quant_dequantize_row(ENGINE_DTYPE_F16, src, x, (int64_t)kvd);
+		break;
+	case ENGINE_KV_Q8_0: {
+		int64_t padded = (int64_t)(c->kv_head_bytes / sizeof(struct block_q8_0)) * QK8_0;
+		for (uint32_t h = 0; h < hp->n_head_kv; h++) {
+			quant_dequantize_row(ENGINE_DTYPE_Q8_0, src + h * c->kv_head_bytes,
+					     c->kv_pad, padded);
+			memcpy(x + h * hd, c->kv_pad, hd * sizeof(float));
+		}
+		memset(c->kv_pad, 0, (size_t)padded * sizeof(float)); /* kv_store's zero tail */
+		break;
+	}
+	default:
+		memcpy(x, src, kvd * sizeof(float));
 		break;
 	}
 }
@@ -574,4 +607,60 @@ int engine_eval(engine_ctx *c, const int32_t *tokens, int n, int pos, struct cm_
 const float *engine_get_logits_last(const engine_ctx *c)
 {
 	return c->last_logits;
+}
+
+/* RoPE makes a score depend on the two positions only through their
+ * difference, and rotations compose: a key rotated for position p and then
+ * by -d is the key for p - d. Every variant the engine has (adjacent pairs
+ * or halves, base and linear scale, per-dimension divisors, gemma3's local
+ * tables) is a per-pair angle theta_i times the position, so row d of the
+ * tables, conjugated and with the attn_factor (mscale) taken out, undoes d
+ * positions of each. Only K moves through floats: V is position-free. */
+int engine_seq_shift(engine_ctx *c, int seq, int n_keep, int n_discard, struct cm_err *err)
+{
+	const struct hparams *hp = &c->m->hp;
+	if (seq < 0 || (uint32_t)seq >= c->n_seq)
+		return cm_err_set(err, -EINVAL, "shift: sequence %d out of range", seq);
+	int len = c->seq_len[seq];
+	if (n_keep < 0 || n_discard < 0 || n_discard > len - n_keep)
+		return cm_err_set(err, -EINVAL, "shift: keep %d, discard %d of %d positions",
+				  n_keep, n_discard, len);
+	if (!(hp->rope_attn_factor > 0))
+		return cm_err_set(err, -ENOTSUP, "shift: rope attn_factor %g cannot be undone",
+				  (double)hp->rope_attn_factor);
+	if (n_discard == 0)
+		return 0;
+	/* cos, -sin of n_discard positions, global and local tables, in
+	 * the batch's query scratch (n_batch x n_head x head_dim floats) */
+	size_t half = hp->n_rot / 2;
+	float *rot = c->q, *krow = c->k;
+	if ((size_t)c->n_batch * hp->n_head * hp->head_dim < 4 * half)
+		return cm_err_set(err, -ENOTSUP, "shift: no scratch for the rope tables");
+	float inv = 1.0f / hp->rope_attn_factor;
+	for (size_t i = 0; i < half; i++) {
+		rot[i] = c->rope_cos[(size_t)n_discard * half + i] * inv;
+		rot[half + i] = -c->rope_sin[(size_t)n_discard * half + i] * inv;
+		if (c->rope_cos_local) { /* built with mscale 1 (ctx.c) */
+			rot[2 * half + i] = c->rope_cos_local[(size_t)n_discard * half + i];
+			rot[3 * half + i] = -c->rope_sin_local[(size_t)n_discard * half + i];
+		}
+	}
+	int from = n_keep + n_discard, n_move = len - from;
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		const float *cs = rot + (c->m->layers[l].rope_local ? 2 * half : 0);
+		size_t base = (size_t)seq * c->kv_seq_stride + l * c->kv_layer_stride;
+		uint8_t *kc = c->k_cache + base, *vc = c->v_cache + base;
+		memmove(kc + (size_t)n_keep * c->kv_row_bytes, kc + (size_t)from * c->kv_row_bytes,
+			(size_t)n_move * c->kv_row_bytes);
+		memmove(vc + (size_t)n_keep * c->kv_row_bytes, vc + (size_t)from * c->kv_row_bytes,
+			(size_t)n_move * c->kv_row_bytes);
+		for (int p = n_keep; p < n_keep + n_move; p++) {
+			uint8_t *row = kc + (size_t)p * c->kv_row_bytes;
+			kv_load(c, row, krow);
+			rope_rotate(hp, krow, (int)hp->n_head_kv, cs, cs + half);
+			kv_store(c, row, krow);
+		}
+	}
+	c->seq_len[seq] = len - n_discard;
+	return 0;
 }
