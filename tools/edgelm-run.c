@@ -183,6 +183,8 @@ static char *read_file(const char *path, size_t *ret_len)
 static int top_logits(const float *l, int n, int k, int32_t *ids)
 {
 	int m = 0;
+	if (k <= 0) /* --top-logits 0: the walk below would index ids[-1] */
+		return 0;
 	for (int i = 0; i < n; i++) {
 		float v = l[i];
 		if (isnan(v))

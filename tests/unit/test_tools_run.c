@@ -228,6 +228,23 @@ static void test_bias_ignore_eos(void)
 	free(out);
 }
 
+/* --top-logits 0 --json gives empty "top" lists; it indexed ids[-1] and
+ * died with heap corruption. */
+static void test_top_logits_zero(void)
+{
+	const char *m = test_data_path("models/stories260K-f32.gguf");
+	if (!test_file_exists(m)) {
+		TEST_SKIP_DATA("no %s", m);
+		return;
+	}
+	char cmd[16384], *out = NULL;
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Once' -n 3 --temp 0 -q --json --top-logits 0",
+		 bin(), m);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
+	CHECK_MSG(count_lines(out) == 3 && strstr(out, "\"top\":[]}\n"), "%s", out);
+	free(out);
+}
+
 static void test_usage_errors(void)
 {
 	char cmd[16384], *out = NULL;
@@ -276,6 +293,7 @@ int main(void)
 	TEST_RUN(test_json_mode);
 	TEST_RUN(test_tokenize_mode);
 	TEST_RUN(test_bias_ignore_eos);
+	TEST_RUN(test_top_logits_zero);
 	TEST_RUN(test_usage_errors);
 	json_decref(ref);
 	return test_finish();
