@@ -196,7 +196,7 @@ int engine_seq_copy(engine_ctx *c, int dst, int src, int n);
  * sequence and move the later ones down by n_discard, their keys re-rotated
  * to the new positions (docs/engine.md, "Context shift"); the sequence's
  * length drops by n_discard. Any KV type (q8_0 is requantized). -EINVAL for
- * a range beyond the sequence; the logits of the last decode are stale. */
+ * a range beyond the sequence. The last decode's logits stay as they were. */
 int engine_seq_shift(engine_ctx *c, int seq, int n_keep, int n_discard, struct cm_err *err);
 
 /* Convenience for one sequence: feed tokens[0..n) at pos.. into seq 0 in

@@ -77,6 +77,10 @@ static void usage(FILE *o)
 		"      --logit-bias ID=BIAS  add BIAS (-100..100) to token ID's logit before\n"
 		"                         sampling; -100 bans it (repeatable)\n"
 		"      --ignore-eos       go on past end-of-text tokens until -n or the context\n"
+		"      --context-shift    when the context is full, drop half of the tokens\n"
+		"                         after the kept ones and go on (until -n)\n"
+		"      --keep N           tokens a context shift keeps at the start (default:\n"
+		"                         the BOS only; -1: the whole prompt)\n"
 		"  -q, --quiet            no timings on stderr\n"
 		"  -h, --help\n",
 		DEFAULT_BATCH, engine_kv_type_list(), engine_kv_type_name(ENGINE_KV_DEFAULT));
@@ -105,6 +109,8 @@ enum {
 	OPT_BIAS,
 	OPT_REPACK_CACHE,
 	OPT_IGNORE_EOS,
+	OPT_CONTEXT_SHIFT,
+	OPT_KEEP,
 };
 
 static const struct option long_opts[] = {
@@ -129,6 +135,8 @@ static const struct option long_opts[] = {
 	{"repack", required_argument, NULL, OPT_REPACK},
 	{"repack-cache", required_argument, NULL, OPT_REPACK_CACHE},
 	{"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
+	{"context-shift", no_argument, NULL, OPT_CONTEXT_SHIFT},
+	{"keep", required_argument, NULL, OPT_KEEP},
 	{"json", no_argument, NULL, OPT_JSON},
 	{"top-logits", required_argument, NULL, OPT_TOPL},
 	{"tokenize", no_argument, NULL, OPT_TOKENIZE},
@@ -347,8 +355,9 @@ struct run_opts {
 	float bias[MAX_BIAS];
 	int n_bias;
 	long n_predict, n_threads, ctx, top_n, n_batch;
+	long keep; /* --keep; -2: the BOS only */
 	enum engine_kv_type kv_type;
-	bool json, tokenize_only, special, quiet, seed_set, ignore_eos;
+	bool json, tokenize_only, special, quiet, seed_set, ignore_eos, context_shift;
 	struct engine_sampler_params sp;
 };
 
@@ -373,6 +382,7 @@ static int run_opts_parse(int argc, char **argv, struct run_opts *o)
 		.top_n = 8,
 		.n_batch = DEFAULT_BATCH,
 		.kv_type = ENGINE_KV_DEFAULT,
+		.keep = -2,
 	};
 	long lastn = 64;
 	engine_sampler_params_default(&o->sp);
@@ -424,6 +434,8 @@ static int run_opts_parse(int argc, char **argv, struct run_opts *o)
 		case OPT_REPACK: o->repack = optarg; break;
 		case OPT_REPACK_CACHE: o->repack_cache = optarg; break;
 		case OPT_IGNORE_EOS: o->ignore_eos = true; break;
+		case OPT_CONTEXT_SHIFT: o->context_shift = true; break;
+		case OPT_KEEP: bad = tools_parse_long(optarg, -1, 1 << 24, &o->keep); break;
 		case OPT_JSON: o->json = true; break;
 		case OPT_TOPL: bad = tools_parse_long(optarg, 0, 1 << 20, &o->top_n); break;
 		case OPT_TOKENIZE: o->tokenize_only = true; break;
@@ -687,8 +699,33 @@ static void print_token_json(const struct run_opts *o, const struct run *r, int3
 	fputs("]}\n", stdout);
 }
 
-/* Sample, print, evaluate, until -n, the context's end, an end-of-generation
- * token or a stop string. */
+/* --context-shift with a full context: keep the first tokens (--keep), drop
+ * half of the rest and move *pos down; false when nothing can go. */
+static bool run_shift(const struct run_opts *o, struct run *r, int *pos)
+{
+	struct cm_err err = {0};
+	int n_keep = o->keep == -1 ? r->n_ids : (int)o->keep;
+	if (o->keep == -2) /* the BOS, if the prompt starts with one */
+		n_keep = r->ids[0] == engine_tokenizer_bos(r->tok) ? 1 : 0;
+	int n_discard = (*pos - n_keep) / 2;
+	if (n_discard < 1) {
+		fprintf(stderr, "edgelm-run: context full; --keep %d leaves nothing to drop\n",
+			n_keep);
+		return false;
+	}
+	if (engine_seq_shift(r->cx, 0, n_keep, n_discard, &err) != 0) {
+		fprintf(stderr, "edgelm-run: %s\n", err.msg);
+		return false;
+	}
+	if (!o->quiet)
+		fprintf(stderr, "edgelm-run: context shift: kept %d, dropped %d tokens\n", n_keep,
+			n_discard);
+	*pos -= n_discard;
+	return true;
+}
+
+/* Sample, print, evaluate, until -n, the context's end (unless
+ * --context-shift), an end-of-generation token or a stop string. */
 static int run_generate(const struct run_opts *o, struct run *r)
 {
 	struct cm_err err = {0};
@@ -704,7 +741,7 @@ static int run_generate(const struct run_opts *o, struct run *r)
 	}
 	int pos = r->n_ids;
 	double t2 = cm_now();
-	while (r->n_gen < o->n_predict && (uint32_t)pos < r->info.n_ctx) {
+	while (r->n_gen < o->n_predict && ((uint32_t)pos < r->info.n_ctx || o->context_shift)) {
 		const float *logits = engine_get_logits_last(r->cx);
 		int32_t id = engine_sampler_sample(r->smp, logits);
 		engine_sampler_accept(r->smp, id);
@@ -718,6 +755,8 @@ static int run_generate(const struct run_opts *o, struct run *r)
 		if ((eog && !o->ignore_eos) || stop)
 			break;
 		if (r->n_gen >= o->n_predict)
+			break;
+		if ((uint32_t)pos >= r->info.n_ctx && o->context_shift && !run_shift(o, r, &pos))
 			break;
 		if (engine_eval(r->cx, &id, 1, pos, &err) != 0) {
 			fprintf(stderr, "edgelm-run: %s\n", err.msg);

@@ -228,6 +228,41 @@ static void test_bias_ignore_eos(void)
 	free(out);
 }
 
+/* --context-shift: a generation of 100 tokens in a context of 32 goes on
+ * (--ignore-eos), and its first tokens are those of the run that stops at
+ * the context; --keep bounds what a shift may keep. */
+static void test_context_shift(void)
+{
+	const char *m = test_data_path("models/stories260K-f32.gguf");
+	if (!test_file_exists(m)) {
+		TEST_SKIP_DATA("no %s", m);
+		return;
+	}
+	char cmd[16384], *full = NULL, *shifted = NULL, *out = NULL;
+	const char *common = "-p 'Once upon a time' -c 32 -n 100 --temp 0 -q --json "
+			     "--top-logits 0 --ignore-eos";
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' %s", bin(), m, common);
+	CHECK_EQ_INT(test_run_capture(cmd, &full), 0);
+	/* 5 prompt tokens: one token for each of the 27 free positions */
+	CHECK_MSG(count_lines(full) == 27, "%d lines", count_lines(full));
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' %s --context-shift", bin(), m, common);
+	CHECK_EQ_INT(test_run_capture(cmd, &shifted), 0);
+	CHECK_MSG(count_lines(shifted) == 100, "%d lines", count_lines(shifted));
+	CHECK(full && shifted && strncmp(full, shifted, strlen(full)) == 0);
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' %s --context-shift --keep -1", bin(), m, common);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
+	CHECK_MSG(count_lines(out) == 100, "%d lines", count_lines(out));
+	free(out);
+	/* keeping 31 of 32 leaves nothing to drop: it stops at the context */
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' %s --context-shift --keep 31 2>&1", bin(), m,
+		 common);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
+	CHECK(out && strstr(out, "leaves nothing to drop") != NULL);
+	free(out);
+	free(full);
+	free(shifted);
+}
+
 /* --top-logits 0 --json gives empty "top" lists; it indexed ids[-1] and
  * died with heap corruption. */
 static void test_top_logits_zero(void)
@@ -294,6 +329,7 @@ int main(void)
 	TEST_RUN(test_tokenize_mode);
 	TEST_RUN(test_bias_ignore_eos);
 	TEST_RUN(test_top_logits_zero);
+	TEST_RUN(test_context_shift);
 	TEST_RUN(test_usage_errors);
 	json_decref(ref);
 	return test_finish();
