@@ -39,6 +39,8 @@ struct daemon_config {
 	uint32_t queue_size;        /* requests waiting for a slot; beyond: queue_full */
 	uint32_t max_tokens_default; /* when the request gives none */
 	uint32_t max_tokens_limit;   /* upper bound of a request's max_tokens */
+	bool context_shift;          /* a full context drops tokens instead of finishing */
+	int context_keep;            /* tokens a shift keeps; -1: system prompt + BOS */
 	uint32_t stream_idle_ms;     /* a stream not polled this long is cancelled */
 	uint32_t deadline_ms_default; /* 0: none */
 	uint32_t drain_timeout_ms;   /* SIGTERM: let running requests finish this long */

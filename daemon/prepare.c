@@ -9,32 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Render a chat's messages with the model's template (model_lock held). */
-static int render_chat(struct daemon *d, const struct ipc_request *q, struct daemon_request *r,
-		       struct cm_err *err)
-{
-	enum engine_chat_format f;
-	struct engine_chat_msg *msgs = cm_calloc(q->n_messages ? q->n_messages : 1, sizeof(*msgs));
-	if (!msgs)
-		return cm_err_set(err, -ENOMEM, "out of memory");
-	for (size_t i = 0; i < q->n_messages; i++) {
-		msgs[i].role = (enum engine_chat_role)q->messages[i].role;
-		msgs[i].content = q->messages[i].content;
-		msgs[i].len = q->messages[i].content_len;
-	}
-	int rc = engine_chat_detect(d->model, d->cfg.chat_template, &f, err);
-	if (rc == 0)
-		rc = engine_chat_render(f, msgs, q->n_messages, true, &r->prompt_text,
-					&r->prompt_text_len, err);
-	cm_free(msgs);
-	if (rc == -ENOTSUP)
-		rc = cm_err_set(err, -EOPNOTSUPP, "%s", err->msg);
-	return rc;
-}
-
-/* Tokenize r's prompt text and check it against the context (model_lock
- * held); the sampler is made here too, so admission only places it. */
-static int tokenize_prompt(struct daemon *d, struct daemon_request *r, struct cm_err *err)
+/* Tokenize r's prompt text into r->prompt (model_lock held). */
+static int tokenize_text(struct daemon *d, struct daemon_request *r, struct cm_err *err)
 {
 	const engine_tokenizer *tok = engine_model_tokenizer(d->model);
 	int cap = (int)CM_MIN(r->prompt_text_len + 8, (size_t)1 << 24), n = 0;
@@ -49,6 +25,75 @@ static int tokenize_prompt(struct daemon *d, struct daemon_request *r, struct cm
 	if (rc)
 		return rc;
 	r->n_prompt = n;
+	int32_t bos = engine_tokenizer_bos(tok);
+	r->n_keep_auto = n > 0 && bos >= 0 && r->prompt[0] == bos ? 1 : 0;
+	return 0;
+}
+
+/* Render the messages whose keep[] is set into r->prompt_text and tokenize
+ * them (model_lock held). */
+static int render_tokenize(struct daemon *d, enum engine_chat_format f,
+			   const struct engine_chat_msg *all, const bool *keep, size_t n,
+			   bool gen_prompt, struct engine_chat_msg *msgs, struct daemon_request *r,
+			   struct cm_err *err)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		if (keep[i])
+			msgs[k++] = all[i];
+	cm_free(r->prompt_text);
+	r->prompt_text = NULL;
+	int rc = engine_chat_render(f, msgs, k, gen_prompt, &r->prompt_text, &r->prompt_text_len,
+				    err);
+	if (rc == -ENOTSUP)
+		return cm_err_set(err, -EOPNOTSUPP, "%s", err->msg);
+	return rc ? rc : tokenize_text(d, r, err);
+}
+
+/* The chat rendered with the model's template and tokenized (model_lock
+ * held). r->n_keep_auto becomes the tokens the system messages alone render to
+ * (BOS included), as far as they are the prompt's start. */
+static int prepare_chat(struct daemon *d, const struct ipc_request *q, struct daemon_request *r,
+			struct cm_err *err)
+{
+	enum engine_chat_format f;
+	size_t n = q->n_messages;
+	struct engine_chat_msg *all = cm_calloc(2 * (n ? n : 1), sizeof(*all)), *msgs = all + n;
+	bool *keep = cm_calloc(n ? n : 1, sizeof(*keep));
+	struct daemon_request sys = {.parse_special = true};
+	int rc = all && keep ? engine_chat_detect(d->model, d->cfg.chat_template, &f, err)
+			     : cm_err_set(err, -ENOMEM, "out of memory");
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		all[i] = (struct engine_chat_msg){(enum engine_chat_role)q->messages[i].role,
+						  q->messages[i].content,
+						  q->messages[i].content_len};
+		keep[i] = true;
+	}
+	if (rc == 0)
+		rc = render_tokenize(d, f, all, keep, n, true, msgs, r, err);
+	if (rc == 0) {
+		int n_sys = 0;
+		for (size_t i = 0; i < n; i++)
+			n_sys += (keep[i] = all[i].role == ENGINE_CHAT_SYSTEM);
+		if (n_sys && render_tokenize(d, f, all, keep, n, false, msgs, &sys, err) == 0) {
+			int k = 0;
+			while (k < sys.n_prompt && k < r->n_prompt && sys.prompt[k] == r->prompt[k])
+				k++;
+			r->n_keep_auto = CM_MAX(r->n_keep_auto, k);
+		}
+	}
+	cm_free(sys.prompt_text);
+	cm_free(sys.prompt);
+	cm_free(all);
+	cm_free(keep);
+	return rc;
+}
+
+/* Check r's tokens against the context (model_lock held); the sampler is
+ * made here too, so admission only places it. */
+static int tokenize_prompt(struct daemon *d, struct daemon_request *r, struct cm_err *err)
+{
+	int n = r->n_prompt;
 	if (n == 0)
 		return cm_err_set(err, -EINVAL, "the prompt is empty and the model adds no BOS");
 	if ((uint32_t)n >= d->cfg.ctx_size)
@@ -69,6 +114,7 @@ void ops_prepare(void *arg)
 	struct daemon *d = s->d;
 	struct cm_err err = {0};
 	int rc = 0;
+	bool tokenized = false;
 
 	pthread_rwlock_rdlock(&s->model_lock);
 	uint64_t gen = s->model_gen;
@@ -77,7 +123,8 @@ void ops_prepare(void *arg)
 		const struct ipc_request *q = ipc_call_request(r->call);
 		if (q->op == IPC_OP_CHAT) {
 			r->parse_special = true;
-			rc = render_chat(d, q, r, &err);
+			rc = prepare_chat(d, q, r, &err);
+			tokenized = true;
 		} else if (!(r->prompt_text = cm_strndup(q->prompt ? q->prompt : "", q->prompt_len))) {
 			rc = cm_err_set(&err, -ENOMEM, "out of memory");
 		} else {
@@ -87,6 +134,8 @@ void ops_prepare(void *arg)
 		    strstr(r->prompt_text, "__edgelm_test_stall__"))
 			r->stall = true;
 	}
+	if (rc == 0 && !tokenized)
+		rc = tokenize_text(d, r, &err);
 	if (rc == 0)
 		rc = tokenize_prompt(d, r, &err);
 	pthread_rwlock_unlock(&s->model_lock);

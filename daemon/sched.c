@@ -95,6 +95,8 @@ static void admit(struct sched *s, struct outbox_list *out)
 		r->slot = best;
 		r->n_fed = reuse;
 		r->n_cached = reuse;
+		r->n_shifted = 0;
+		r->n_keep = d->cfg.context_keep < 0 ? r->n_keep_auto : d->cfg.context_keep;
 		r->state = RQ_RUNNING;
 		r->admit_ns = now;
 		cm_free(r->prompt_text); /* tokenized for the model in use: not needed again */
@@ -124,6 +126,10 @@ static void release_slot(struct sched *s, struct daemon_request *r)
 	struct slot *sl = &s->slots[r->slot];
 	sl->req = NULL;
 	sl->last_used = cm_now_ns();
+	/* after a shift only the kept start is what a prefill of those tokens
+	 * gives: the rest saw tokens since dropped */
+	if (r->n_shifted > 0)
+		sl->n_tokens = CM_MIN(sl->n_tokens, r->n_keep);
 	engine_seq_truncate(s->d->ctx, r->slot, sl->n_tokens);
 	if (!s->d->cfg.prefix_cache) {
 		engine_seq_truncate(s->d->ctx, r->slot, 0);
@@ -267,7 +273,8 @@ static void on_logits(struct sched *s, struct daemon_request *r, const float *lo
 	if (eog || stopped) {
 		store_finish(s, r, IPC_FINISH_STOP, out);
 	} else if (r->n_gen >= r->max_tokens ||
-		   (uint32_t)(r->n_prompt + r->n_gen) >= d->cfg.ctx_size) {
+		   ((uint32_t)(r->n_prompt + r->n_gen - r->n_shifted) >= d->cfg.ctx_size &&
+		    !(d->cfg.context_shift && r->n_keep < (int)d->cfg.ctx_size - 2))) {
 		int m = engine_detok_flush(&r->detok, piece, sizeof(piece));
 		if (m > 0 && store_gen_append(r, piece, (size_t)m) == 0)
 			store_lp_settle(r);
@@ -432,10 +439,33 @@ static int add_prefill(struct sched *s, int n, int budget, int room, bool *chunk
 	return added;
 }
 
+/* Context shift (context_shift): the next token's position p is past the
+ * context. Keep the first n_keep, drop half of the rest from the KV and the
+ * slot's record alike, and return the new position. */
+static int shift_seq(struct sched *s, struct daemon_request *r, int p)
+{
+	struct daemon *d = s->d;
+	struct slot *sl = &s->slots[r->slot];
+	struct cm_err err = {0};
+	int n_discard = (p - r->n_keep) / 2;
+	if (engine_seq_shift(d->ctx, r->slot, r->n_keep, n_discard, &err) != 0) {
+		daemon_log(LOG_ERR, r->id, "context shift failed: %s", err.msg);
+		return -1;
+	}
+	memmove(sl->tokens + r->n_keep, sl->tokens + r->n_keep + n_discard,
+		(size_t)(p - r->n_keep - n_discard) * sizeof(int32_t));
+	r->n_shifted += n_discard;
+	daemon_log(LOG_DEBUG, r->id, "context shift: kept %d, dropped %d tokens", r->n_keep,
+		   n_discard);
+	return p - n_discard;
+}
+
 /* One engine step over every running sequence. */
 static void step(struct sched *s)
 {
 	struct daemon *d = s->d;
+	struct outbox_list out;
+	OUTBOX_LIST_INIT(&out);
 	int n = 0;
 	for (int i = 0; i < s->n_slots; i++) {
 		struct daemon_request *r = s->slots[i].req;
@@ -444,7 +474,14 @@ static void step(struct sched *s)
 		test_stall(s, r);
 		if (r->n_fed < r->n_prompt || r->n_gen == 0)
 			continue;
-		int p = r->n_prompt + r->n_gen - 1;
+		int p = r->n_prompt + r->n_gen - 1 - r->n_shifted;
+		if ((uint32_t)p >= d->cfg.ctx_size && (p = shift_seq(s, r, p)) < 0) {
+			pthread_mutex_lock(&d->mu);
+			store_finish(s, r, IPC_FINISH_LENGTH, &out);
+			release_slot(s, r);
+			pthread_mutex_unlock(&d->mu);
+			continue;
+		}
 		batch_put(s, n++, r, r->last_tok, p, true);
 		s->slots[i].n_tokens = p + 1;
 	}
@@ -454,13 +491,13 @@ static void step(struct sched *s)
 	bool chunked = false;
 	int n_prefill = add_prefill(s, n, CM_MIN(budget, chunk), budget, &chunked);
 	n += n_prefill;
-	if (n == 0)
+	if (n == 0) {
+		outbox_post(&s->out, &out);
 		return;
+	}
 	struct engine_batch b = {.n = n, .tokens = s->b_tok, .pos = s->b_pos, .seq = s->b_seq,
 				 .want_logits = s->b_want};
 	struct cm_err err = {0};
-	struct outbox_list out;
-	OUTBOX_LIST_INIT(&out);
 	double t0 = cm_now();
 	int rc = engine_decode(d->ctx, &b, &err);
 	double dt = cm_now() - t0;

@@ -61,6 +61,7 @@ struct daemon_request {
 	size_t prompt_text_len;
 	int32_t *prompt;
 	int n_prompt;
+	int n_keep_auto; /* context_keep -1's count: system prompt + BOS (chat), BOS */
 	uint64_t model_gen; /* the model whose tokenizer made `prompt` */
 	int max_tokens;
 	struct engine_sampler_params sp;
@@ -80,6 +81,8 @@ struct daemon_request {
 	int n_waited; /* steps in a row its prompt was passed over */
 	int n_cached; /* of those, reused from the prefix cache */
 	int n_gen;
+	int n_shifted; /* positions context shifts dropped: the KV holds fewer */
+	int n_keep;    /* positions a context shift keeps (context_keep, resolved) */
 	int32_t last_tok;
 	engine_sampler *smp;
 	struct engine_detok detok;

@@ -61,7 +61,7 @@ static void test_table_covers_struct(void)
 	CHECK(sum <= sizeof(struct daemon_config));
 	CHECK_MSG(sizeof(struct daemon_config) - sum < 64, "struct has %zu bytes no row covers",
 	          sizeof(struct daemon_config) - sum);
-	CHECK_EQ_INT(n_options, 51);
+	CHECK_EQ_INT(n_options, 53);
 }
 
 static void test_every_default_parses(void)
@@ -453,7 +453,7 @@ static void test_doc(void)
 	}
 	for (char *p = buf; (p = strchr(p, '\n')); p++)
 		rows++;
-	CHECK_EQ_INT(rows, 2 + 50);
+	CHECK_EQ_INT(rows, 2 + 52);
 	CHECK(strstr(
 	    buf, "| `log_level` | choice | `info` | err, warning, notice, info, debug | yes |"));
 	CHECK(strstr(buf, "| `socket_mode` | octal | `0660` | 0000..0777 | no |"));
@@ -508,6 +508,8 @@ static void test_reload(void)
 	                                   "queue_size",
 	                                   "max_tokens_default",
 	                                   "max_tokens_limit",
+	                                   "context_shift",
+	                                   "context_keep",
 	                                   "stream_idle_ms",
 	                                   "deadline_ms_default",
 	                                   "drain_timeout_ms",

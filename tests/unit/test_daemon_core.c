@@ -11,7 +11,8 @@
  *   shutting_down, the daemon exits 0;
  * - reload: queue_size takes effect; command-line overrides survive it;
  *   no key is reported changed when none was;
- * - max_tokens over max_tokens_limit is refused, not clamped.
+ * - max_tokens over max_tokens_limit is refused, not clamped;
+ * - context_shift generates past the context.
  *
  * The other user is `nobody` (uid 65534): the test re-executes itself as
  * that user for its calls (`--as-call`), so it needs root; without root
@@ -602,6 +603,58 @@ static void test_daemon_core_wedge(void)
 	CHECK_EQ_INT(stop(&dp), 0);
 }
 
+/* ---- context shift ------------------------------------------------------- */
+
+static int completion_tokens(json_t *j)
+{
+	return (int)json_integer_value(
+	    json_object_get(json_object_get(j, "usage"), "completion_tokens"));
+}
+
+/* context_shift: a greedy generation of 150 tokens in a context of 64 goes
+ * on to max_tokens, its start is the unshifted run's text, and a second
+ * run (its prompt's prefix in the shifted slot) gives the same text; off,
+ * it stops with "length" at the context. */
+static void test_daemon_core_context_shift(void)
+{
+	struct daemon_proc dp;
+	static const char *on[] = {"ctx_size=64", "context_shift=yes", "parallel=1"};
+	static const char *off[] = {"ctx_size=64", "parallel=1"};
+	/* EOS banned: the story would end before the context does */
+	const char *req = "{\"op\":\"generate\",\"prompt\":\"Once upon a time\",\"max_tokens\":150,"
+			  "\"temperature\":0,\"logit_bias\":{\"2\":-100}}";
+	char shifted[8192] = "", shifted2[8192] = "";
+	if (start(&dp, on, 3) != 0) {
+		CHECK(!"edgelmd did not start");
+		return;
+	}
+	for (int k = 0; k < 2; k++) {
+		json_t *j = call(req);
+		CHECK(is_ok(j));
+		CHECK_STREQ(json_string_value(json_object_get(j, "finish_reason")), "length");
+		CHECK_EQ_INT(completion_tokens(j), 150);
+		const char *t = json_string_value(json_object_get(j, "text"));
+		snprintf(k ? shifted2 : shifted, sizeof(shifted), "%s", t ? t : "");
+		json_decref(j);
+	}
+	CHECK_STREQ(shifted2, shifted);
+	CHECK(log_count("context shift: kept 1, dropped") >= 2);
+	CHECK_EQ_INT(stop(&dp), 0);
+
+	if (start(&dp, off, 2) != 0) {
+		CHECK(!"edgelmd did not start");
+		return;
+	}
+	json_t *j = call(req);
+	CHECK(is_ok(j));
+	CHECK_STREQ(json_string_value(json_object_get(j, "finish_reason")), "length");
+	CHECK_EQ_INT(completion_tokens(j), 64 - 5); /* BOS and 4 prompt tokens */
+	const char *t = json_string_value(json_object_get(j, "text"));
+	CHECK(t && strncmp(shifted, t, strlen(t)) == 0);
+	json_decref(j);
+	CHECK_EQ_INT(stop(&dp), 0);
+}
+
 /* ---- refused ranges -------------------------------------------------------------- */
 
 static void test_daemon_core_max_tokens_limit(void)
@@ -700,6 +753,7 @@ int main(int argc, char **argv)
 	TEST_RUN(test_daemon_core_drain);
 	TEST_RUN(test_daemon_core_reload);
 	TEST_RUN(test_daemon_core_swap);
+	TEST_RUN(test_daemon_core_context_shift);
 	TEST_RUN(test_daemon_core_max_tokens_limit);
 	TEST_RUN(test_daemon_core_wedge);
 	TEST_RUN(test_tmpdir_untouched);
