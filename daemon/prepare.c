@@ -51,10 +51,13 @@ static int render_tokenize(struct daemon *d, enum engine_chat_format f,
 }
 
 /* The chat rendered with the model's template and tokenized (model_lock
- * held). r->n_keep_auto becomes the tokens the system messages alone render to
+ * held). A history that leaves no room for min(max_tokens, ctx / 4)
+ * generated tokens loses whole messages, oldest first, but never a system
+ * message nor the last user message and what follows it (*ret_dropped).
+ * r->n_keep_auto becomes the tokens the system messages alone render to
  * (BOS included), as far as they are the prompt's start. */
 static int prepare_chat(struct daemon *d, const struct ipc_request *q, struct daemon_request *r,
-			struct cm_err *err)
+			int *ret_dropped, struct cm_err *err)
 {
 	enum engine_chat_format f;
 	size_t n = q->n_messages;
@@ -63,14 +66,27 @@ static int prepare_chat(struct daemon *d, const struct ipc_request *q, struct da
 	struct daemon_request sys = {.parse_special = true};
 	int rc = all && keep ? engine_chat_detect(d->model, d->cfg.chat_template, &f, err)
 			     : cm_err_set(err, -ENOMEM, "out of memory");
+	size_t last_user = 0;
 	for (size_t i = 0; rc == 0 && i < n; i++) {
 		all[i] = (struct engine_chat_msg){(enum engine_chat_role)q->messages[i].role,
 						  q->messages[i].content,
 						  q->messages[i].content_len};
 		keep[i] = true;
+		if (all[i].role == ENGINE_CHAT_USER)
+			last_user = i;
 	}
-	if (rc == 0)
-		rc = render_tokenize(d, f, all, keep, n, true, msgs, r, err);
+	int room = (int)CM_MIN((uint32_t)CM_MAX(r->max_tokens, 0), d->cfg.ctx_size / 4);
+	*ret_dropped = 0;
+	while (rc == 0 && (rc = render_tokenize(d, f, all, keep, n, true, msgs, r, err)) == 0 &&
+	       (uint32_t)(r->n_prompt + room) > d->cfg.ctx_size) {
+		size_t i = 0;
+		while (i < last_user && (!keep[i] || all[i].role == ENGINE_CHAT_SYSTEM))
+			i++;
+		if (i >= last_user)
+			break; /* only what must stay: tokenize_prompt judges it */
+		keep[i] = false;
+		(*ret_dropped)++;
+	}
 	if (rc == 0) {
 		int n_sys = 0;
 		for (size_t i = 0; i < n; i++)
@@ -113,7 +129,8 @@ void ops_prepare(void *arg)
 	struct sched *s = r->s;
 	struct daemon *d = s->d;
 	struct cm_err err = {0};
-	int rc = 0;
+	int rc = 0, n_dropped = 0;
+	size_t n_msgs = 0;
 	bool tokenized = false;
 
 	pthread_rwlock_rdlock(&s->model_lock);
@@ -123,7 +140,8 @@ void ops_prepare(void *arg)
 		const struct ipc_request *q = ipc_call_request(r->call);
 		if (q->op == IPC_OP_CHAT) {
 			r->parse_special = true;
-			rc = prepare_chat(d, q, r, &err);
+			n_msgs = q->n_messages;
+			rc = prepare_chat(d, q, r, &n_dropped, &err);
 			tokenized = true;
 		} else if (!(r->prompt_text = cm_strndup(q->prompt ? q->prompt : "", q->prompt_len))) {
 			rc = cm_err_set(&err, -ENOMEM, "out of memory");
@@ -139,6 +157,9 @@ void ops_prepare(void *arg)
 	if (rc == 0)
 		rc = tokenize_prompt(d, r, &err);
 	pthread_rwlock_unlock(&s->model_lock);
+	if (n_dropped)
+		daemon_log(LOG_INFO, r->id, "chat trimmed to the context: %d of %zu messages dropped",
+			   n_dropped, n_msgs);
 
 	struct outbox_list out;
 	OUTBOX_LIST_INIT(&out);

@@ -12,7 +12,8 @@
  * - reload: queue_size takes effect; command-line overrides survive it;
  *   no key is reported changed when none was;
  * - max_tokens over max_tokens_limit is refused, not clamped;
- * - context_shift generates past the context.
+ * - context_shift generates past the context, and chats longer than the
+ *   context lose their oldest messages.
  *
  * The other user is `nobody` (uid 65534): the test re-executes itself as
  * that user for its calls (`--as-call`), so it needs root; without root
@@ -603,7 +604,7 @@ static void test_daemon_core_wedge(void)
 	CHECK_EQ_INT(stop(&dp), 0);
 }
 
-/* ---- context shift ------------------------------------------------------- */
+/* ---- context shift and chat trimming ------------------------------------------- */
 
 static int completion_tokens(json_t *j)
 {
@@ -614,7 +615,9 @@ static int completion_tokens(json_t *j)
 /* context_shift: a greedy generation of 150 tokens in a context of 64 goes
  * on to max_tokens, its start is the unshifted run's text, and a second
  * run (its prompt's prefix in the shifted slot) gives the same text; off,
- * it stops with "length" at the context. */
+ * it stops with "length" at the context. A chat longer than the context
+ * loses its oldest messages; one whose last message alone does not fit is
+ * still refused. */
 static void test_daemon_core_context_shift(void)
 {
 	struct daemon_proc dp;
@@ -652,6 +655,49 @@ static void test_daemon_core_context_shift(void)
 	const char *t = json_string_value(json_object_get(j, "text"));
 	CHECK(t && strncmp(shifted, t, strlen(t)) == 0);
 	json_decref(j);
+	CHECK_EQ_INT(stop(&dp), 0);
+
+	/* chatml costs stories260K ~30 tokens a message (its vocabulary has
+	 * no special tokens): 1 system + 10 older + the last user message in
+	 * 256, 8 tokens to generate */
+	static const char *chat_ctx[] = {"ctx_size=256", "parallel=1", "context_shift=yes"};
+	if (start(&dp, chat_ctx, 3) != 0) {
+		CHECK(!"edgelmd did not start");
+		return;
+	}
+	char chat[8192];
+	int n = snprintf(chat, sizeof(chat), "{\"op\":\"chat\",\"max_tokens\":8,\"temperature\":0,"
+			 "\"messages\":[{\"role\":\"system\",\"content\":\"Be kind.\"}");
+	for (int i = 0; i < 10; i++)
+		n += snprintf(chat + n, sizeof(chat) - (size_t)n,
+			      ",{\"role\":\"%s\",\"content\":\"The dog ran to the park %d.\"}",
+			      i % 2 ? "assistant" : "user", i);
+	snprintf(chat + n, sizeof(chat) - (size_t)n,
+		 ",{\"role\":\"user\",\"content\":\"Hi\"}]}");
+	j = call(chat);
+	CHECK(is_ok(j));
+	json_decref(j);
+	CHECK(log_count("chat trimmed to the context: ") == 1);
+	CHECK(log_count(" of 12 messages dropped") == 1);
+	char big[8192];
+	n = snprintf(big, sizeof(big), "{\"op\":\"chat\",\"max_tokens\":8,\"messages\":["
+		     "{\"role\":\"user\",\"content\":\"old\"},{\"role\":\"user\",\"content\":\"");
+	for (int i = 0; i < 80; i++)
+		n += snprintf(big + n, sizeof(big) - (size_t)n, "the cat sat. ");
+	snprintf(big + n, sizeof(big) - (size_t)n, "\"}]}");
+	j = call(big);
+	CHECK_STREQ(err_code(j), "prompt_too_long");
+	json_decref(j);
+	/* a chat's shift keeps its system prompt, not just the BOS */
+	j = call("{\"op\":\"chat\",\"max_tokens\":300,\"temperature\":0,\"logit_bias\":{\"2\":-100},"
+		 "\"messages\":[{\"role\":\"system\",\"content\":\"Be kind.\"},"
+		 "{\"role\":\"user\",\"content\":\"Hi\"}]}");
+	CHECK(is_ok(j));
+	CHECK_EQ_INT(completion_tokens(j), 300);
+	json_decref(j);
+	CHECK(log_count("context shift: kept") >= 1);
+	CHECK(log_count("context shift: kept 1,") == 0);
+	CHECK(log_count("context shift: kept 0,") == 0);
 	CHECK_EQ_INT(stop(&dp), 0);
 }
 
