@@ -68,6 +68,9 @@ struct quant_shape {
 	bool has_output; /* output.weight present (else token_embd is the output) */
 };
 void quant_recipe_shape(const struct gguf_file *f, struct quant_shape *ret);
+/* quant_recipe_quantizable for a file's tensor (its dimensions counted as
+ * ggml_n_dims does). */
+bool quant_recipe_covers(const struct gguf_tensor *t);
 /* The type tensor t of a file of shape s gets under r: its own type when
  * it is not converted (1-D, norms, ...), else quant_recipe_type's (note
  * as there). */

@@ -238,12 +238,17 @@ void quant_recipe_shape(const struct gguf_file *f, struct quant_shape *ret)
 	ret->has_output = gguf_tensor_by_name(f, "output.weight") != NULL;
 }
 
+bool quant_recipe_covers(const struct gguf_tensor *t)
+{
+	return quant_recipe_quantizable(t->name, eff_dims(t));
+}
+
 uint32_t quant_recipe_tensor(const struct quant_recipe *r, const struct quant_shape *s,
 			     const struct gguf_tensor *t, char *note, size_t note_len)
 {
 	if (note && note_len)
 		note[0] = '\0';
-	if (!quant_recipe_quantizable(t->name, eff_dims(t)))
+	if (!quant_recipe_covers(t))
 		return t->type;
 	struct quant_tensor tt = {
 		.name = t->name,
