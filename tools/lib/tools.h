@@ -10,6 +10,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* ---- quant_report.c: quantizing on load (engine_params.quantize) -------- */
+
+/* "PROG: quantized N tensors to T on load in S s: A MiB -> B MiB" and the
+ * info's note, on o; nothing when no quantizing was asked for. */
+void tools_quant_report(FILE *o, const char *prog, const struct engine_model_info *in);
+/* The same as `"quantize":{...}` (requested "" when none was asked for). */
+void tools_quant_json(FILE *o, const struct engine_model_info *in);
+
 /* ---- mkmodel.c --------------------------------------------------------------- */
 
 /* `edgelm-gguf mkmodel ...`: write a synthetic model of a named real shape.
