@@ -47,6 +47,7 @@ static int check_abs_path_or_empty(const char *v, struct cm_err *err);
 static int check_tenant_weights(const char *v, struct cm_err *err);
 static int check_uid_list(const char *v, struct cm_err *err);
 static int check_chat_template(const char *v, struct cm_err *err);
+static int check_quantize(const char *v, struct cm_err *err);
 
 #define FIELD(f) offsetof(struct daemon_config, f), sizeof(((struct daemon_config *)0)->f)
 #define LISTF(f) offsetof(struct daemon_config, f), sizeof(((struct daemon_config *)0)->f[0])
@@ -71,6 +72,8 @@ static const struct opt options[] = {
 	{ "repack_cache", OPT_STRING, FIELD(repack_cache), "", 0, 0, 0, NULL,
 	  check_abs_path_or_empty, 0, NULL,
 	  "directory that keeps the repacked weights (the unit's CacheDirectory, /var/cache/edgelm): the first load writes them, later loads map them instead of repacking, which loads at once but leaves the weights in 4 KiB pages (docs/engine.md); \"\": repack at every load" },
+	{ "quantize", OPT_STRING, FIELD(quantize), "", 0, 0, 0, NULL, check_quantize, 0, NULL,
+	  "quantize an F32/F16/BF16 model at load with edgelm-quantize's recipe and bytes: q8_0, q4_0, q4_k_m, q6_k, ... (edgelm-quantize --help lists them); the weights become private memory of about the quantized size, and the start takes longer (its systemd timeout is extended by 1 s per 4 MiB of the file); a file already quantized loads as stored; \"\": as stored" },
 	{ "ctx_size", OPT_UINT, FIELD(ctx_size), "0", 0, 1048576, 0, NULL, NULL, 0, NULL,
 	  "tokens per sequence; 0: the model's context, capped by kv_budget_mib" },
 	{ "parallel", OPT_UINT, FIELD(parallel), "4", 1, 256, 0, NULL, NULL, 0, NULL,
@@ -237,6 +240,12 @@ static int check_chat_template(const char *v, struct cm_err *err)
 		return 0;
 	return cm_err_set(err, -EINVAL, "'%.32s' is not a chat format (known: %s)", v,
 	                  engine_chat_format_list());
+}
+
+/* The engine's own check, so the two accept the same names. */
+static int check_quantize(const char *v, struct cm_err *err)
+{
+	return engine_quantize_check(v, err);
 }
 
 /* ADDR:PORT or [ADDR6]:PORT with a numeric address (http/ binds it as

@@ -26,6 +26,7 @@ struct daemon_config {
 	char isa[32];          /* "" or "auto": best; "scalar", "avx2", ... */
 	char repack[8];        /* "auto", "on", "off" (engine_repack_parse) */
 	char repack_cache[4096]; /* directory of repacked copies; "" = none */
+	char quantize[16];     /* recipe to quantize on load; "" = as stored */
 	uint32_t ctx_size;     /* tokens per sequence; 0: the model's, capped by kv budget */
 	uint32_t parallel;     /* sequences decoded together (KV slots) */
 	uint32_t batch_size;   /* max tokens per engine step */

@@ -143,7 +143,9 @@ static int fit_before_weights(void *ud, const engine_model *m, struct cm_err *er
 	if (r)
 		return r;
 	uint64_t kv = kv_tok * lf->cp.n_ctx * lf->cp.n_seq;
-	if (tuning_memory_fit_check(&d->treport, file_size(c->model), kv, err) != 0)
+	/* quantizing on load keeps about the quantized weights, not the file */
+	uint64_t weights = mi.quant_bytes_out ? mi.quant_bytes_out : file_size(c->model);
+	if (tuning_memory_fit_check(&d->treport, weights, kv, err) != 0)
 		return -ENOMEM;
 	return 0;
 }
@@ -163,6 +165,7 @@ static int load_model(struct daemon *d, engine_model **ret_m, engine_ctx **ret_c
 		.before_weights = fit_before_weights,
 		.before_weights_ud = &lf,
 		.repack_cache = c->repack_cache[0] ? c->repack_cache : NULL,
+		.quantize = c->quantize,
 	};
 	(void)engine_repack_parse(c->repack, &ep.repack); /* the config table checked it */
 	/* the kernels follow the ISA the report shows, from the same probe */
@@ -200,6 +203,17 @@ static int load_model(struct daemon *d, engine_model **ret_m, engine_ctx **ret_c
 	*ret_m = m;
 	*ret_c = cx;
 	return 0;
+}
+
+/* What a load may take before systemd gives up: 120 s, and with quantize
+ * 1 s more per 4 MiB of the file, a conservative rate (TinyLlama's F16
+ * file to Q4_K_M takes well under that on one core). */
+static uint64_t load_timeout_usec(const struct daemon_config *c)
+{
+	uint64_t us = 120 * 1000000ull;
+	if (c->quantize[0])
+		us += file_size(c->model) / (4u << 20) * 1000000ull;
+	return us;
 }
 
 static void set_model_name(struct daemon *d)
@@ -388,6 +402,8 @@ static void reload(struct daemon *d)
 		snprintf(d->cfg.model, sizeof(d->cfg.model), "%s", nc.model);
 		/* the old model serves on meanwhile: health stays ready */
 		atomic_store(&d->reloading, true);
+		if (d->cfg.quantize[0])
+			daemon_notify_extend_timeout(load_timeout_usec(&d->cfg));
 		if (load_model(d, &m, &c, &err) != 0) {
 			log_err("reload: cannot load %s: %s; keeping %s", nc.model, err.msg, old_model);
 			d->cfg = saved;
@@ -723,6 +739,27 @@ static void stop_monitor(struct daemon *d)
 	d->build_info = d->model_info = NULL;
 }
 
+/* What quantizing on load did and cost. */
+static void log_quantize(struct daemon *d)
+{
+	const struct engine_model_info *mi = &d->minfo;
+	if (!mi->quant_requested[0])
+		return;
+	if (mi->n_quantized) {
+		struct engine_region wr;
+		uint64_t rss = 0, huge = 0;
+		engine_model_region(d->model, &wr);
+		(void)tuning_memory_rss(&d->tpaths, wr.addr, wr.len, &rss, &huge, NULL);
+		log_info("quantize: %u tensors to %s in %.1f s: %.1f MiB in the file -> %.1f MiB "
+			 "of private memory (%.1f MiB resident)",
+			 mi->n_quantized, mi->quant_requested, mi->quant_seconds,
+			 (double)mi->quant_bytes_in / (1 << 20),
+			 (double)mi->quant_bytes_out / (1 << 20), (double)rss / (1 << 20));
+	}
+	if (mi->quant_note[0])
+		log_info("quantize %s: %s", mi->quant_requested, mi->quant_note);
+}
+
 static void log_model(struct daemon *d)
 {
 	enum engine_kv_type kvt = engine_ctx_kv_type(d->ctx);
@@ -733,6 +770,7 @@ static void log_model(struct daemon *d)
 		 d->model_name, d->minfo.arch, d->minfo.n_layer, d->cfg.ctx_size, d->cfg.parallel,
 		 (double)kv / (1 << 20), engine_kv_type_name(kvt), d->minfo.isa,
 		 d->minfo.n_threads);
+	log_quantize(d);
 	if (!d->minfo.n_x16_tensors)
 		return;
 	struct engine_region wr;
@@ -759,7 +797,7 @@ static int start_model(struct daemon *d)
 {
 	struct cm_err err = {0};
 	daemon_notify_status("loading %s", d->cfg.model);
-	daemon_notify_extend_timeout(120 * 1000000ull);
+	daemon_notify_extend_timeout(load_timeout_usec(&d->cfg));
 	set_model_name(d);
 	(void)tuning_load_begin(&d->tplan, &d->tstate, NULL);
 	int r = load_model(d, &d->model, &d->ctx, &err);

@@ -67,6 +67,12 @@ struct engine_params {
 	 * none. */
 	int (*before_weights)(void *ud, const engine_model *m, struct cm_err *err);
 	void *before_weights_ud;
+	/* Quantize on load (docs/engine.md): a recipe as edgelm-quantize
+	 * takes it ("q8_0", "q4_k_m", ...; engine_quantize_names), giving the
+	 * tensors the bytes of the file that tool writes; they live in the
+	 * engine's anonymous memory. NULL or "": as stored; a file already
+	 * quantized loads as stored (info.quant_note says so). */
+	const char *quantize;
 };
 
 struct engine_model_info {
@@ -94,11 +100,27 @@ struct engine_model_info {
 	 * built no copy); repack_cache_note says what the cache did */
 	bool weights_cached;
 	char repack_cache_note[160];
+	/* quantize on load: the recipe asked for ("" none), the tensors
+	 * converted, all tensors' bytes in the file and in memory, the time
+	 * it took, and what happened ("file already quantized (q8_0): loaded
+	 * as stored", or the fallbacks: n_fallback tensors and the first) */
+	char quant_requested[16];
+	uint32_t n_quantized;
+	uint64_t quant_bytes_in, quant_bytes_out;
+	double quant_seconds;
+	char quant_note[192];
 };
 
 /* engine_params.repack from "auto", "on" or "off" (NULL: auto); -EINVAL
  * for anything else. */
 int engine_repack_parse(const char *s, int *ret_mode);
+
+/* engine_params.quantize's names, "Q4_K_M Q4_K_S ... F32" (any case; Q4_K
+ * means Q4_K_M), and a check of one: 0 (NULL and "" too), -EINVAL for an
+ * unknown name, -ENOTSUP for a mix that needs an importance matrix; the
+ * message in err. */
+const char *engine_quantize_names(void);
+int engine_quantize_check(const char *name, struct cm_err *err);
 
 int engine_model_load(const char *path, const struct engine_params *p, engine_model **ret_model,
 		      struct cm_err *err);

@@ -251,6 +251,23 @@ static inline const uint8_t *engine_x16_segment(const struct weight *w, int64_t 
  * embedding lookup in an output tied to it), `row` row_bytes long. */
 void engine_x16_row(const struct weight *w, int64_t r, void *row);
 
+/* 2 MiB-aligned anonymous memory of len bytes (a multiple of 2 MiB)
+ * advised MADV_HUGEPAGE, not yet touched (repack.c), or NULL. */
+uint8_t *engine_anon_alloc(size_t len);
+
+/* ---- quantizing on load (quantize.c) -------------------------------------
+ * plan, once the file is open and before the model reads its tensors:
+ * point the file's tensor table at an anonymous region with the recipe's
+ * types (the region's matrices not yet filled) and fill the quant_* info;
+ * *ret stays NULL when the file is loaded as stored (info.quant_note says
+ * why). run, once the pool exists: fill the matrices and hand the region
+ * to m->weights as its own copy. */
+struct quant_load;
+int engine_quantize_plan(engine_model *m, const char *name, struct quant_load **ret,
+			 struct cm_err *err);
+int engine_quantize_run(engine_model *m, struct quant_load *q, struct cm_err *err);
+void engine_quantize_free(struct quant_load *q); /* NULL-safe */
+
 /* ---- context (ctx.c; the forward pass: forward.c) ------------------------ */
 
 struct engine_ctx {

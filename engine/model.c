@@ -93,6 +93,7 @@ int engine_model_load(const char *path, const struct engine_params *p, engine_mo
 		p = &defaults;
 	quant_init();
 	engine_model *m = cm_calloc(1, sizeof(*m));
+	struct quant_load *q = NULL;
 	if (!m)
 		return cm_err_set(err, -ENOMEM, "model: out of memory");
 	int r = gguf_open(path, &m->file, err);
@@ -121,7 +122,10 @@ int engine_model_load(const char *path, const struct engine_params *p, engine_mo
 		*ret_model = m;
 		return 0;
 	}
-	if ((r = select_kernels(m, p, err)) || (r = engine_model_read_weights(m, err)))
+	/* quantizing rewrites the tensor table the model then reads */
+	if ((r = select_kernels(m, p, err)) ||
+	    (p->quantize && *p->quantize && (r = engine_quantize_plan(m, p->quantize, &q, err))) ||
+	    (r = engine_model_read_weights(m, err)))
 		goto fail;
 	m->n_ctx = m->hp.n_ctx_train;
 	if (p->ctx_max > 0 && p->ctx_max < m->n_ctx)
@@ -132,12 +136,17 @@ int engine_model_load(const char *path, const struct engine_params *p, engine_mo
 	fill_info(m);
 	if (p->before_weights && (r = p->before_weights(p->before_weights_ud, m, err)))
 		goto fail;
+	if (q && (r = engine_quantize_run(m, q, err)))
+		goto fail;
+	engine_quantize_free(q);
+	q = NULL;
 	if ((r = engine_repack(&m->weights, m->kern, m->pool, p->repack, p->repack_segment,
 			       p->repack_cache, &m->info, err)))
 		goto fail;
 	*ret_model = m;
 	return 0;
 fail:
+	engine_quantize_free(q);
 	engine_model_free(m);
 	return r;
 }

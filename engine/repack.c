@@ -254,9 +254,7 @@ static void load_worker(void *arg, int ith, int nth)
 	}
 }
 
-/* 2 MiB-aligned anonymous memory of len bytes (a multiple of 2 MiB)
- * advised MADV_HUGEPAGE, or NULL */
-static uint8_t *anon_alloc(size_t len)
+uint8_t *engine_anon_alloc(size_t len)
 {
 	uint8_t *p = mmap(NULL, len + HUGE_2M, PROT_READ | PROT_WRITE,
 			  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -316,7 +314,7 @@ static int copy_to_anon(struct engine_weights *ws, struct pool *pool, struct wei
 		return 0;
 	const struct gguf_file *f = ws->file;
 	size_t len = (f->size + HUGE_2M - 1) & ~(HUGE_2M - 1);
-	uint8_t *a = anon_alloc(len);
+	uint8_t *a = engine_anon_alloc(len);
 	if (!a)
 		return 0;
 	int r = load_copy(ws, pool, a, sel, n_w, err);

@@ -79,6 +79,9 @@ static void usage(FILE *o)
 		"                       default, -1 whole rows (for comparisons)\n"
 		"      --repack-cache DIR  map the repacked weights from DIR, writing them\n"
 		"                       there first when missing (also EDGELM_REPACK_CACHE)\n"
+		"      --quantize TYPE  quantize F32/F16/BF16 weights on load as edgelm-quantize\n"
+		"                       TYPE would (q8_0, q4_k_m, ...); the load's time and\n"
+		"                       peak RSS include it\n"
 		"      --prompts LIST   prompt lengths for prefill tok/s and time to first token\n"
 		"                       (default 128,512)\n"
 		"      --contexts LIST  decode context depths (default 0,512)\n"
@@ -322,7 +325,7 @@ static int parse_on_off(const char *s, bool *ret)
 }
 
 struct bench_opts {
-	const char *model, *isa, *repack, *repack_cache;
+	const char *model, *isa, *repack, *repack_cache, *quantize;
 	int threads, n_gen, reps, bw_mib, n_batch, segment;
 	enum engine_kv_type kv_type;
 	int prompts[8], n_prompts, ctxs[8], n_ctxs;
@@ -337,7 +340,8 @@ struct bench_opts {
 static int bench_opts_parse(int argc, char **argv, struct bench_opts *o)
 {
 	enum { OPT_TUNING = 256, OPT_PIN, OPT_HUGEPAGES, OPT_PREFAULT, OPT_MLOCK, OPT_TOKENIZE,
-	       OPT_TEXT_MB, OPT_SEGMENT, OPT_REPACK_CACHE };
+	       OPT_TEXT_MB, OPT_SEGMENT, OPT_REPACK_CACHE,
+	       OPT_QUANTIZE };
 	static const struct option opts[] = {
 		{"model", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
 		{"isa", required_argument, NULL, 'I'},   {"prompts", required_argument, NULL, 'P'},
@@ -348,6 +352,7 @@ static int bench_opts_parse(int argc, char **argv, struct bench_opts *o)
 		{"repack", required_argument, NULL, 'R'},
 		{"repack-segment", required_argument, NULL, OPT_SEGMENT},
 		{"repack-cache", required_argument, NULL, OPT_REPACK_CACHE},
+		{"quantize", required_argument, NULL, OPT_QUANTIZE},
 		{"tuning", required_argument, NULL, OPT_TUNING},
 		{"pin", no_argument, NULL, OPT_PIN},
 		{"hugepages", no_argument, NULL, OPT_HUGEPAGES},
@@ -377,6 +382,15 @@ static int bench_opts_parse(int argc, char **argv, struct bench_opts *o)
 		case 'I': o->isa = optarg; break;
 		case 'R': o->repack = optarg; break;
 		case OPT_REPACK_CACHE: o->repack_cache = optarg; break;
+		case OPT_QUANTIZE: {
+			struct cm_err qe = {0};
+			if (engine_quantize_check(optarg, &qe) != 0) {
+				fprintf(stderr, "%s: %s\n", P, qe.msg);
+				bad = true;
+			}
+			o->quantize = optarg;
+			break;
+		}
 		case OPT_SEGMENT:
 			bad |= tools_opt_int(P, "--repack-segment", optarg, -1, 1 << 30,
 					     &o->segment) != 0;
@@ -504,7 +518,8 @@ static int bench_setup(const struct bench_opts *o, int repack, struct bench *b)
 	struct engine_params ep = {.isa = o->isa,
 				   .repack = repack,
 				   .repack_segment = o->segment,
-				   .repack_cache = o->repack_cache};
+				   .repack_cache = o->repack_cache,
+				   .quantize = o->quantize};
 	if (tools_tuning_new(&want, o->model, o->threads, &b->tt, &b->err) != 0) {
 		fprintf(stderr, "edgelm-bench: %s\n", b->err.msg);
 		return EXIT_RUNTIME;
@@ -769,6 +784,8 @@ static void report_json(const struct bench_opts *o, const struct bench *b)
 	printf("],\"load_ms\":%.1f", b->t_load * 1e3);
 	json_mib("load_peak_rss_mib", b->load_peak);
 	json_mib("load_rss_mib", b->load_rss);
+	printf(",");
+	tools_quant_json(stdout, info);
 	printf(",\"hwm_reset\":%s", b->hwm_reset ? "true" : "false");
 	if (!b->hwm_reset) {
 		printf(",\"hwm_reset_error\":");
@@ -817,6 +834,11 @@ static void report_text(const struct bench_opts *o, const struct bench *b)
 	else
 		printf(" (VmHWM not reset: %s; the peak since the process started)\n",
 		       b->hwm_err.msg);
+	if (info->quant_requested[0])
+		printf("quantize     %s on load: %u tensors in %.2f s, %.1f MiB -> %.1f MiB%s%s\n",
+		       info->quant_requested, info->n_quantized, info->quant_seconds,
+		       mib(info->quant_bytes_in), mib(info->quant_bytes_out),
+		       info->quant_note[0] ? "; " : "", info->quant_note);
 	printf("first step   %.1f ms, %ld page faults (one token, the first step after the load; "
 	       "the second: %.1f ms)\n",
 	       b->first_ms, b->first_faults, b->second_ms);

@@ -3,7 +3,7 @@
  *
  *   edgelm-quantize [-t N] IN.gguf OUT.gguf TYPE
  *
- * TYPE is a recipe (tools/lib/recipes.c, gguf-formats §3): Q4_K_M, Q4_K_S,
+ * TYPE is a recipe (engine/quantize_recipe.c, gguf-formats §3): Q4_K_M, Q4_K_S,
  * Q5_K_M, Q5_K_S, Q6_K, Q3_K_M, Q2_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
  * IQ4_XS, F16, BF16 or F32 (Q3_K, Q4_K, Q5_K mean their _M mix).
  * Follows llama-quantize's choices:
@@ -60,8 +60,8 @@ static void usage(FILE *o)
 		   "divide the block fall back to another type (one line each).\n"
 		   "\n"
 		   "TYPE:");
-	const struct tools_recipe *r;
-	for (size_t i = 0; (r = tools_recipe_at(i)); i++)
+	const struct quant_recipe *r;
+	for (size_t i = 0; (r = quant_recipe_at(i)); i++)
 		fprintf(o, " %s", r->name);
 	fprintf(o, "\n"
 		   "\n"
@@ -78,47 +78,6 @@ static bool can_read(uint32_t type)
 	return ti && ti->computable;
 }
 
-/* ggml_n_dims: dimensions not counting trailing ones. */
-static int eff_dims(const struct gguf_tensor *t)
-{
-	int n = (int)t->n_dims;
-	while (n > 1 && t->ne[n - 1] == 1)
-		n--;
-	return n;
-}
-
-/* Layers in the model: one more than the largest "blk.N." index. */
-static int count_layers(const struct gguf_file *f)
-{
-	int n = 0;
-	for (uint64_t i = 0; i < f->n_tensors; i++) {
-		const char *nm = f->tensors[i].name;
-		if (strncmp(nm, "blk.", 4) == 0) {
-			int l = atoi(nm + 4);
-			if (l >= n && l < 1 << 20)
-				n = l + 1;
-		}
-	}
-	return n;
-}
-
-/* n_head / n_head_kv from the architecture's keys, 1 when absent. */
-static int model_gqa(const struct gguf_file *f)
-{
-	struct gguf_str arch;
-	uint32_t nh = 0, nkv = 0;
-	char key[160];
-	if (gguf_get_str(f, "general.architecture", &arch, NULL) || arch.len > 64)
-		return 1;
-	snprintf(key, sizeof(key), "%.*s.attention.head_count", (int)arch.len, arch.ptr);
-	if (gguf_get_u32(f, key, &nh, NULL))
-		return 1;
-	snprintf(key, sizeof(key), "%.*s.attention.head_count_kv", (int)arch.len, arch.ptr);
-	if (gguf_get_u32(f, key, &nkv, NULL) || nkv == 0)
-		return 1;
-	return (int)(nh / nkv);
-}
-
 /* ---- row conversion ------------------------------------------------------------ */
 
 struct work {
@@ -133,22 +92,13 @@ struct work {
 static void *convert_rows(void *arg)
 {
 	struct work *w = arg;
-	int64_t ne0 = w->t->ne[0];
-	/* Always through a buffer: rows in the mapping need not be aligned for
-	 * f32 loads when general.alignment is small. */
-	float *tmp = cm_malloc((size_t)ne0 * sizeof(float));
+	float *tmp = cm_malloc((size_t)w->t->ne[0] * sizeof(float));
 	if (!tmp) {
 		w->rc = -ENOMEM;
 		return NULL;
 	}
-	const uint8_t *src = w->t->data;
-	for (int64_t r = w->r0; r < w->r1; r++) {
-		if (quant_dequantize_row(w->t->type, src + (uint64_t)r * w->t->row_bytes, tmp, ne0) ||
-		    quant_quantize_row(w->out_type, tmp, w->out + (uint64_t)r * w->out_row, ne0)) {
-			w->rc = -EINVAL;
-			break;
-		}
-	}
+	/* the engine's conversion, the one quantizing on load uses */
+	w->rc = quant_convert_rows(w->t, w->out_type, w->out, w->r0, w->r1, tmp);
 	cm_free(tmp);
 	return NULL;
 }
@@ -245,10 +195,14 @@ int main(int argc, char **argv)
 	}
 	const char *in_path = argv[optind], *out_path = argv[optind + 1];
 	const char *type_name = argv[optind + 2];
-	const struct tools_recipe *recipe = tools_recipe_find(type_name);
+	const struct quant_recipe *recipe = quant_recipe_find(type_name);
 	if (!recipe) {
-		fprintf(stderr, "edgelm-quantize: unsupported type '%s' (see --help)\n",
-			type_name);
+		if (quant_recipe_needs_imatrix(type_name))
+			fprintf(stderr, "edgelm-quantize: %s needs an importance matrix, which "
+					"edgelm does not compute\n", type_name);
+		else
+			fprintf(stderr, "edgelm-quantize: unsupported type '%s' (see --help)\n",
+				type_name);
 		return EXIT_USAGE;
 	}
 	if (!nthreads)
@@ -278,27 +232,15 @@ int main(int argc, char **argv)
 		goto out;
 	}
 
-	const bool has_output = gguf_tensor_by_name(f, "output.weight") != NULL;
-	const int n_layer = count_layers(f), gqa = model_gqa(f);
+	struct quant_shape shape;
+	quant_recipe_shape(f, &shape);
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
 		const struct gguf_tensor *t = &f->tensors[i];
-		uint32_t out_type = t->type;
 		const void *data = t->data;
-
-		if (tools_recipe_quantizable(t->name, eff_dims(t))) {
-			struct tools_tensor tt = {
-				.name = t->name,
-				.ne0 = t->ne[0],
-				.n_layer = n_layer,
-				.gqa = gqa,
-				.is_output = !strcmp(t->name, "output.weight") ||
-					     (!has_output && !strcmp(t->name, "token_embd.weight")),
-			};
-			char note[128];
-			out_type = tools_recipe_type(recipe, &tt, note, sizeof(note));
-			if (note[0])
-				fprintf(stderr, "edgelm-quantize: %s: %s\n", t->name, note);
-		}
+		char note[128];
+		uint32_t out_type = quant_recipe_tensor(recipe, &shape, t, note, sizeof(note));
+		if (note[0])
+			fprintf(stderr, "edgelm-quantize: %s: %s\n", t->name, note);
 		if (out_type != t->type) {
 			if (!can_read(t->type)) {
 				fprintf(stderr, "edgelm-quantize: %s: cannot convert from %s\n",

@@ -65,6 +65,8 @@ static void usage(FILE *o)
 		"      --repack-cache DIR keep the repacked weights in DIR and map them on\n"
 		"                         later loads instead of repacking (also\n"
 		"                         EDGELM_REPACK_CACHE)\n"
+		"      --quantize TYPE    quantize F32/F16/BF16 weights on load as\n"
+		"                         edgelm-quantize TYPE would (q8_0, q4_k_m, ...)\n"
 		"      --json             one JSON object per generated token\n"
 		"      --top-logits K     top logits per token in --json mode (default 8)\n"
 		"      --tokenize         print the prompt's token ids as JSON and exit\n"
@@ -111,6 +113,7 @@ enum {
 	OPT_IGNORE_EOS,
 	OPT_CONTEXT_SHIFT,
 	OPT_KEEP,
+	OPT_QUANTIZE,
 };
 
 static const struct option long_opts[] = {
@@ -137,6 +140,7 @@ static const struct option long_opts[] = {
 	{"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
 	{"context-shift", no_argument, NULL, OPT_CONTEXT_SHIFT},
 	{"keep", required_argument, NULL, OPT_KEEP},
+	{"quantize", required_argument, NULL, OPT_QUANTIZE},
 	{"json", no_argument, NULL, OPT_JSON},
 	{"top-logits", required_argument, NULL, OPT_TOPL},
 	{"tokenize", no_argument, NULL, OPT_TOKENIZE},
@@ -348,7 +352,7 @@ static bool out_push(struct out_text *o, const char *s, size_t n)
 
 struct run_opts {
 	const char *model_path, *prompt, *prompt_file, *chat_file, *chat_tmpl;
-	const char *isa, *repack, *repack_cache;
+	const char *isa, *repack, *repack_cache, *quantize;
 	const char *stop[MAX_STOP];
 	int n_stop;
 	int32_t bias_ids[MAX_BIAS];
@@ -436,6 +440,15 @@ static int run_opts_parse(int argc, char **argv, struct run_opts *o)
 		case OPT_IGNORE_EOS: o->ignore_eos = true; break;
 		case OPT_CONTEXT_SHIFT: o->context_shift = true; break;
 		case OPT_KEEP: bad = tools_parse_long(optarg, -1, 1 << 24, &o->keep); break;
+		case OPT_QUANTIZE: {
+			struct cm_err qe = {0};
+			if (engine_quantize_check(optarg, &qe) != 0) {
+				fprintf(stderr, "edgelm-run: %s\n", qe.msg);
+				return EXIT_USAGE;
+			}
+			o->quantize = optarg;
+			break;
+		}
 		case OPT_JSON: o->json = true; break;
 		case OPT_TOPL: bad = tools_parse_long(optarg, 0, 1 << 20, &o->top_n); break;
 		case OPT_TOKENIZE: o->tokenize_only = true; break;
@@ -555,6 +568,7 @@ static int run_load(const struct run_opts *o, struct run *r)
 		.isa = o->isa,
 		.vocab_only = o->tokenize_only,
 		.repack_cache = o->repack_cache,
+		.quantize = o->quantize,
 	};
 	if (engine_repack_parse(o->repack, &ep.repack) != 0) {
 		fprintf(stderr, "edgelm-run: --repack: expected auto, on or off, not '%s'\n",
@@ -651,6 +665,8 @@ static int run_prefill(const struct run_opts *o, struct run *r)
 			info->name[0] ? info->name : o->model_path, info->arch, info->n_layer,
 			info->n_ctx, engine_kv_type_name(engine_ctx_kv_type(r->cx)),
 			info->n_threads, info->isa, (unsigned long long)o->sp.seed);
+	if (!o->quiet)
+		tools_quant_report(stderr, "edgelm-run", info);
 	if (!o->quiet && info->n_x16_tensors)
 		fprintf(stderr, "edgelm-run: repacked %u tensors (%.1f MiB) into the x16 layout%s%s\n",
 			info->n_x16_tensors, (double)info->x16_bytes / (1 << 20),

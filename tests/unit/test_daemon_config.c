@@ -61,7 +61,7 @@ static void test_table_covers_struct(void)
 	CHECK(sum <= sizeof(struct daemon_config));
 	CHECK_MSG(sizeof(struct daemon_config) - sum < 64, "struct has %zu bytes no row covers",
 	          sizeof(struct daemon_config) - sum);
-	CHECK_EQ_INT(n_options, 53);
+	CHECK_EQ_INT(n_options, 54);
 }
 
 static void test_every_default_parses(void)
@@ -453,7 +453,7 @@ static void test_doc(void)
 	}
 	for (char *p = buf; (p = strchr(p, '\n')); p++)
 		rows++;
-	CHECK_EQ_INT(rows, 2 + 52);
+	CHECK_EQ_INT(rows, 2 + 53);
 	CHECK(strstr(
 	    buf, "| `log_level` | choice | `info` | err, warning, notice, info, debug | yes |"));
 	CHECK(strstr(buf, "| `socket_mode` | octal | `0660` | 0000..0777 | no |"));
@@ -619,6 +619,24 @@ static void test_kv_type(void)
 	CHECK(strstr(err.msg, "f32") != NULL);
 }
 
+/* quantize takes exactly the engine's recipe names (any case), "" is off. */
+static void test_quantize(void)
+{
+	struct daemon_config c;
+	daemon_config_default(&c);
+	CHECK_STREQ(c.quantize, "");
+	CHECK_OK(daemon_config_set(&c, "quantize", "q4_k_m", &err));
+	CHECK_STREQ(c.quantize, "q4_k_m");
+	CHECK_OK(daemon_config_set(&c, "quantize", "Q8_0", &err));
+	CHECK_EQ_INT(daemon_config_set(&c, "quantize", "q4_k_z", &err), -EINVAL);
+	CHECK(strstr(err.msg, "unknown type 'q4_k_z'") && strstr(err.msg, "Q4_K_M"));
+	CHECK_EQ_INT(daemon_config_set(&c, "quantize", "iq2_xxs", &err), -ENOTSUP);
+	CHECK(strstr(err.msg, "importance matrix") != NULL);
+	CHECK_STREQ(c.quantize, "Q8_0"); /* errors change nothing */
+	CHECK_OK(daemon_config_set(&c, "quantize", "", &err));
+	CHECK_STREQ(c.quantize, "");
+}
+
 /* kv_budget_mib caps a ctx_size of 0 and refuses an explicit one over it. */
 static void test_kv_budget(void)
 {
@@ -667,6 +685,7 @@ int main(void)
 	TEST_RUN(test_packaged_config);
 	TEST_RUN(test_man_page);
 	TEST_RUN(test_kv_type);
+	TEST_RUN(test_quantize);
 	TEST_RUN(test_kv_budget);
 	return test_finish();
 }

@@ -429,6 +429,29 @@ static void test_repack_segment(void)
 	}
 }
 
+/* --quantize on the small model (Q4_0): loaded as stored, and the JSON
+ * says so; a name that needs an importance matrix is a usage error. */
+static void test_quantize(void)
+{
+	json_t *j = bench("", "--quantize q8_0", NULL);
+	if (!j)
+		return;
+	json_t *q = json_object_get(j, "quantize");
+	CHECK(json_is_object(q));
+	CHECK_MSG(json_string_value(json_object_get(q, "requested")) &&
+			  strcmp(json_string_value(json_object_get(q, "requested")), "Q8_0") == 0,
+		  "requested");
+	CHECK(json_integer_value(json_object_get(q, "tensors")) == 0);
+	const char *note = json_string_value(json_object_get(q, "note"));
+	CHECK_MSG(note && strstr(note, "file already quantized (q4_0)"), "%s", note ? note : "");
+	json_decref(j);
+	char cmd[16384], *out = NULL;
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' --quantize q2_k_s 2>&1", bin("edgelm-bench"), model);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
+	CHECK_MSG(out && strstr(out, "importance matrix"), "%s", out);
+	free(out);
+}
+
 static void test_hugepages_blocked(void)
 {
 	if (!setup())
@@ -651,6 +674,7 @@ int main(void)
 	TEST_RUN(test_hugepages_repacked);
 	TEST_RUN(test_repack_segment);
 	TEST_RUN(test_peak_excludes_bw);
+	TEST_RUN(test_quantize);
 	TEST_RUN(test_table);
 	TEST_RUN(test_tokenize);
 	if (tmp[0]) {

@@ -6,6 +6,8 @@
  *   --kv-type f32, within 0.03 with the default f16 cache;
  * - --tokenize prints the reference prompt ids (on the model and on a
  *   vocab-only GGUF);
+ * - --quantize TYPE gives the output of the file edgelm-quantize writes for
+ *   TYPE, and says what it cost;
  * - usage errors exit 1. */
 #include "common/common.h"
 #include "tests/test.h"
@@ -280,6 +282,38 @@ static void test_top_logits_zero(void)
 	free(out);
 }
 
+static void test_quantize(void)
+{
+	const char *m = test_data_path("models/stories260K-f32.gguf");
+	if (!test_file_exists(m)) {
+		TEST_SKIP_DATA("no %s", m);
+		return;
+	}
+	char model[4096], qf[4096], cmd[16384], *a = NULL, *b = NULL, *err = NULL;
+	snprintf(model, sizeof(model), "%s", m);
+	snprintf(qf, sizeof(qf), "%s/run-q4_k_m-%d.gguf", test_tmpdir(), (int)getpid());
+	snprintf(cmd, sizeof(cmd), "'%s' '%s' '%s' q4_k_m >/dev/null 2>&1",
+		 test_bin("edgelm-quantize"), model, qf);
+	CHECK_EQ_INT(system(cmd), 0);
+	const char *opts = "-p 'Once upon a time' -n 12 --temp 0 -q --json -t 2";
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' %s --quantize q4_k_m", bin(), model, opts);
+	CHECK_EQ_INT(test_run_capture(cmd, &a), 0);
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' %s", bin(), qf, opts);
+	CHECK_EQ_INT(test_run_capture(cmd, &b), 0);
+	CHECK_MSG(a && b && strcmp(a, b) == 0, "on load:\n%s\nfile:\n%s", a, b);
+	/* without -q: what it cost, and the fallbacks (rows of 64 and 172) */
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p Once -n 1 --quantize Q4_K_M 2>&1 >/dev/null",
+		 bin(), model);
+	CHECK_EQ_INT(test_run_capture(cmd, &err), 0);
+	CHECK_MSG(err && strstr(err, "quantized 37 tensors to Q4_K_M on load in ") &&
+			  strstr(err, "MiB -> ") && strstr(err, "kept wider than Q4_K_M"),
+		  "%s", err);
+	free(a);
+	free(b);
+	free(err);
+	unlink(qf);
+}
+
 static void test_usage_errors(void)
 {
 	char cmd[16384], *out = NULL;
@@ -330,6 +364,7 @@ int main(void)
 	TEST_RUN(test_bias_ignore_eos);
 	TEST_RUN(test_top_logits_zero);
 	TEST_RUN(test_context_shift);
+	TEST_RUN(test_quantize);
 	TEST_RUN(test_usage_errors);
 	json_decref(ref);
 	return test_finish();

@@ -94,8 +94,8 @@ void tools_mkmodel_usage(FILE *o)
 	for (size_t i = 0; i < CM_ARRAY_LEN(shapes); i++)
 		fprintf(o, " %s", shapes[i].name);
 	fprintf(o, "\n  --type    type or llama-quantize mix of the 2-D weights (default Q4_0):");
-	const struct tools_recipe *r;
-	for (size_t i = 0; (r = tools_recipe_at(i)); i++)
+	const struct quant_recipe *r;
+	for (size_t i = 0; (r = quant_recipe_at(i)); i++)
 		fprintf(o, "%s%s", i % 9 == 8 ? "\n              " : " ", r->name);
 	fprintf(o, "\n            (edgelm-quantize's per-tensor rules and row-size fallbacks)\n"
 		   "  --vocab   vocab GGUF to copy tokenizer.* from ('synthetic' for a byte-level\n"
@@ -276,7 +276,7 @@ static void llama3_freqs(float *f, uint32_t n_rot, float base)
 
 struct mkmodel_opts {
 	const struct shape *sh;
-	const struct tools_recipe *recipe;
+	const struct quant_recipe *recipe;
 	const char *out;
 	const char *vocab; /* NULL: synthetic; may point to vocab_path */
 	long seed, threads;
@@ -322,7 +322,7 @@ static int mkmodel_opts_parse(int argc, char **argv, struct mkmodel_opts *o)
 	for (size_t i = 0; shape_name && i < CM_ARRAY_LEN(shapes); i++)
 		if (strcasecmp(shapes[i].name, shape_name) == 0)
 			o->sh = &shapes[i];
-	o->recipe = tools_recipe_find(type_name);
+	o->recipe = quant_recipe_find(type_name);
 	if (!o->sh || !o->out || !o->recipe || bad || optind < argc) {
 		if (shape_name && !o->sh)
 			fprintf(stderr, "edgelm-gguf: unknown shape '%s'\n", shape_name);
@@ -426,10 +426,10 @@ static struct gen_tensor *add_mat(const struct mkmodel_opts *o, struct mkmodel *
 	struct gen_tensor *t = &m->ts[m->nt++];
 	snprintf(t->name, sizeof(t->name), "%s", name);
 	t->n_dims = 2, t->ne[0] = nin, t->ne[1] = nout;
-	struct tools_tensor tt = {t->name, nin, (int)o->n_layer, (int)(sh->n_head / sh->n_head_kv),
+	struct quant_tensor tt = {t->name, nin, (int)o->n_layer, (int)(sh->n_head / sh->n_head_kv),
 				  !strcmp(t->name, "output.weight") ||
 					  (sh->tied && !strcmp(t->name, "token_embd.weight"))};
-	t->type = tools_recipe_type(o->recipe, &tt, NULL, 0);
+	t->type = quant_recipe_type(o->recipe, &tt, NULL, 0);
 	t->std = 1.0f / sqrtf((float)nin);
 	return t;
 }

@@ -1,5 +1,7 @@
-/* tools/lib/recipes.c: llama-quantize's file types as per-tensor recipes
- * (gguf-formats §3), shared by edgelm-quantize and edgelm-gguf mkmodel.
+/* engine/quantize_recipe.c: llama-quantize's file types as per-tensor
+ * recipes (gguf-formats §3), the one copy that quantizing on load
+ * (quantize.c), edgelm-quantize and edgelm-gguf mkmodel use, so a model
+ * quantized on load gets the types (and bytes) of the file the tool writes.
  *
  * A recipe has a base tensor type and a few rules that give chosen matrices
  * more bits (dense, non-MoE models, no importance matrix):
@@ -15,33 +17,45 @@
  * Then the row-size fallback: a type whose block does not divide the row
  * becomes Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K / Q3_K / IQ4_XS ->
  * IQ4_NL, and anything that still does not divide becomes F16. */
-#include "tools/lib/tools.h"
+#include "engine/quant.h"
 
 #include "common/common.h"
-#include "engine/quant.h"
+#include "engine/gguf.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include <strings.h>
 
-static const struct tools_recipe recipes[] = {
-	{ "Q4_K_M", ENGINE_DTYPE_Q4_K, 15 }, { "Q4_K_S", ENGINE_DTYPE_Q4_K, 14 },
-	{ "Q5_K_M", ENGINE_DTYPE_Q5_K, 17 }, { "Q5_K_S", ENGINE_DTYPE_Q5_K, 16 },
-	{ "Q6_K", ENGINE_DTYPE_Q6_K, 18 },   { "Q3_K_M", ENGINE_DTYPE_Q3_K, 12 },
-	{ "Q2_K", ENGINE_DTYPE_Q2_K, 10 },   { "Q8_0", ENGINE_DTYPE_Q8_0, 7 },
-	{ "Q4_0", ENGINE_DTYPE_Q4_0, 2 },    { "Q4_1", ENGINE_DTYPE_Q4_1, 3 },
-	{ "Q5_0", ENGINE_DTYPE_Q5_0, 8 },    { "Q5_1", ENGINE_DTYPE_Q5_1, 9 },
-	{ "IQ4_NL", ENGINE_DTYPE_IQ4_NL, 25 }, { "IQ4_XS", ENGINE_DTYPE_IQ4_XS, 30 },
-	{ "F16", ENGINE_DTYPE_F16, 1 },	     { "BF16", ENGINE_DTYPE_BF16, 32 },
-	{ "F32", ENGINE_DTYPE_F32, 0 },
-};
+/* name, base type, general.file_type; the X-macro also spells the list of
+ * names (quant_recipe_names), so the two cannot differ */
+#define RECIPES(X)                                                                        \
+	X(Q4_K_M, Q4_K, 15) X(Q4_K_S, Q4_K, 14) X(Q5_K_M, Q5_K, 17) X(Q5_K_S, Q5_K, 16)   \
+	X(Q6_K, Q6_K, 18) X(Q3_K_M, Q3_K, 12) X(Q2_K, Q2_K, 10) X(Q8_0, Q8_0, 7)           \
+	X(Q4_0, Q4_0, 2) X(Q4_1, Q4_1, 3) X(Q5_0, Q5_0, 8) X(Q5_1, Q5_1, 9)                \
+	X(IQ4_NL, IQ4_NL, 25) X(IQ4_XS, IQ4_XS, 30) X(F16, F16, 1) X(BF16, BF16, 32)        \
+	X(F32, F32, 0)
+#define RECIPE_ENTRY(n, b, ft) { #n, ENGINE_DTYPE_##b, ft },
+#define RECIPE_NAME(n, b, ft) " " #n
+
+static const struct quant_recipe recipes[] = { RECIPES(RECIPE_ENTRY) };
+
+const char *quant_recipe_names(void)
+{
+	return RECIPES(RECIPE_NAME) + 1;
+}
+
+/* Mixes llama-quantize makes only with an importance matrix, which edgelm
+ * does not compute: named so that asking for one says why it is refused. */
+static const char *const imatrix_only[] = { "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",
+					    "IQ1_S",   "IQ1_M",  "Q2_K_S" };
 
 /* llama-quantize's aliases: a bare K type names its _M mix. */
 static const struct {
 	const char *alias, *name;
 } aliases[] = { { "Q3_K", "Q3_K_M" }, { "Q4_K", "Q4_K_M" }, { "Q5_K", "Q5_K_M" } };
 
-const struct tools_recipe *tools_recipe_find(const char *name)
+const struct quant_recipe *quant_recipe_find(const char *name)
 {
 	if (!name)
 		return NULL;
@@ -54,7 +68,15 @@ const struct tools_recipe *tools_recipe_find(const char *name)
 	return NULL;
 }
 
-const struct tools_recipe *tools_recipe_at(size_t i)
+bool quant_recipe_needs_imatrix(const char *name)
+{
+	for (size_t i = 0; name && i < CM_ARRAY_LEN(imatrix_only); i++)
+		if (strcasecmp(name, imatrix_only[i]) == 0)
+			return true;
+	return false;
+}
+
+const struct quant_recipe *quant_recipe_at(size_t i)
 {
 	return i < CM_ARRAY_LEN(recipes) ? &recipes[i] : NULL;
 }
@@ -65,7 +87,7 @@ static bool ends_with(const char *s, const char *suffix)
 	return n >= m && memcmp(s + n - m, suffix, m) == 0;
 }
 
-bool tools_recipe_quantizable(const char *name, int eff_dims)
+bool quant_recipe_quantizable(const char *name, int eff_dims)
 {
 	return ends_with(name, "weight") && eff_dims >= 2 && !strstr(name, "_norm.weight") &&
 	       !strstr(name, "ffn_gate_inp.weight") && strcmp(name, "position_embd.weight") != 0 &&
@@ -95,7 +117,7 @@ static bool has_part(const char *name, const char *part)
 }
 
 /* The recipe's choice before the row-size check. */
-static uint32_t choose(const struct tools_recipe *r, const struct tools_tensor *t)
+static uint32_t choose(const struct quant_recipe *r, const struct quant_tensor *t)
 {
 	const uint32_t base = r->base;
 	const int i = layer_of(t->name), n = t->n_layer > 0 ? t->n_layer : 1;
@@ -159,7 +181,7 @@ static uint32_t fallback_of(uint32_t type)
 	}
 }
 
-uint32_t tools_recipe_type(const struct tools_recipe *r, const struct tools_tensor *t, char *note,
+uint32_t quant_recipe_type(const struct quant_recipe *r, const struct quant_tensor *t, char *note,
 			   size_t note_len)
 {
 	uint32_t want = choose(r, t), type = want;
@@ -174,4 +196,82 @@ uint32_t tools_recipe_type(const struct tools_recipe *r, const struct tools_tens
 			 (long long)t->ne0, quant_dtype_get(want)->blck, quant_dtype_name(want),
 			 quant_dtype_name(type));
 	return type;
+}
+
+/* ggml_n_dims: dimensions not counting trailing ones. */
+static int eff_dims(const struct gguf_tensor *t)
+{
+	int n = (int)t->n_dims;
+	while (n > 1 && t->ne[n - 1] == 1)
+		n--;
+	return n;
+}
+
+/* n_head / n_head_kv from the architecture's keys, 1 when absent. */
+static int model_gqa(const struct gguf_file *f)
+{
+	struct gguf_str arch;
+	uint32_t nh = 0, nkv = 0;
+	char key[160];
+	if (gguf_get_str(f, "general.architecture", &arch, NULL) || arch.len > 64)
+		return 1;
+	snprintf(key, sizeof(key), "%.*s.attention.head_count", (int)arch.len, arch.ptr);
+	if (gguf_get_u32(f, key, &nh, NULL))
+		return 1;
+	snprintf(key, sizeof(key), "%.*s.attention.head_count_kv", (int)arch.len, arch.ptr);
+	if (gguf_get_u32(f, key, &nkv, NULL) || nkv == 0)
+		return 1;
+	return (int)(nh / nkv);
+}
+
+void quant_recipe_shape(const struct gguf_file *f, struct quant_shape *ret)
+{
+	/* layers: one more than the largest "blk.N." index */
+	int n = 0;
+	for (uint64_t i = 0; i < f->n_tensors; i++) {
+		int l = layer_of(f->tensors[i].name);
+		if (l >= n)
+			n = l + 1;
+	}
+	ret->n_layer = n;
+	ret->gqa = model_gqa(f);
+	ret->has_output = gguf_tensor_by_name(f, "output.weight") != NULL;
+}
+
+bool quant_recipe_covers(const struct gguf_tensor *t)
+{
+	return quant_recipe_quantizable(t->name, eff_dims(t));
+}
+
+uint32_t quant_recipe_tensor(const struct quant_recipe *r, const struct quant_shape *s,
+			     const struct gguf_tensor *t, char *note, size_t note_len)
+{
+	if (note && note_len)
+		note[0] = '\0';
+	if (!quant_recipe_covers(t))
+		return t->type;
+	struct quant_tensor tt = {
+		.name = t->name,
+		.ne0 = t->ne[0],
+		.n_layer = s->n_layer,
+		.gqa = s->gqa,
+		.is_output = !strcmp(t->name, "output.weight") ||
+			     (!s->has_output && !strcmp(t->name, "token_embd.weight")),
+	};
+	return quant_recipe_type(r, &tt, note, note_len);
+}
+
+int quant_convert_rows(const struct gguf_tensor *t, uint32_t out_type, void *out, int64_t r0,
+		       int64_t r1, float *tmp)
+{
+	const int64_t ne0 = t->ne[0];
+	const size_t out_row = quant_dtype_row_size(out_type, ne0);
+	const uint8_t *src = t->data;
+	/* always through tmp: rows in a mapping need not be aligned for f32
+	 * loads when general.alignment is small */
+	for (int64_t r = r0; r < r1; r++)
+		if (quant_dequantize_row(t->type, src + (uint64_t)r * t->row_bytes, tmp, ne0) ||
+		    quant_quantize_row(out_type, tmp, (uint8_t *)out + (uint64_t)r * out_row, ne0))
+			return -EINVAL;
+	return 0;
 }
