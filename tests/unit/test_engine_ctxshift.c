@@ -372,6 +372,12 @@ static void test_refusals(void)
 	CHECK_EQ_INT(engine_seq_len(c, 0), 8);
 	CHECK_OK(engine_seq_shift(c, 0, 2, 6, &err)); /* the whole tail */
 	CHECK_EQ_INT(engine_seq_len(c, 0), 2);
+	/* a full context dropped whole: no rope row n_ctx is read */
+	int32_t full[N_CTX];
+	tokens(full, N_CTX, m->hp.n_vocab);
+	CHECK_OK(prefill(c, 0, full, N_CTX, &err));
+	CHECK_OK(engine_seq_shift(c, 0, 0, N_CTX, &err));
+	CHECK_EQ_INT(engine_seq_len(c, 0), 0);
 	engine_ctx_free(c);
 	engine_model_free(m);
 }
