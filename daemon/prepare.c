@@ -66,36 +66,54 @@ static int prepare_chat(struct daemon *d, const struct ipc_request *q, struct da
 	struct daemon_request sys = {.parse_special = true};
 	int rc = all && keep ? engine_chat_detect(d->model, d->cfg.chat_template, &f, err)
 			     : cm_err_set(err, -ENOMEM, "out of memory");
-	size_t last_user = 0;
+	size_t last_user = 0, n_drop = 0; /* droppable: before last_user, not system */
 	for (size_t i = 0; rc == 0 && i < n; i++) {
 		all[i] = (struct engine_chat_msg){(enum engine_chat_role)q->messages[i].role,
 						  q->messages[i].content,
 						  q->messages[i].content_len};
-		keep[i] = true;
 		if (all[i].role == ENGINE_CHAT_USER)
 			last_user = i;
 	}
-	int room = (int)CM_MIN((uint32_t)CM_MAX(r->max_tokens, 0), d->cfg.ctx_size / 4);
-	*ret_dropped = 0;
-	while (rc == 0 && (rc = render_tokenize(d, f, all, keep, n, true, msgs, r, err)) == 0 &&
-	       (uint32_t)(r->n_prompt + room) > d->cfg.ctx_size) {
-		size_t i = 0;
-		while (i < last_user && (!keep[i] || all[i].role == ENGINE_CHAT_SYSTEM))
-			i++;
-		if (i >= last_user)
-			break; /* only what must stay: tokenize_prompt judges it */
-		keep[i] = false;
-		(*ret_dropped)++;
+	for (size_t i = 0; i < last_user; i++)
+		n_drop += all[i].role != ENGINE_CHAT_SYSTEM;
+	uint32_t room = CM_MIN((uint32_t)CM_MAX(r->max_tokens, 0), d->cfg.ctx_size / 4);
+	/* the fewest droppable messages whose loss makes it fit, by bisection
+	 * (a history of 1024 messages renders 11 times, not 1024) */
+	size_t lo = 0, hi = n_drop, k = 0;
+	for (bool last = false; rc == 0; ) {
+		size_t dropped = 0;
+		for (size_t i = 0; i < n; i++) {
+			bool drop = i < last_user && all[i].role != ENGINE_CHAT_SYSTEM && dropped < k;
+			dropped += drop;
+			keep[i] = !drop;
+		}
+		rc = render_tokenize(d, f, all, keep, n, true, msgs, r, err);
+		if (rc || last)
+			break;
+		if ((uint32_t)r->n_prompt + room <= d->cfg.ctx_size)
+			hi = k;
+		else
+			lo = k + 1;
+		if (lo >= hi) { /* the answer (hi: all droppable gone, or it fit) */
+			last = hi != k;
+			k = hi;
+			if (!last)
+				break;
+		} else {
+			k = lo + (hi - lo) / 2;
+		}
 	}
+	*ret_dropped = rc ? 0 : (int)k;
 	if (rc == 0) {
 		int n_sys = 0;
 		for (size_t i = 0; i < n; i++)
 			n_sys += (keep[i] = all[i].role == ENGINE_CHAT_SYSTEM);
 		if (n_sys && render_tokenize(d, f, all, keep, n, false, msgs, &sys, err) == 0) {
-			int k = 0;
-			while (k < sys.n_prompt && k < r->n_prompt && sys.prompt[k] == r->prompt[k])
-				k++;
-			r->n_keep_auto = CM_MAX(r->n_keep_auto, k);
+			int same = 0;
+			while (same < sys.n_prompt && same < r->n_prompt &&
+			       sys.prompt[same] == r->prompt[same])
+				same++;
+			r->n_keep_auto = CM_MAX(r->n_keep_auto, same);
 		}
 	}
 	cm_free(sys.prompt_text);

@@ -630,6 +630,11 @@ int engine_seq_shift(engine_ctx *c, int seq, int n_keep, int n_discard, struct c
 				  (double)hp->rope_attn_factor);
 	if (n_discard == 0)
 		return 0;
+	int from = n_keep + n_discard, n_move = len - from;
+	if (n_move == 0) { /* nothing moves (and row n_discard may be past the tables) */
+		c->seq_len[seq] = n_keep;
+		return 0;
+	}
 	/* cos, -sin of n_discard positions, global and local tables, in
 	 * the batch's query scratch (n_batch x n_head x head_dim floats) */
 	size_t half = hp->n_rot / 2;
@@ -645,7 +650,6 @@ int engine_seq_shift(engine_ctx *c, int seq, int n_keep, int n_discard, struct c
 			rot[3 * half + i] = -c->rope_sin_local[(size_t)n_discard * half + i];
 		}
 	}
-	int from = n_keep + n_discard, n_move = len - from;
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
 		const float *cs = rot + (c->m->layers[l].rope_local ? 2 * half : 0);
 		size_t base = (size_t)seq * c->kv_seq_stride + l * c->kv_layer_stride;
