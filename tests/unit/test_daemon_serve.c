@@ -534,6 +534,59 @@ static void test_embed_errors(void)
 	free(req);
 }
 
+/* libedgelm's edgelm_embed and edgelmctl embed give the op's vectors */
+static void test_embed_clients(void)
+{
+	json_t *raw = call("{\"op\":\"embed\",\"input\":[\"Once upon a time\",\"The cat sat "
+			   "on the mat.\"]}");
+	edgelm_client *c = client();
+	float *v = NULL;
+	size_t dim = 0;
+	int64_t *tok = NULL;
+	struct edgelm_error e;
+	CHECK_OK(edgelm_embed(c, emb_texts, 2, NULL, false, &v, &dim, &tok, &e));
+	CHECK_EQ_INT(dim, 64);
+	for (size_t i = 0; v && i < 2; i++) {
+		json_t *want = emb_of(raw, i);
+		for (size_t k = 0; k < dim; k++)
+			CHECK((double)v[i * dim + k] ==
+			      (double)(float)json_number_value(json_array_get(want, k)));
+		CHECK(tok[i] == json_integer_value(json_object_get(
+					json_array_get(json_object_get(raw, "embeddings"), i), "tokens")));
+	}
+	edgelm_free(v);
+	edgelm_free(tok);
+	CHECK_EQ_INT(edgelm_embed(c, emb_texts, 1, "rank", false, &v, &dim, NULL, &e),
+		     EDGELM_E_INVALID_ARG);
+	const char *empty[] = {""};
+	CHECK_EQ_INT(edgelm_embed(c, empty, 1, NULL, false, &v, &dim, NULL, &e),
+		     EDGELM_E_INVALID_FIELD);
+	edgelm_close(c);
+
+	char cmd[9000], *out = NULL;
+	snprintf(cmd, sizeof(cmd),
+		 "printf 'Once upon a time\\n\\nThe cat sat on the mat.\\n' | %s --socket '%s' --json "
+		 "embed -",
+		 test_bin("edgelmctl"), url);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
+	json_t *j = out ? json_loads(out, 0, NULL) : NULL;
+	CHECK(json_integer_value(json_object_get(j, "dim")) == 64);
+	CHECK_EQ_INT(json_array_size(json_object_get(j, "embeddings")), 2);
+	for (size_t i = 0; i < 2; i++)
+		CHECK(vec_diff(emb_of(j, i), emb_of(raw, i)) < 1e-7);
+	json_decref(j);
+	free(out);
+	snprintf(cmd, sizeof(cmd), "%s --socket '%s' embed --pooling last 'Once upon a time' 'x'",
+		 test_bin("edgelmctl"), url);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
+	int lines = 0;
+	for (char *p = out; p && *p; p++)
+		lines += *p == '\n';
+	CHECK_EQ_INT(lines, 2);
+	free(out);
+	json_decref(raw);
+}
+
 struct emb_job {
 	int k;
 	json_t *rep;
@@ -633,6 +686,7 @@ int main(void)
 	TEST_RUN(test_embed);
 	TEST_RUN(test_embed_errors);
 	TEST_RUN(test_embed_concurrent);
+	TEST_RUN(test_embed_clients);
 	TEST_RUN(test_sigterm);
 	if (daemon_pid > 0) {
 		kill(daemon_pid, SIGKILL);
