@@ -76,13 +76,13 @@ int embed_prepare(struct daemon *d, struct daemon_request *r, const struct ipc_r
 					 r->emb_tok + at, (int)CM_MIN(total - at, (size_t)INT32_MAX),
 					 &n, err);
 		if (rc)
-			return rc == -ENOBUFS ? cm_err_set(err, -E2BIG, "input %zu too long", i) : rc;
+			return rc == -ENOBUFS ? cm_err_set(err, -E2BIG, "input[%zu]: too long", i) : rc;
 		if (n == 0)
-			return cm_err_set(err, -EINVAL, "input %zu has no tokens", i);
+			return cm_err_set(err, -EINVAL, "input[%zu]: no tokens", i);
 		if (n > ctx) {
 			if (!q->truncate)
 				return cm_err_set(err, -E2BIG,
-						  "input %zu: %d tokens do not fit the context of %d "
+						  "input[%zu]: %d tokens do not fit the context of %d "
 						  "tokens (set truncate to cut it)",
 						  i, n, ctx);
 			n = ctx;

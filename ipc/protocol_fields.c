@@ -419,7 +419,7 @@ static int input_parse(struct ipc_pctx *c, const struct ipc_field *f, json_t *v,
 		const char *str = json_string_value(e);
 		if (len == 0)
 			return ipc_perr(c->err, IPC_ERR_INVALID_FIELD,
-			                one ? "%s is an empty string" : "%s[%zu] is an empty string",
+			                one ? "%s: an empty string" : "%s[%zu] is an empty string",
 			                f->name, i);
 		total += ipc_json_text_bytes(str, len);
 		if (total > c->lim->max_prompt_bytes)
