@@ -423,8 +423,11 @@ static json_t *run_embed(const char *text, const char *pooling)
 		 test_bin("edgelm-run"), test_data_path("models/stories260K-f32.gguf"), text,
 		 pooling);
 	json_t *j = NULL;
-	if (test_run_capture(cmd, &out) == 0 && out)
-		j = json_incref(json_object_get(json_loads(out, 0, NULL), "embedding"));
+	if (test_run_capture(cmd, &out) == 0 && out) {
+		json_t *all = json_loads(out, 0, NULL);
+		j = json_incref(json_object_get(all, "embedding"));
+		json_decref(all);
+	}
 	free(out);
 	return j;
 }

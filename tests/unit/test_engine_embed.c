@@ -9,9 +9,12 @@
  * - cls is the first token's state normalised, last the last one's, mean
  *   differs from both;
  * - empty input, an input longer than the context and pooling none are
- *   refused. */
+ *   refused;
+ * - <arch>.pooling_type in the file is reported and is the default (a copy
+ *   of the model with the key set); none there means mean. */
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
+#include "engine/gguf.h"
 #include "tests/test.h"
 
 #define MODEL "models/stories260K-f32.gguf"
@@ -254,11 +257,75 @@ static void test_embed_batching(void)
 	engine_model_free(m);
 }
 
+/* A copy of the model with llama.pooling_type = v, at path. */
+static int write_with_pooling(const char *path, uint32_t v)
+{
+	struct gguf_file *f = NULL;
+	struct gguf_writer *w = NULL;
+	struct cm_err err = {0};
+	int rc = gguf_open(test_data_path(MODEL), &f, &err);
+	if (!rc)
+		rc = gguf_writer_new(&w, &err);
+	if (!rc)
+		rc = gguf_writer_copy_kv(w, f, NULL, NULL);
+	if (!rc)
+		rc = gguf_writer_set_u32(w, "llama.pooling_type", v);
+	for (uint64_t i = 0; !rc && i < f->n_tensors; i++) {
+		const struct gguf_tensor *t = &f->tensors[i];
+		rc = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, &err);
+	}
+	if (!rc)
+		rc = gguf_writer_write(w, path, &err);
+	if (rc)
+		fprintf(stderr, "write %s: %s\n", path, err.msg);
+	gguf_writer_free(w);
+	gguf_close(f);
+	return rc;
+}
+
+static void test_pooling_from_file(void)
+{
+	if (!test_file_exists(test_data_path(MODEL))) {
+		TEST_SKIP_DATA("%s not found under $EDGELM_TESTDATA", MODEL);
+		return;
+	}
+	static const struct {
+		uint32_t v;
+		int info, used;
+	} cases[] = {{3, ENGINE_POOL_LAST, ENGINE_POOL_LAST}, {2, ENGINE_POOL_CLS, ENGINE_POOL_CLS},
+		     {0, ENGINE_POOL_NONE, ENGINE_POOL_MEAN}, {4, ENGINE_POOL_UNSPECIFIED, ENGINE_POOL_MEAN}};
+	char path[4200];
+	snprintf(path, sizeof(path), "%s/pooling.gguf", test_tmpdir());
+	for (size_t k = 0; k < CM_ARRAY_LEN(cases); k++) {
+		CHECK_EQ_INT(write_with_pooling(path, cases[k].v), 0);
+		struct engine_params p = {.n_threads = 1};
+		engine_model *m = NULL;
+		CHECK_EQ_INT(engine_model_load(path, &p, &m, NULL), 0);
+		if (!m)
+			continue;
+		struct engine_model_info in;
+		engine_model_get_info(m, &in);
+		CHECK_EQ_INT(in.pooling, cases[k].info);
+		CHECK_EQ_INT((int)engine_pooling_resolve(m, ENGINE_POOL_UNSPECIFIED), cases[k].used);
+		int E = (int)in.n_embd;
+		engine_ctx *c = new_ctx(m, 1, 64, 0);
+		int32_t ids[64];
+		int n = tokenize(m, texts[0], ids, 64);
+		float a[E], b[E];
+		CHECK_EQ_INT(engine_embed(c, 0, ids, n, ENGINE_POOL_UNSPECIFIED, a, NULL), 0);
+		CHECK_EQ_INT(engine_embed(c, 0, ids, n, (enum engine_pooling)cases[k].used, b, NULL), 0);
+		CHECK(memcmp(a, b, sizeof(a)) == 0);
+		engine_ctx_free(c);
+		engine_model_free(m);
+	}
+}
+
 int main(void)
 {
 	TEST_RUN(test_pooling_names);
 	TEST_RUN(test_hidden_state_teacher);
 	TEST_RUN(test_embed_pooling);
 	TEST_RUN(test_embed_batching);
+	TEST_RUN(test_pooling_from_file);
 	return test_finish();
 }
