@@ -104,7 +104,9 @@ static void admit(struct sched *s, struct outbox_list *out)
 		for (int i = 0; r->smp && i < r->n_prompt; i++)
 			engine_sampler_accept(r->smp, r->prompt[i]);
 		if (d->mi) {
-			monitor_counter_add(d->mi->prompt_tokens, r->n_prompt);
+			monitor_counter_add(d->mi->prompt_tokens, r->op == IPC_OP_EMBED
+									  ? r->emb_tokens
+									  : r->n_prompt);
 			monitor_counter_inc(d->mi->prefix_lookups);
 			if (reuse > 1) {
 				monitor_counter_inc(d->mi->prefix_hits);

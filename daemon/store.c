@@ -385,7 +385,7 @@ void store_finish(struct sched *s, struct daemon_request *r, enum ipc_finish f,
 			r->call = NULL;
 			if (m)
 				embed_reply(r, f, m);
-			counted = !m || m->rep.error != IPC_ERR_NONE;
+			counted = true; /* its reply is (daemon_count_reply) */
 		} else if (r->call) {
 			struct outbox_msg *m = outbox_add(out, r->call, r->op, r->id);
 			r->call = NULL;

@@ -500,6 +500,32 @@ static void test_embed(void)
 		json_decref(want[i]);
 }
 
+/* edgelm_requests_total{op="embed",outcome} (0 when absent) */
+static double embed_count(const char *outcome)
+{
+	edgelm_client *c = client();
+	char *js = NULL;
+	double v = 0;
+	if (c && edgelm_metrics(c, &js, NULL) == 0) {
+		json_t *j = json_loads(js, 0, NULL);
+		json_t *fam = json_object_get(json_object_get(json_object_get(j, "metrics"), "metrics"),
+					      "edgelm_requests_total");
+		size_t i;
+		json_t *ser;
+		json_array_foreach(json_object_get(fam, "series"), i, ser) {
+			json_t *l = json_object_get(ser, "labels");
+			const char *op = json_string_value(json_object_get(l, "op"));
+			const char *oc = json_string_value(json_object_get(l, "outcome"));
+			if (op && oc && strcmp(op, "embed") == 0 && strcmp(oc, outcome) == 0)
+				v = json_number_value(json_object_get(ser, "value"));
+		}
+		json_decref(j);
+	}
+	edgelm_free(js);
+	edgelm_close(c);
+	return v;
+}
+
 static void test_embed_errors(void)
 {
 	static const char *const bad[] = {
@@ -509,12 +535,18 @@ static void test_embed_errors(void)
 		"{\"op\":\"embed\"}",
 		"{\"op\":\"embed\",\"input\":\"a\",\"pooling\":\"rank\"}",
 	};
+	/* each request counts once, by its outcome */
+	double ok0 = embed_count("ok"), bad0 = embed_count("invalid_field");
+	json_t *one = call("{\"op\":\"embed\",\"input\":\"a\"}");
+	json_decref(one);
+	CHECK(embed_count("ok") == ok0 + 1);
 	for (size_t i = 0; i < CM_ARRAY_LEN(bad); i++) {
 		json_t *j = call(bad[i]);
 		CHECK_MSG(err_code(j) && strcmp(err_code(j), "invalid_field") == 0, "%s: %s", bad[i],
 			  err_code(j) ? err_code(j) : "(ok)");
 		json_decref(j);
 	}
+	CHECK(embed_count("invalid_field") == bad0 + CM_ARRAY_LEN(bad));
 	/* longer than the context of 512: refused, or cut with truncate */
 	size_t cap = 8192;
 	char *req = malloc(cap), *p = req;
