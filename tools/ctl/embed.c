@@ -66,7 +66,8 @@ int ctl_cmd_embed(int argc, char **argv)
 	while ((ch = getopt_long(argc, argv, "+h", lo, NULL)) != -1) {
 		if (ch == OPT_POOLING) {
 			pooling = optarg;
-			if (strcmp(pooling, "mean") && strcmp(pooling, "cls") && strcmp(pooling, "last"))
+			if (strcmp(pooling, "mean") && strcmp(pooling, "cls") &&
+			    strcmp(pooling, "last"))
 				return ctl_usage_error("embed", "--pooling is mean, cls or last");
 		} else if (ch == OPT_TRUNCATE) {
 			truncate = true;
