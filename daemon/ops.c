@@ -494,6 +494,7 @@ void daemon_handle_call(ipc_call *call, void *userdata)
 	case IPC_OP_CHAT:
 	case IPC_OP_TOKENIZE:
 	case IPC_OP_DETOKENIZE:
+	case IPC_OP_EMBED:
 		if (draining) {
 			/* new work is refused; polls, cancels, health go on */
 			ipc_call_error(call, IPC_ERR_SHUTTING_DOWN, -1, NULL);
@@ -504,7 +505,8 @@ void daemon_handle_call(ipc_call *call, void *userdata)
 	}
 	switch (op) {
 	case IPC_OP_GENERATE:
-	case IPC_OP_CHAT: handle_generate(d, call, q); return;
+	case IPC_OP_CHAT:
+	case IPC_OP_EMBED: handle_generate(d, call, q); return;
 	case IPC_OP_POLL: handle_poll(d, call, q); return;
 	case IPC_OP_CANCEL: handle_cancel(d, call, q); return;
 	case IPC_OP_TOKENIZE: submit_text_op(d, call, do_tokenize); return;

@@ -52,6 +52,7 @@ static void msg_free(struct outbox_msg *m)
 	cm_free(m->text);
 	cm_free(m->msg);
 	cm_free(m->lp);
+	cm_free(m->embd);
 	cm_free(m);
 }
 

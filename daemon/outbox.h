@@ -22,6 +22,7 @@ struct outbox_msg {
 	char *text; /* owned */
 	char *msg;  /* owned: an error's message */
 	void *lp;   /* owned: the logprobs the reply points to */
+	void *embd; /* owned: the embeddings the reply points to */
 };
 
 /* A list of messages being built. */

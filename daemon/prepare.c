@@ -153,7 +153,10 @@ void ops_prepare(void *arg)
 
 	pthread_rwlock_rdlock(&s->model_lock);
 	uint64_t gen = s->model_gen;
-	if (!r->prompt_text) {
+	if (r->op == IPC_OP_EMBED) {
+		/* the call lives until the reply: embed never streams */
+		rc = embed_prepare(d, r, ipc_call_request(r->call), &err);
+	} else if (!r->prompt_text) {
 		/* the call is alive: nobody completes it while the request prepares */
 		const struct ipc_request *q = ipc_call_request(r->call);
 		if (q->op == IPC_OP_CHAT) {
@@ -170,9 +173,9 @@ void ops_prepare(void *arg)
 		    strstr(r->prompt_text, "__edgelm_test_stall__"))
 			r->stall = true;
 	}
-	if (rc == 0 && !tokenized)
+	if (rc == 0 && !tokenized && r->op != IPC_OP_EMBED)
 		rc = tokenize_text(d, r, &err);
-	if (rc == 0)
+	if (rc == 0 && r->op != IPC_OP_EMBED)
 		rc = tokenize_prompt(d, r, &err);
 	pthread_rwlock_unlock(&s->model_lock);
 	if (n_dropped)

@@ -84,8 +84,9 @@ static void admit(struct sched *s, struct outbox_list *out)
 			reprepare(s, r, out);
 			continue;
 		}
+		/* embeddings need every token's state: nothing is reused */
 		int best = policy_pick_slot(s->pslots, s->n_slots, r->prompt, r->n_prompt,
-					    d->cfg.prefix_cache, &reuse);
+					    d->cfg.prefix_cache && r->op != IPC_OP_EMBED, &reuse);
 		struct slot *sl = &s->slots[best];
 		engine_seq_truncate(d->ctx, best, reuse);
 		sl->n_tokens = reuse;
@@ -102,10 +103,12 @@ static void admit(struct sched *s, struct outbox_list *out)
 		cm_free(r->prompt_text); /* tokenized for the model in use: not needed again */
 		r->prompt_text = NULL;
 		engine_detok_init(&r->detok, engine_model_tokenizer(d->model));
-		for (int i = 0; i < r->n_prompt; i++)
+		for (int i = 0; r->smp && i < r->n_prompt; i++)
 			engine_sampler_accept(r->smp, r->prompt[i]);
 		if (d->mi) {
-			monitor_counter_add(d->mi->prompt_tokens, r->n_prompt);
+			monitor_counter_add(d->mi->prompt_tokens, r->op == IPC_OP_EMBED
+									  ? r->emb_tokens
+									  : r->n_prompt);
 			monitor_counter_inc(d->mi->prefix_lookups);
 			if (reuse > 1) {
 				monitor_counter_inc(d->mi->prefix_hits);
@@ -406,6 +409,7 @@ static void batch_put(struct sched *s, int n, struct daemon_request *r, int32_t 
 	s->b_pos[n] = pos;
 	s->b_seq[n] = r->slot;
 	s->b_want[n] = want;
+	s->b_embd[n] = false;
 	s->b_req[n] = r;
 	s->slots[r->slot].tokens[pos] = tok;
 }
@@ -429,9 +433,11 @@ static int add_prefill(struct sched *s, int n, int budget, int room, bool *chunk
 		if (!s->pre[i].take)
 			continue;
 		struct daemon_request *r = s->pre[i].user;
+		bool emb = r->op == IPC_OP_EMBED;
 		for (int k = 0; k < s->pre[i].take; k++, n++) {
 			int p = r->n_fed + k;
-			batch_put(s, n, r, r->prompt[p], p, p == r->n_prompt - 1);
+			batch_put(s, n, r, r->prompt[p], p, !emb && p == r->n_prompt - 1);
+			s->b_embd[n] = emb && embed_wants(r, p);
 		}
 		r->n_fed += s->pre[i].take;
 		s->slots[r->slot].n_tokens = r->n_fed;
@@ -496,7 +502,7 @@ static void step(struct sched *s)
 		return;
 	}
 	struct engine_batch b = {.n = n, .tokens = s->b_tok, .pos = s->b_pos, .seq = s->b_seq,
-				 .want_logits = s->b_want};
+				 .want_logits = s->b_want, .want_embd = s->b_embd};
 	struct cm_err err = {0};
 	double t0 = cm_now();
 	int rc = engine_decode(d->ctx, &b, &err);
@@ -513,6 +519,9 @@ static void step(struct sched *s)
 		for (int i = 0; i < n; i++)
 			if (s->b_want[i] && s->b_req[i]->state == RQ_RUNNING)
 				on_logits(s, s->b_req[i], engine_get_logits(d->ctx, i), &out);
+			else if (s->b_req[i]->op == IPC_OP_EMBED &&
+				 s->b_req[i]->state == RQ_RUNNING)
+				embed_take(s, s->b_req[i], i, &out);
 	}
 	pthread_mutex_lock(&d->mu);
 	for (int i = 0; i < s->n_slots; i++) {
@@ -642,9 +651,10 @@ int sched_new(struct daemon *d, struct sched **ret, struct cm_err *err)
 	s->b_pos = cm_calloc((size_t)s->b_cap, sizeof(int32_t));
 	s->b_seq = cm_calloc((size_t)s->b_cap, sizeof(int32_t));
 	s->b_want = cm_calloc((size_t)s->b_cap, sizeof(bool));
+	s->b_embd = cm_calloc((size_t)s->b_cap, sizeof(bool));
 	s->b_req = cm_calloc((size_t)s->b_cap, sizeof(*s->b_req));
 	bool ok = s->slots && s->pslots && s->pre && s->b_tok && s->b_pos && s->b_seq &&
-		  s->b_want && s->b_req;
+		  s->b_want && s->b_embd && s->b_req;
 	for (int i = 0; ok && i < s->n_slots; i++)
 		ok = (s->slots[i].tokens = cm_calloc(d->cfg.ctx_size, sizeof(int32_t))) != NULL;
 	if (!ok) {
@@ -735,6 +745,7 @@ void sched_free(struct sched *s)
 	cm_free(s->b_pos);
 	cm_free(s->b_seq);
 	cm_free(s->b_want);
+	cm_free(s->b_embd);
 	cm_free(s->b_req);
 	engine_ctx_free(s->swap_ctx);
 	engine_model_free(s->swap_model);

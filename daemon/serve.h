@@ -106,6 +106,18 @@ struct daemon_request {
 	uint64_t max_ack;
 	struct held_poll *polls;
 	struct daemon_request *next; /* the table */
+
+	/* embed (embed.c): every input's tokens back to back in emb_tok,
+	 * input i at emb_off[i] (n_inputs + 1 entries); the one being run is
+	 * copied to `prompt`. emb_block holds the reply's ipc_embedding array
+	 * and their values (n_inputs x n_embd floats), handed to the reply. */
+	int32_t *emb_tok;
+	int *emb_off;
+	int n_inputs, cur_input, n_embd;
+	int pooling; /* enum engine_pooling, resolved */
+	double *emb_acc;
+	void *emb_block;
+	int64_t emb_tokens; /* all inputs' */
 };
 
 struct slot {
@@ -140,6 +152,7 @@ struct sched {
 	/* batch scratch (scheduler thread) */
 	int32_t *b_tok, *b_pos, *b_seq;
 	bool *b_want;
+	bool *b_embd; /* want_embd: prompt tokens of embed requests */
 	struct daemon_request **b_req;
 	int b_cap;
 	struct policy_prefill_seq *pre;
@@ -179,6 +192,17 @@ void store_fail(struct sched *s, struct daemon_request *r, enum ipc_errcode code
 void store_count(struct daemon *d, enum ipc_op op, const char *outcome);
 /* Live streams in the table (finished or not): a drain waits for them. */
 int store_n_streams(struct sched *s);
+
+/* embed.c: an embed request's inputs, tokenized and checked on a text
+ * worker (model_lock held); whether prompt position pos of the current
+ * input needs its hidden state; batch token i's state taken after a step
+ * (the scheduler thread; finishes the request after its last input,
+ * taking mu); and its reply, built in store_finish (under mu). */
+int embed_prepare(struct daemon *d, struct daemon_request *r, const struct ipc_request *q,
+		  struct cm_err *err);
+bool embed_wants(const struct daemon_request *r, int pos);
+void embed_take(struct sched *s, struct daemon_request *r, int i, struct outbox_list *out);
+void embed_reply(struct daemon_request *r, enum ipc_finish f, struct outbox_msg *m);
 
 /* prepare.c: prepare a generation on a text worker (render, tokenize,
  * check, sampler), then queue it. */

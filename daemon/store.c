@@ -26,6 +26,10 @@ void req_free(struct daemon_request *r)
 	engine_sampler_free(r->smp);
 	cm_free(r->gen);
 	cm_free(r->fail_msg);
+	cm_free(r->emb_tok);
+	cm_free(r->emb_off);
+	cm_free(r->emb_acc);
+	cm_free(r->emb_block);
 	cm_free(r);
 }
 
@@ -376,7 +380,13 @@ void store_finish(struct sched *s, struct daemon_request *r, enum ipc_finish f,
 	daemon_log(LOG_INFO, r->id, "finished: %s, %d prompt tokens (%d cached), %d generated",
 		   ipc_finish_name(f), r->n_prompt, r->n_cached, r->n_gen);
 	if (!r->stream) {
-		if (r->call) {
+		if (r->call && r->op == IPC_OP_EMBED) {
+			struct outbox_msg *m = outbox_add(out, r->call, r->op, r->id);
+			r->call = NULL;
+			if (m)
+				embed_reply(r, f, m);
+			counted = true; /* its reply is (daemon_count_reply) */
+		} else if (r->call) {
 			struct outbox_msg *m = outbox_add(out, r->call, r->op, r->id);
 			r->call = NULL;
 			if (m && outbox_set_text(m, r->gen ? r->gen : "", r->gen_len) == 0) {

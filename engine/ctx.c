@@ -216,6 +216,8 @@ int engine_ctx_new(engine_model *m, const struct engine_ctx_params *p, engine_ct
 	    !(c->act = cm_aligned_alloc(c->act_cap)) ||
 	    !(c->seq_len = cm_calloc(c->n_seq, sizeof(int32_t))) ||
 	    !(c->logit_row = cm_calloc(B, sizeof(int32_t))) ||
+	    ctx_alloc_lazy(&c->embd, B * E) || !(c->embd_set = cm_calloc(B, sizeof(bool))) ||
+	    !(c->embd_want = cm_calloc(B, sizeof(bool))) ||
 	    !(c->zero_seq = cm_calloc(B, sizeof(int32_t))) ||
 	    !(c->embd_row = cm_malloc(m->tok_embd.row_bytes))) {
 		enum engine_kv_type t = c->kv_type;
@@ -256,6 +258,9 @@ void engine_ctx_free(engine_ctx *c)
 	cm_free(c->act);
 	cm_free(c->seq_len);
 	cm_free(c->logit_row);
+	cm_free(c->embd);
+	cm_free(c->embd_set);
+	cm_free(c->embd_want);
 	cm_free(c->zero_seq);
 	cm_free(c->embd_row);
 	cm_free(c);

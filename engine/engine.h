@@ -109,6 +109,9 @@ struct engine_model_info {
 	uint64_t quant_bytes_in, quant_bytes_out;
 	double quant_seconds;
 	char quant_note[192];
+	/* <arch>.pooling_type: how the file's model pools embeddings
+	 * (ENGINE_POOL_UNSPECIFIED when the file does not say) */
+	int pooling;
 };
 
 /* engine_params.repack from "auto", "on" or "off" (NULL: auto); -EINVAL
@@ -201,6 +204,11 @@ struct engine_batch {
 	const int32_t *pos;
 	const int32_t *seq;
 	const bool *want_logits;
+	/* want_embd[i] asks for the final hidden state of token i (after the
+	 * output norm, before the output matmul; engine_get_embd). NULL: none.
+	 * A batch with want_embd and no want_logits computes no logits, so an
+	 * embedding-only batch skips the output matmul. */
+	const bool *want_embd;
 };
 
 int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *err);
@@ -209,6 +217,10 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 const float *engine_get_logits(const engine_ctx *c, int i);
 /* Logits of the last token that asked for them in the last decode. */
 const float *engine_get_logits_last(const engine_ctx *c);
+/* Final hidden state of batch token i from the last engine_decode (n_embd
+ * floats), or NULL if want_embd did not ask for it. Valid until the next
+ * decode. */
+const float *engine_get_embd(const engine_ctx *c, int i);
 /* Forget a sequence's KV from position `pos` on (0 clears it). */
 void engine_seq_truncate(engine_ctx *c, int seq, int pos);
 int engine_seq_len(const engine_ctx *c, int seq);
@@ -226,6 +238,38 @@ int engine_seq_shift(engine_ctx *c, int seq, int n_keep, int n_discard, struct c
  * n_batch tokens, whatever the prompt's length), computing logits for the
  * last one (engine_get_logits_last). */
 int engine_eval(engine_ctx *c, const int32_t *tokens, int n, int pos, struct cm_err *err);
+
+/* ---- embeddings ---------------------------------------------------------- */
+
+/* How the hidden states of an input's tokens become one vector; the values
+ * are llama.cpp's <arch>.pooling_type (0 none, 1 mean, 2 cls, 3 last). */
+enum engine_pooling {
+	ENGINE_POOL_UNSPECIFIED = -1, /* the model's, else mean */
+	ENGINE_POOL_NONE = 0,         /* one state per token: engine_get_embd, not engine_embed */
+	ENGINE_POOL_MEAN = 1,         /* the mean of all tokens' states */
+	ENGINE_POOL_CLS = 2,          /* the first token's state */
+	ENGINE_POOL_LAST = 3,         /* the last token's state */
+};
+/* "unspecified", "none", "mean", "cls", "last" ("?" out of range). */
+const char *engine_pooling_name(enum engine_pooling p);
+/* The pooling named `name` (any case), or -ENOENT. */
+int engine_pooling_parse(const char *name, enum engine_pooling *ret);
+/* The pooling engine_embed uses for `p` on model m: p itself unless
+ * unspecified, else the file's pooling_type when it is mean, cls or last,
+ * else mean. */
+enum engine_pooling engine_pooling_resolve(const engine_model *m, enum engine_pooling p);
+
+/* One input's embedding: clear sequence `seq`, run tokens[0..n) through it
+ * from position 0 in chunks of n_batch, and write the pooled, L2-normalised
+ * hidden state (n_embd floats) to `out`. The sequence is cleared again
+ * afterwards. -EINVAL for n < 1 or ENGINE_POOL_NONE, -ENOSPC when n
+ * exceeds the context. The
+ * output matmul is skipped: embedding an input costs a prefill without
+ * logits. */
+int engine_embed(engine_ctx *c, int seq, const int32_t *tokens, int n, enum engine_pooling pooling,
+		 float *out, struct cm_err *err);
+/* Scale v[0..n) to unit L2 norm (a zero vector stays zero). */
+void engine_embd_normalize(float *v, int n);
 
 /* ---- tokenizer ----------------------------------------------------------- */
 

@@ -136,6 +136,7 @@ struct hparams {
 	float attn_scale;        /* q.k multiplier: 1/sqrt(head_dim) unless the arch says */
 	float attn_softcap;      /* gemma2: scores become c tanh(s / c); 0: off */
 	float final_softcap;     /* gemma2: the same on the logits; 0: off */
+	int pooling;             /* pooling_type, ENGINE_POOL_UNSPECIFIED if absent */
 };
 
 /* ---- the weight table (model_weights.c) ----------------------------------
@@ -296,6 +297,9 @@ struct engine_ctx {
 	int attn_mq;      /* query heads scored together (several-head kernels), or 1 */
 	float *logits;    /* [n_batch][n_vocab] */
 	int32_t *logit_row; /* batch index -> row in logits, -1 if none */
+	float *embd;        /* [n_batch][n_embd] final hidden states (want_embd) */
+	bool *embd_set;     /* which rows of embd the last decode wrote */
+	bool *embd_want;    /* engine_embed's want_embd, n_batch */
 	int32_t *zero_seq;  /* n_batch zeros: the seq array when a batch has none */
 	uint8_t *embd_row;  /* one token_embd row, native layout (repacked tied output) */
 	const float *last_logits;

@@ -553,10 +553,17 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 			engine_matmul(c, &L->w_down, c->hb, FF, T, c->x, E, NULL, true);
 	}
 
+	/* Hidden states for the tokens that want them: the normed row is the
+	 * embedding, and it stays in place (batch index = row). */
+	for (int t = 0; t < T; t++) {
+		c->embd_set[t] = b->want_embd && b->want_embd[t];
+		if (c->embd_set[t])
+			rmsnorm(c->embd + t * E, c->x + t * E, m->output_norm, (int64_t)E, hp->eps);
+	}
 	/* Logits for the requested tokens only: gather their normed rows. */
 	int n_out = 0;
 	for (int t = 0; t < T; t++) {
-		bool want = b->want_logits ? b->want_logits[t] : t == T - 1;
+		bool want = b->want_logits ? b->want_logits[t] : !b->want_embd && t == T - 1;
 		c->logit_row[t] = want ? n_out : -1;
 		if (want) {
 			rmsnorm(c->xb + (size_t)n_out * E, c->x + t * E, m->output_norm, (int64_t)E,
@@ -579,6 +586,13 @@ int engine_decode(engine_ctx *c, const struct engine_batch *b, struct cm_err *er
 	c->seq = NULL;
 	c->pos = NULL;
 	return 0;
+}
+
+const float *engine_get_embd(const engine_ctx *c, int i)
+{
+	if (i < 0 || i >= c->n_tok || !c->embd_set[i])
+		return NULL;
+	return c->embd + (size_t)i * c->m->hp.n_embd;
 }
 
 const float *engine_get_logits(const engine_ctx *c, int i)

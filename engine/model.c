@@ -27,6 +27,7 @@ static void fill_info(engine_model *m)
 	in->n_ctx = m->n_ctx;
 	in->rope_base = hp->rope_base;
 	in->norm_eps = hp->eps;
+	in->pooling = hp->pooling;
 	in->isa = m->kern ? m->kern->name : "none";
 	in->n_threads = m->pool ? engine_pool_size(m->pool) : 0;
 	/* every matmul reads all of its weight per token; the embedding one row */

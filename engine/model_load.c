@@ -346,6 +346,11 @@ static int load_hparams(struct loader *L)
 		return cm_err_set(L->err, -EPROTO, "model: epsilon or rope.freq_base not positive");
 	if ((r = load_rope_scaling(L)))
 		return r;
+	/* llama.cpp's pooling_type: 0 none .. 3 last (4 rank: not ours) */
+	uint32_t pool;
+	if ((r = hp_u32(L, "pooling_type", false, UINT32_MAX, &pool)))
+		return r;
+	hp->pooling = pool <= 3 ? (int)pool : -1;
 	return load_hparams_arch(L);
 }
 

@@ -59,6 +59,15 @@ json_t *oai_response(enum oai_kind kind, const char *cid, const char *model, int
 json_t *oai_chunk(enum oai_kind kind, const char *cid, const char *model, int64_t created,
 		  const char *text, size_t len, bool role, const char *finish, json_t *usage);
 
+/* POST /v1/embeddings' body -> the protocol's embed request (input a
+ * string or strings; token ids are refused); *ret_base64: encoding_format
+ * "base64". 0, or -EINVAL with e filled (400). */
+int oai_embed_request(const json_t *body, char **ret_json, bool *ret_base64, struct oai_err *e);
+/* {"object":"list","data":[{"object":"embedding","index","embedding"}],
+ *  "model","usage":{"prompt_tokens","total_tokens"}} from an embed reply;
+ * base64: each vector as its float32 bytes (little-endian) in base64. */
+json_t *oai_embed_response(const char *model, const json_t *reply, bool base64);
+
 /* The web page (http/page.html, embedded by the build). */
 extern const unsigned char http_page_html[];
 extern const size_t http_page_html_len;

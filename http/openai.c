@@ -446,3 +446,100 @@ json_t *oai_chunk(enum oai_kind kind, const char *cid, const char *model, int64_
 		json_object_set_new(o, "usage", usage);
 	return o;
 }
+
+/* ---- embeddings ---------------------------------------------------------------- */
+
+int oai_embed_request(const json_t *body, char **ret_json, bool *ret_base64, struct oai_err *e)
+{
+	if (!json_is_object(body))
+		return BAD(e, NULL, "the body must be a JSON object");
+	const json_t *in = json_object_get(body, "input");
+	if (is_null(in))
+		return BAD(e, "input", "input: a string or an array of strings is required");
+	/* token ids (an array of integers, or of arrays of them): the
+	 * protocol takes text only, so say so rather than embed "[1, 2]" */
+	const json_t *first = json_is_array(in) ? json_array_get(in, 0) : NULL;
+	if (json_is_integer(first) || json_is_array(first))
+		return BAD(e, "input", "input: token ids are not supported; send the text");
+	const json_t *fmt = json_object_get(body, "encoding_format");
+	*ret_base64 = false;
+	if (!is_null(fmt)) {
+		const char *f = json_string_value(fmt);
+		if (!f || (strcmp(f, "float") != 0 && strcmp(f, "base64") != 0))
+			return BAD(e, "encoding_format",
+				   "encoding_format: \"float\" or \"base64\" is required");
+		*ret_base64 = strcmp(f, "base64") == 0;
+	}
+	if (!is_null(json_object_get(body, "dimensions")))
+		return BAD(e, "dimensions",
+			   "dimensions: not supported; vectors have the model's embedding length");
+	json_t *out = json_pack("{s:i,s:s,s:O}", "v", 1, "op", "embed", "input", in);
+	if (!out)
+		return BAD(e, NULL, "out of memory");
+	/* edgelm's own options, checked by the protocol's parser */
+	static const char *const extra[] = {"pooling", "truncate"};
+	for (size_t i = 0; i < CM_ARRAY_LEN(extra); i++) {
+		json_t *v = json_object_get(body, extra[i]);
+		if (!is_null(v))
+			json_object_set(out, extra[i], v);
+	}
+	int rc = (*ret_json = json_dumps(out, JSON_COMPACT)) ? 0 : BAD(e, NULL, "out of memory");
+	json_decref(out);
+	return rc;
+}
+
+/* OpenAI's base64: the float32 values' little-endian bytes. */
+static json_t *floats_base64(const json_t *values)
+{
+	static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	size_t n = json_array_size(values), nb = n * 4;
+	unsigned char *b = cm_malloc(nb ? nb : 1);
+	char *s = cm_malloc((nb + 2) / 3 * 4 + 1);
+	json_t *r = NULL;
+	if (b && s) {
+		for (size_t i = 0; i < n; i++) {
+			float f = (float)json_number_value(json_array_get(values, i));
+			uint32_t u;
+			memcpy(&u, &f, 4);
+			for (int k = 0; k < 4; k++)
+				b[4 * i + (size_t)k] = (unsigned char)(u >> (8 * k));
+		}
+		size_t o = 0;
+		for (size_t i = 0; i < nb; i += 3) {
+			uint32_t v = (uint32_t)b[i] << 16;
+			if (i + 1 < nb)
+				v |= (uint32_t)b[i + 1] << 8;
+			if (i + 2 < nb)
+				v |= b[i + 2];
+			s[o++] = tab[v >> 18 & 63];
+			s[o++] = tab[v >> 12 & 63];
+			s[o++] = i + 1 < nb ? tab[v >> 6 & 63] : '=';
+			s[o++] = i + 2 < nb ? tab[v & 63] : '=';
+		}
+		s[o] = '\0';
+		r = json_stringn(s, o);
+	}
+	cm_free(b);
+	cm_free(s);
+	return r;
+}
+
+json_t *oai_embed_response(const char *model, const json_t *reply, bool base64)
+{
+	const json_t *list = json_object_get(reply, "embeddings");
+	json_t *data = json_array();
+	for (size_t i = 0; data && i < json_array_size(list); i++) {
+		json_t *v = json_object_get(json_array_get(list, i), "embedding");
+		json_t *emb = base64 ? floats_base64(v) : json_incref(v);
+		if (!emb || json_array_append_new(data, json_pack("{s:s,s:I,s:o}", "object",
+								   "embedding", "index", (json_int_t)i,
+								   "embedding", emb))) {
+			json_decref(data);
+			return NULL;
+		}
+	}
+	json_int_t p = json_integer_value(json_object_get(json_object_get(reply, "usage"),
+							  "prompt_tokens"));
+	return json_pack("{s:s,s:o,s:s,s:{s:I,s:I}}", "object", "list", "data", data, "model",
+			 model, "usage", "prompt_tokens", p, "total_tokens", p);
+}

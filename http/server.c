@@ -82,7 +82,8 @@ struct http_front {
 
 /* ---- one request -------------------------------------------------------------- */
 
-enum route { R_NONE, R_PAGE, R_HEALTH, R_MODELS, R_COMPLETIONS, R_CHAT, R_STATUS, R_OPTIONS };
+enum route { R_NONE, R_PAGE, R_HEALTH, R_MODELS, R_COMPLETIONS, R_CHAT, R_STATUS, R_OPTIONS,
+	     R_EMBED };
 
 struct hreq {
 	struct http_front *h;
@@ -236,9 +237,10 @@ static void add_common_headers(struct hreq *q, struct MHD_Response *r)
 	}
 }
 
-static enum MHD_Result send_json(struct hreq *q, unsigned status, json_t *j, int64_t retry_s)
+static enum MHD_Result send_json_flags(struct hreq *q, unsigned status, json_t *j,
+				       int64_t retry_s, size_t flags)
 {
-	char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	char *text = j ? json_dumps(j, JSON_COMPACT | flags) : NULL;
 	json_decref(j);
 	if (!text)
 		return MHD_NO;
@@ -260,6 +262,11 @@ static enum MHD_Result send_json(struct hreq *q, unsigned status, json_t *j, int
 	enum MHD_Result ret = MHD_queue_response(q->c, status, r);
 	MHD_destroy_response(r);
 	return ret;
+}
+
+static enum MHD_Result send_json(struct hreq *q, unsigned status, json_t *j, int64_t retry_s)
+{
+	return send_json_flags(q, status, j, retry_s, 0);
 }
 
 static enum MHD_Result send_err(struct hreq *q, const struct oai_err *e)
@@ -621,6 +628,50 @@ static enum MHD_Result do_generate(struct hreq *q)
 	return ret;
 }
 
+/* POST /v1/embeddings: one embed call, no streaming; a client that hangs
+ * up just loses the answer (the request is short and not cancellable). */
+static enum MHD_Result do_embed(struct hreq *q)
+{
+	if (atomic_load(&q->h->draining))
+		return send_error(q, 503, "server_error", "shutting_down",
+				  "the server is shutting down");
+	json_error_t je;
+	json_t *body = json_loadb(q->body ? q->body : "", q->body_len,
+				  JSON_REJECT_DUPLICATES, &je);
+	struct oai_err e;
+	if (!body) {
+		oai_err_set(&e, 400, "invalid_request_error", NULL, NULL,
+			    "the body is not valid JSON: %s (line %d, column %d)", je.text, je.line,
+			    je.column);
+		return send_err(q, &e);
+	}
+	char *proto = NULL;
+	bool base64;
+	int rc = oai_embed_request(body, &proto, &base64, &e);
+	json_decref(body);
+	if (rc)
+		return send_err(q, &e);
+	model_name(q);
+	json_t *r = core_call(q, proto, strlen(proto));
+	free(proto);
+	if (q->gone) {
+		json_decref(r);
+		return MHD_NO;
+	}
+	if (!r || !json_is_true(json_object_get(r, "ok"))) {
+		if (r)
+			oai_err_from_reply(r, &e);
+		else
+			unavailable(q, &e);
+		json_decref(r);
+		return send_err(q, &e);
+	}
+	json_t *out = oai_embed_response(q->model, r, base64);
+	json_decref(r);
+	/* 9 significant digits give back every float exactly */
+	return send_json_flags(q, 200, out, 0, JSON_REAL_PRECISION(9));
+}
+
 static enum MHD_Result do_page(struct hreq *q)
 {
 	struct MHD_Response *r = MHD_create_response_from_buffer(
@@ -841,6 +892,7 @@ static enum route route_of(const char *method, const char *url, bool *method_ok)
 		{"/v1/models", "GET", R_MODELS},
 		{"/v1/completions", "POST", R_COMPLETIONS},
 		{"/v1/chat/completions", "POST", R_CHAT},
+		{"/v1/embeddings", "POST", R_EMBED},
 		{"/v1/edgelm/status", "GET", R_STATUS},
 	};
 	*method_ok = true;
@@ -987,6 +1039,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 	case R_CHAT:
 		q->kind = OAI_CHAT;
 		return do_generate(q);
+	case R_EMBED:
+		return do_embed(q);
 	default:
 		return MHD_NO;
 	}

@@ -927,6 +927,78 @@ EDGELM_API int edgelm_tokenize(edgelm_client *c, const char *text, bool add_spec
 	return rc;
 }
 
+EDGELM_API int edgelm_embed(edgelm_client *c, const char *const *texts, size_t n,
+                            const char *pooling, bool truncate, float **ret_values,
+                            size_t *ret_dim, int64_t **ret_tokens, struct edgelm_error *err)
+{
+	clear_err(err);
+	if (!c || !texts || !ret_values || !ret_dim)
+		return set_err(err, EDGELM_E_INVALID_ARG, "NULL argument");
+	*ret_values = NULL;
+	*ret_dim = 0;
+	if (ret_tokens)
+		*ret_tokens = NULL;
+	struct ipc_request req;
+	ipc_request_init(&req, IPC_OP_EMBED);
+	size_t *lens = cm_calloc(n ? n : 1, sizeof(*lens));
+	if (!lens)
+		return set_err(err, EDGELM_E_NOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		if (!texts[i]) {
+			cm_free(lens);
+			return set_err(err, EDGELM_E_INVALID_ARG, "NULL text");
+		}
+		lens[i] = strlen(texts[i]);
+	}
+	req.inputs = texts;
+	req.input_lens = lens;
+	req.n_inputs = n;
+	req.truncate = truncate;
+	if (pooling) {
+		int p = IPC_POOL_COUNT;
+		for (int k = IPC_POOL_MEAN; k < IPC_POOL_COUNT; k++)
+			if (strcmp(pooling, ipc_pooling_name((enum ipc_pooling)k)) == 0)
+				p = k;
+		if (p == IPC_POOL_COUNT) {
+			cm_free(lens);
+			return set_err(err, EDGELM_E_INVALID_ARG,
+			               "pooling must be mean, cls or last");
+		}
+		req.pooling = p;
+	}
+	struct ipc_reply *rep;
+	int rc = call_op(c, &req, atomic_load(&c->timeout_ms), &rep, NULL, err);
+	cm_free(lens);
+	if (rc == 0) {
+		const struct ipc_embed_reply *e = &rep->u.embed;
+		size_t dim = e->n ? e->data[0].n_values : 0;
+		bool same = e->n == n;
+		for (size_t i = 0; same && i < e->n; i++)
+			same = e->data[i].n_values == dim;
+		float *v = same ? cm_malloc(CM_MAX(n * dim, (size_t)1) * sizeof(*v)) : NULL;
+		int64_t *t = same && ret_tokens ? cm_malloc((n ? n : 1) * sizeof(*t)) : NULL;
+		if (!same) {
+			rc = set_err(err, EDGELM_E_PROTOCOL, "embed reply does not match the request");
+		} else if (!v || (ret_tokens && !t)) {
+			cm_free(v);
+			cm_free(t);
+			rc = set_err(err, EDGELM_E_NOMEM, "out of memory");
+		} else {
+			for (size_t i = 0; i < n; i++) {
+				memcpy(v + i * dim, e->data[i].values, dim * sizeof(*v));
+				if (t)
+					t[i] = e->data[i].tokens;
+			}
+			*ret_values = v;
+			*ret_dim = dim;
+			if (ret_tokens)
+				*ret_tokens = t;
+		}
+	}
+	ipc_reply_free(rep);
+	return rc;
+}
+
 EDGELM_API int edgelm_detokenize(edgelm_client *c, const int32_t *ids, size_t n, char **ret_text,
                                  struct edgelm_error *err)
 {

@@ -212,6 +212,18 @@ EDGELM_API int edgelm_tokenize(edgelm_client *c, const char *text, bool add_spec
 EDGELM_API int edgelm_detokenize(edgelm_client *c, const int32_t *ids, size_t n, char **ret_text,
                                  struct edgelm_error *err);
 
+/* ---- embeddings ------------------------------------------------------------ */
+
+/* Embeddings of texts[0..n) (the embed op): one unit vector per text, of the
+ * model's embedding length *ret_dim, text i's at (*ret_values)[i * dim].
+ * pooling: NULL for the model's default, else "mean", "cls" or "last";
+ * truncate cuts a text longer than the context instead of failing with
+ * EDGELM_E_PROMPT_TOO_LONG. ret_tokens (may be NULL) gets each text's token
+ * count. Free *ret_values and *ret_tokens with edgelm_free. */
+EDGELM_API int edgelm_embed(edgelm_client *c, const char *const *texts, size_t n,
+                            const char *pooling, bool truncate, float **ret_values,
+                            size_t *ret_dim, int64_t **ret_tokens, struct edgelm_error *err);
+
 /* The daemon's reply as JSON text (free with edgelm_free): the model, its
  * architecture and quant types, context, ISA and kernels, threads, tuning
  * state and version. */

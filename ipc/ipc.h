@@ -124,6 +124,7 @@ enum ipc_op {
 	IPC_OP_INFO,
 	IPC_OP_HEALTH,
 	IPC_OP_METRICS,
+	IPC_OP_EMBED,
 	IPC_OP_COUNT
 };
 
@@ -171,6 +172,18 @@ struct ipc_sampling {
 	uint64_t seed;          /* valid when set & IPC_SET_SEED */
 };
 
+/* embed's pooling; the daemon maps it to the engine's (ipc knows no
+ * engine). DEFAULT: the model's pooling_type, else mean. */
+enum ipc_pooling {
+	IPC_POOL_DEFAULT = 0,
+	IPC_POOL_MEAN,
+	IPC_POOL_CLS,
+	IPC_POOL_LAST,
+	IPC_POOL_COUNT
+};
+/* "default", "mean", "cls", "last"; NULL for out-of-range values. */
+const char *ipc_pooling_name(enum ipc_pooling p);
+
 /* A parsed, validated request. Every pointer points into memory owned by the
  * request and lives until ipc_request_free. Fields not used by `op` are zero. */
 struct ipc_request {
@@ -212,6 +225,12 @@ struct ipc_request {
 	const int32_t *ids;
 	size_t n_ids;
 	bool special; /* render control tokens as their text; default false */
+	/* embed: the texts (input, a string or a list of them; none empty) */
+	const char *const *inputs;
+	const size_t *input_lens;
+	size_t n_inputs;
+	int32_t pooling; /* enum ipc_pooling */
+	bool truncate;   /* cut inputs longer than the context instead of refusing */
 
 	struct ipc_arena *arena_; /* private */
 };
@@ -337,6 +356,19 @@ struct ipc_detokenize_reply {
 	size_t text_len;
 };
 
+/* embed: one unit vector per input, in the inputs' order. */
+struct ipc_embedding {
+	const float *values;
+	size_t n_values; /* the model's embedding length */
+	int64_t tokens;  /* of the input, after any truncation */
+};
+struct ipc_embed_reply {
+	const struct ipc_embedding *data;
+	size_t n;
+	const char *pooling; /* the pooling used: "mean", "cls", "last" */
+	int64_t prompt_tokens; /* all inputs' tokens */
+};
+
 struct ipc_info_reply {
 	const char *version;      /* edgelm version */
 	const char *model;        /* file or name */
@@ -406,6 +438,7 @@ struct ipc_reply {
 		struct ipc_info_reply info;
 		struct ipc_health_reply health;
 		struct ipc_metrics_reply metrics;
+		struct ipc_embed_reply embed;
 	} u;
 	struct ipc_arena *arena_; /* private: set only on decoded replies */
 };

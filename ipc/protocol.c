@@ -117,8 +117,16 @@ static const char *const op_names[IPC_OP_COUNT] = {
     [IPC_OP_POLL] = "poll",         [IPC_OP_CANCEL] = "cancel",
     [IPC_OP_TOKENIZE] = "tokenize", [IPC_OP_DETOKENIZE] = "detokenize",
     [IPC_OP_INFO] = "info",         [IPC_OP_HEALTH] = "health",
-    [IPC_OP_METRICS] = "metrics",
+    [IPC_OP_METRICS] = "metrics",   [IPC_OP_EMBED] = "embed",
 };
+
+static const char *const pooling_names[IPC_POOL_COUNT] = {"default", "mean", "cls", "last"};
+
+const char *ipc_pooling_name(enum ipc_pooling p)
+{
+	return (unsigned)p < IPC_POOL_COUNT ? pooling_names[p] : NULL;
+}
+
 
 const char *ipc_op_name(enum ipc_op op)
 {
@@ -164,6 +172,11 @@ static int name_index(const char *const *names, int count, const char *s, size_t
 int ipc_op_index(const char *s, size_t n)
 {
 	return name_index(op_names, IPC_OP_COUNT, s, n);
+}
+
+int ipc_pooling_index(const char *s, size_t n)
+{
+	return name_index(pooling_names, IPC_POOL_COUNT, s, n);
 }
 
 int ipc_role_index(const char *s, size_t n)

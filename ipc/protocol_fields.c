@@ -387,6 +387,120 @@ static void ids_range_doc(const struct ipc_limits *lim, char *buf, size_t cap)
 static const struct ipc_field_kind kind_ids = {"array of integers", ids_parse, ids_encode,
                                                ids_range_doc};
 
+/* ---- input (embed) ---------------------------------------------------------- */
+
+/* OpenAI's shape: a string or an array of strings. The texts count against
+ * max_prompt_bytes together and against max_messages in number (one limit
+ * for "texts in one request"); an empty text has nothing to embed. */
+static int input_parse(struct ipc_pctx *c, const struct ipc_field *f, json_t *v,
+                       struct ipc_request *r)
+{
+	bool one = json_is_string(v);
+	if (!one && !json_is_array(v))
+		return ipc_perr(c->err, IPC_ERR_INVALID_FIELD,
+		                "field '%s' must be a string or an array of strings", f->name);
+	size_t n = one ? 1 : json_array_size(v);
+	if (n == 0)
+		return ipc_perr(c->err, IPC_ERR_INVALID_FIELD, "field '%s' is empty", f->name);
+	if (n > c->lim->max_messages)
+		return ipc_perr(c->err, IPC_ERR_INVALID_FIELD, "%s: %zu texts, more than %zu",
+		                f->name, n, c->lim->max_messages);
+	const char **t = ipc_arena_zalloc(c->arena, n, sizeof(*t));
+	size_t *l = ipc_arena_zalloc(c->arena, n, sizeof(*l));
+	if (!t || !l)
+		return ipc_parse_oom(c);
+	size_t total = 0;
+	for (size_t i = 0; i < n; i++) {
+		json_t *e = one ? v : json_array_get(v, i);
+		if (!json_is_string(e))
+			return ipc_perr(c->err, IPC_ERR_INVALID_FIELD, "%s[%zu] must be a string",
+			                f->name, i);
+		size_t len = json_string_length(e);
+		const char *str = json_string_value(e);
+		if (len == 0)
+			return ipc_perr(c->err, IPC_ERR_INVALID_FIELD,
+			                one ? "%s: an empty string" : "%s[%zu] is an empty string",
+			                f->name, i);
+		total += ipc_json_text_bytes(str, len);
+		if (total > c->lim->max_prompt_bytes)
+			return ipc_perr(c->err, IPC_ERR_PROMPT_TOO_LONG,
+			                "%s holds more than %zu bytes as JSON (escapes count)",
+			                f->name, c->lim->max_prompt_bytes);
+		if (memchr(str, '\0', len))
+			return ipc_perr(c->err, IPC_ERR_INVALID_FIELD,
+			                "%s[%zu] contains a NUL character", f->name, i);
+		t[i] = ipc_arena_strndup(c->arena, str, len);
+		if (!t[i])
+			return ipc_parse_oom(c);
+		l[i] = len;
+	}
+	r->inputs = t;
+	r->input_lens = l;
+	r->n_inputs = n;
+	return 0;
+}
+
+/* Always a list: the reply is one either way. */
+static int input_encode(const struct ipc_field *f, const struct ipc_request *r, json_t **ret)
+{
+	json_t *a = json_array();
+	bool ok = a != NULL;
+	for (size_t i = 0; ok && i < r->n_inputs; i++)
+		if (json_array_append_new(a, ipc_jstr(r->inputs[i], r->input_lens
+		                                                        ? r->input_lens[i]
+		                                                        : strlen(r->inputs[i]))))
+			ok = false;
+	if (!ok) {
+		json_decref(a);
+		return -ENOMEM;
+	}
+	*ret = a;
+	return 0;
+}
+
+static void input_range_doc(const struct ipc_limits *lim, char *buf, size_t cap)
+{
+	char b[32];
+	snprintf(buf, cap, "1–%zu non-empty texts, ≤ %s together (as JSON)", lim->max_messages,
+	         ipc_doc_bytes(lim->max_prompt_bytes, b, sizeof(b)));
+}
+
+static const struct ipc_field_kind kind_input = {"string or array of strings", input_parse,
+                                                 input_encode, input_range_doc};
+
+static int pooling_parse(struct ipc_pctx *c, const struct ipc_field *f, json_t *v,
+                         struct ipc_request *r)
+{
+	int i = json_is_string(v) ? ipc_pooling_index(json_string_value(v), json_string_length(v))
+	                          : -1;
+	if (i <= IPC_POOL_DEFAULT) /* "default" is the field left out */
+		return ipc_perr(c->err, IPC_ERR_INVALID_FIELD,
+		                "field '%s' must be \"mean\", \"cls\" or \"last\"", f->name);
+	r->pooling = i;
+	return 0;
+}
+
+static int pooling_encode(const struct ipc_field *f, const struct ipc_request *r, json_t **ret)
+{
+	(void)f;
+	if (r->pooling == IPC_POOL_DEFAULT)
+		return 0;
+	const char *name = ipc_pooling_name((enum ipc_pooling)r->pooling);
+	if (!name)
+		return -EINVAL;
+	*ret = ipc_jcstr(name);
+	return *ret ? 0 : -ENOMEM;
+}
+
+static void pooling_range_doc(const struct ipc_limits *lim, char *buf, size_t cap)
+{
+	(void)lim;
+	snprintf(buf, cap, "`mean`, `cls`, `last`");
+}
+
+static const struct ipc_field_kind kind_pooling = {"string", pooling_parse, pooling_encode,
+                                                   pooling_range_doc};
+
 /* ---- the table ------------------------------------------------------------ */
 
 #define GENERATE IPC_OPBIT(IPC_OP_GENERATE)
@@ -395,6 +509,7 @@ static const struct ipc_field_kind kind_ids = {"array of integers", ids_parse, i
 #define CANCEL IPC_OPBIT(IPC_OP_CANCEL)
 #define TOKENIZE IPC_OPBIT(IPC_OP_TOKENIZE)
 #define DETOKENIZE IPC_OPBIT(IPC_OP_DETOKENIZE)
+#define EMBED IPC_OPBIT(IPC_OP_EMBED)
 
 /* clang-format off */
 const struct ipc_field ipc_fields[] = {
@@ -484,6 +599,14 @@ const struct ipc_field ipc_fields[] = {
 	  .doc = "the tokens to turn into text" },
 	{ "special", IPC_FT_BOOL, DETOKENIZE, 0, MEMBER(special),
 	  .def = 0, .doc = "when true, control tokens (`<s>`, `<|im_end|>`, ...) are rendered as their text instead of left out" },
+
+	{ "input", IPC_FT_CUSTOM, EMBED, IPC_F_REQUIRED, .kind = &kind_input,
+	  .doc = "the texts to embed, each tokenized with the model's BOS/EOS" },
+	{ "pooling", IPC_FT_CUSTOM, EMBED, 0, .kind = &kind_pooling,
+	  .def_doc = "the model's `pooling_type`, else `mean`",
+	  .doc = "how the tokens' final hidden states become one vector: their mean, the first token's (`cls`) or the last one's" },
+	{ "truncate", IPC_FT_BOOL, EMBED, 0, MEMBER(truncate),
+	  .def = 0, .doc = "when true, an input longer than the context is cut to its first tokens; when false it is refused with `prompt_too_long`" },
 };
 /* clang-format on */
 

@@ -35,6 +35,7 @@ int ipc_op_index(const char *s, size_t n); /* 0 (IPC_OP_NONE) is never found */
 int ipc_role_index(const char *s, size_t n);
 int ipc_finish_index(const char *s, size_t n);
 int ipc_health_index(const char *s, size_t n);
+int ipc_pooling_index(const char *s, size_t n);
 
 /* A key or name quoted in a message: printable ASCII, shortened to fit cap. */
 const char *ipc_key_for_msg(const char *key, size_t len, char *buf, size_t cap);

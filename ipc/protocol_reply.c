@@ -170,6 +170,33 @@ static int enc_ok_body(json_t *o, const struct ipc_reply *r, struct cm_err *err)
 	case IPC_OP_DETOKENIZE:
 		ipc_jset(o, "text", ipc_jstr(r->u.detokenize.text, r->u.detokenize.text_len), &ok);
 		break;
+	case IPC_OP_EMBED: {
+		const struct ipc_embed_reply *e = &r->u.embed;
+		json_t *a = json_array();
+		for (size_t i = 0; a && ok && i < e->n; i++) {
+			const struct ipc_embedding *d = &e->data[i];
+			json_t *v = json_array(), *it = json_object();
+			for (size_t k = 0; v && k < d->n_values; k++)
+				if (json_array_append_new(v, ipc_jfloat(d->values[k])))
+					ok = false;
+			if (!it) {
+				json_decref(v);
+				ok = false;
+				break;
+			}
+			ipc_jset(it, "index", json_integer((json_int_t)i), &ok);
+			ipc_jset(it, "tokens", json_integer((json_int_t)d->tokens), &ok);
+			ipc_jset(it, "embedding", v, &ok);
+			if (json_array_append_new(a, it))
+				ok = false;
+		}
+		ipc_jset(o, "embeddings", a, &ok);
+		if (e->pooling)
+			ipc_jset(o, "pooling", ipc_jcstr(e->pooling), &ok);
+		ipc_jset(o, "usage", json_pack("{sI}", "prompt_tokens", (json_int_t)e->prompt_tokens),
+		         &ok);
+		break;
+	}
 	case IPC_OP_INFO: {
 		const struct ipc_info_reply *in = &r->u.info;
 #define SETS(key, v)                                                                               \
@@ -545,6 +572,41 @@ static int dec_logprobs(struct dctx *c, json_t *o, bool *has, const struct ipc_l
 	return 0;
 }
 
+static int dec_embed(struct dctx *c, json_t *o, struct ipc_embed_reply *e)
+{
+	json_t *a = json_object_get(o, "embeddings");
+	if (!a || !json_is_array(a))
+		return bad_reply(c, "embeddings");
+	size_t n = json_array_size(a);
+	struct ipc_embedding *d = ipc_arena_zalloc(c->arena, n ? n : 1, sizeof(*d));
+	if (!d)
+		return cm_err_set(c->err, -ENOMEM, "ipc: out of memory decoding a reply");
+	for (size_t i = 0; i < n; i++) {
+		json_t *it = json_array_get(a, i), *v = json_object_get(it, "embedding");
+		if (!json_is_object(it) || !v || !json_is_array(v) ||
+		    dec_int(c, it, "tokens", &d[i].tokens))
+			return bad_reply(c, "embeddings");
+		size_t k = json_array_size(v);
+		float *f = ipc_arena_zalloc(c->arena, k ? k : 1, sizeof(*f));
+		if (!f)
+			return cm_err_set(c->err, -ENOMEM, "ipc: out of memory decoding a reply");
+		for (size_t j = 0; j < k; j++) {
+			json_t *x = json_array_get(v, j);
+			if (!json_is_number(x))
+				return bad_reply(c, "embedding");
+			f[j] = (float)json_number_value(x);
+		}
+		d[i].values = f;
+		d[i].n_values = k;
+	}
+	e->data = d;
+	e->n = n;
+	json_t *u = json_object_get(o, "usage");
+	if (u && dec_int(c, u, "prompt_tokens", &e->prompt_tokens))
+		return -EPROTO;
+	return dec_str(c, o, "pooling", &e->pooling, NULL);
+}
+
 static int dec_ok_body(struct dctx *c, json_t *o, struct ipc_reply *r)
 {
 	int64_t x;
@@ -609,6 +671,8 @@ static int dec_ok_body(struct dctx *c, json_t *o, struct ipc_reply *r)
 	}
 	case IPC_OP_DETOKENIZE:
 		return dec_str(c, o, "text", &r->u.detokenize.text, &r->u.detokenize.text_len);
+	case IPC_OP_EMBED:
+		return dec_embed(c, o, &r->u.embed);
 	case IPC_OP_INFO: {
 		struct ipc_info_reply *in = &r->u.info;
 		if (dec_str(c, o, "version", &in->version, NULL) ||

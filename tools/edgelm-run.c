@@ -18,6 +18,10 @@
  * several tokens and its text is never printed (text mode: output that
  * could still be the start of a stop string is held back until it is
  * not). In --json mode, the lines show every token as generated. 
+ * --embed prints the prompt's embedding instead (the pooled, L2-normalised
+ * final hidden state, --pooling mean|cls|last; default the model's, else
+ * mean): the values on one line, or with --json one object
+ * {"n_tokens":…, "pooling":…, "embedding":[…]}.
  * Exit codes: 0 ok, 1 usage, 2 bad model or input, 3 runtime failure. */
 #include "engine/engine.h"
 #include "tools/lib/tools.h"
@@ -83,6 +87,9 @@ static void usage(FILE *o)
 		"                         after the kept ones and go on (until -n)\n"
 		"      --keep N           tokens a context shift keeps at the start (default:\n"
 		"                         the BOS only; -1: the whole prompt)\n"
+		"      --embed            print the prompt's embedding and exit\n"
+		"      --pooling NAME     --embed's pooling: mean, cls, last (default: the\n"
+		"                         model's, else mean)\n"
 		"  -q, --quiet            no timings on stderr\n"
 		"  -h, --help\n",
 		DEFAULT_BATCH, engine_kv_type_list(), engine_kv_type_name(ENGINE_KV_DEFAULT));
@@ -114,6 +121,8 @@ enum {
 	OPT_CONTEXT_SHIFT,
 	OPT_KEEP,
 	OPT_QUANTIZE,
+	OPT_EMBED,
+	OPT_POOLING,
 };
 
 static const struct option long_opts[] = {
@@ -149,6 +158,8 @@ static const struct option long_opts[] = {
 	{"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
 	{"stop", required_argument, NULL, OPT_STOP},
 	{"logit-bias", required_argument, NULL, OPT_BIAS},
+	{"embed", no_argument, NULL, OPT_EMBED},
+	{"pooling", required_argument, NULL, OPT_POOLING},
 	{"quiet", no_argument, NULL, 'q'},
 	{"help", no_argument, NULL, 'h'},
 	{NULL, 0, NULL, 0},
@@ -361,7 +372,8 @@ struct run_opts {
 	long n_predict, n_threads, ctx, top_n, n_batch;
 	long keep; /* --keep; -2: the BOS only */
 	enum engine_kv_type kv_type;
-	bool json, tokenize_only, special, quiet, seed_set, ignore_eos, context_shift;
+	bool json, tokenize_only, special, quiet, seed_set, ignore_eos, context_shift, embed;
+	enum engine_pooling pooling;
 	struct engine_sampler_params sp;
 };
 
@@ -387,6 +399,7 @@ static int run_opts_parse(int argc, char **argv, struct run_opts *o)
 		.n_batch = DEFAULT_BATCH,
 		.kv_type = ENGINE_KV_DEFAULT,
 		.keep = -2,
+		.pooling = ENGINE_POOL_UNSPECIFIED,
 	};
 	long lastn = 64;
 	engine_sampler_params_default(&o->sp);
@@ -450,6 +463,15 @@ static int run_opts_parse(int argc, char **argv, struct run_opts *o)
 			break;
 		}
 		case OPT_JSON: o->json = true; break;
+		case OPT_EMBED: o->embed = true; break;
+		case OPT_POOLING:
+			if (engine_pooling_parse(optarg, &o->pooling) != 0 ||
+			    o->pooling == ENGINE_POOL_NONE) {
+				fprintf(stderr, "edgelm-run: --pooling: '%s' is not one of mean, "
+						"cls, last\n", optarg);
+				return EXIT_USAGE;
+			}
+			break;
 		case OPT_TOPL: bad = tools_parse_long(optarg, 0, 1 << 20, &o->top_n); break;
 		case OPT_TOKENIZE: o->tokenize_only = true; break;
 		case OPT_SPECIAL: o->special = true; break;
@@ -795,6 +817,43 @@ out:
 	return rc;
 }
 
+/* --embed: the prompt's pooled embedding on stdout. */
+static int run_embed(const struct run_opts *o, struct run *r)
+{
+	struct cm_err err = {0};
+	engine_model_get_info(r->m, &r->info);
+	const struct engine_model_info *info = &r->info;
+	if (r->n_ids == 0) {
+		fprintf(stderr, "edgelm-run: the prompt is empty and the model adds no BOS\n");
+		return EXIT_INPUT;
+	}
+	if ((uint32_t)r->n_ids > info->n_ctx) {
+		fprintf(stderr, "edgelm-run: prompt of %d tokens does not fit the context of %u\n",
+			r->n_ids, info->n_ctx);
+		return EXIT_INPUT;
+	}
+	struct engine_ctx_params cp = {.n_ctx = (uint32_t)r->n_ids, .n_seq = 1,
+				       .n_batch = (uint32_t)o->n_batch, .kv_type = o->kv_type};
+	float *v = malloc(sizeof(float) * info->n_embd);
+	enum engine_pooling pool = engine_pooling_resolve(r->m, o->pooling);
+	double t1 = cm_now();
+	if (!v || engine_ctx_new(r->m, &cp, &r->cx, &err) != 0 ||
+	    engine_embed(r->cx, 0, r->ids, r->n_ids, pool, v, &err) != 0) {
+		fprintf(stderr, "edgelm-run: %s\n", v ? err.msg : "out of memory");
+		free(v);
+		return EXIT_RUNTIME;
+	}
+	r->t_prompt = cm_now() - t1;
+	if (o->json)
+		printf("{\"n_tokens\":%d,\"pooling\":\"%s\",\"embedding\":[", r->n_ids,
+		       engine_pooling_name(pool));
+	for (uint32_t i = 0; i < info->n_embd; i++)
+		printf(i ? (o->json ? ",%.9g" : " %.9g") : "%.9g", (double)v[i]);
+	puts(o->json ? "]}" : "");
+	free(v);
+	return 0;
+}
+
 /* Timings on stderr unless --quiet. */
 static void run_report(const struct run_opts *o, const struct run *r)
 {
@@ -823,6 +882,11 @@ int main(int argc, char **argv)
 		rc = run_tokenize(&o, &r);
 	if (!rc && o.tokenize_only) {
 		print_ids(&r);
+	} else if (!rc && o.embed) {
+		rc = run_embed(&o, &r);
+		if (!rc && !o.quiet)
+			fprintf(stderr, "edgelm-run: embedded %d tokens in %.0f ms\n", r.n_ids,
+				r.t_prompt * 1e3);
 	} else if (!rc) {
 		rc = run_prefill(&o, &r);
 		if (!rc)

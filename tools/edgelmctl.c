@@ -22,7 +22,7 @@ static const struct {
     {"info", ctl_cmd_status},           {"health", ctl_cmd_status},
     {"metrics", ctl_cmd_status},        {"tokenize", ctl_cmd_tokenize},
     {"detokenize", ctl_cmd_detokenize}, {"cancel", ctl_cmd_cancel},
-    {"top", ctl_cmd_top},
+    {"top", ctl_cmd_top},               {"embed", ctl_cmd_embed},
 };
 
 /* The options before COMMAND into ctl_g; -1 to go on (optind at COMMAND),

@@ -5,8 +5,9 @@
  * The first byte picks completions or chat; the rest is the request body.
  * A body that translates must give protocol JSON that the socket's parser
  * takes or refuses with a message (never a crash); every refusal must be a
- * 4xx/5xx with a message. The same bytes are also read as a protocol reply
- * and turned into OpenAI's response, chunk and error, as the server does
+ * 4xx/5xx with a message. The body is also translated as /v1/embeddings'.
+ * The same bytes are also read as a protocol reply and turned into
+ * OpenAI's response, chunk, embeddings list and error, as the server does
  * with what the core answers.
  *
  *   make fuzz && build-fuzz/fuzz_http_request -max_len=4096 tests/fuzz/corpus/http_request
@@ -61,6 +62,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		} else {
 			check_err(&e);
 		}
+		bool b64;
+		if (oai_embed_request(j, &proto, &b64, &e) == 0) {
+			struct ipc_request *r = NULL;
+			struct cm_err err = {0};
+			int rc = ipc_request_parse(proto, strlen(proto), NULL, &r, &err);
+			if (rc == 0 && r->op != IPC_OP_EMBED)
+				abort();
+			if (rc != 0 && !err.msg[0])
+				abort();
+			ipc_request_free(r);
+			free(proto);
+		} else {
+			check_err(&e);
+		}
 		json_decref(j);
 	}
 	/* the same bytes as the core's reply */
@@ -71,6 +86,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		check_err(&e);
 		json_t *resp = oai_response(kind, "id", "m", 0, reply);
 		json_decref(resp);
+		json_decref(oai_embed_response("m", reply, data[0] & 8));
 		const json_t *t = json_object_get(reply, "text");
 		json_t *ch = oai_chunk(kind, "id", "m", 0, json_string_value(t), json_string_length(t),
 				       data[0] & 2, oai_finish(json_string_value(

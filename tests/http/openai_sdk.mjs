@@ -137,6 +137,29 @@ check(typeof ex.choices[0].text === "string", "llama-server extras refused");
   check(plain.choices[0].logprobs === null, "logprobs without asking");
 }
 
+// ---- embeddings: the socket's vectors, as floats and as base64 (the SDK
+// asks for base64 and decodes it unless told "float")
+{
+  const texts = ["Once upon a time", "The cat sat on the mat."];
+  const nemb = ctl(["embed", ...texts]);
+  const near = (a, b) => a.length === b.length && a.every((x, i) => Math.abs(x - b[i]) < 1e-6);
+  const e1 = await client.embeddings.create({ model, input: texts });
+  check(e1.object === "list" && e1.data.length === 2, `embeddings: ${JSON.stringify(e1).slice(0, 200)}`);
+  check(e1.model === model, `embeddings model ${e1.model}`);
+  const tokens = nemb.embeddings.reduce((n, x) => n + x.tokens, 0);
+  check(e1.usage.prompt_tokens === tokens && e1.usage.total_tokens === tokens, `embeddings usage ${JSON.stringify(e1.usage)}`);
+  for (let i = 0; i < 2; i++) {
+    check(e1.data[i].object === "embedding" && e1.data[i].index === i, `embedding ${i} shape`);
+    check(near(Array.from(e1.data[i].embedding), nemb.embeddings[i].embedding), `embedding ${i} (base64) differs from the socket's`);
+  }
+  const e2 = await client.embeddings.create({ model, input: texts[1], encoding_format: "float" });
+  check(e2.data.length === 1 && near(e2.data[0].embedding, nemb.embeddings[1].embedding), "embedding (float) differs from the socket's");
+  const norm = Math.hypot(...e2.data[0].embedding);
+  check(Math.abs(norm - 1) < 1e-5, `embedding norm ${norm}`);
+  await expectError("embeddings: empty input", () => client.embeddings.create({ model, input: [] }), 400, "input");
+  await expectError("embeddings: token ids", () => client.embeddings.create({ model, input: [[1, 2, 3]] }), 400, "input");
+}
+
 // ---- errors in OpenAI's shape
 await expectError("n 2", () => client.completions.create({ model, prompt, n: 2 }), 400, "n");
 await expectError("top_p 5", () => client.completions.create({ model, prompt, top_p: 5 }), 400, "top_p");

@@ -113,6 +113,27 @@ fi
 [ "$(code -H "$A" "$H/v1/completions" -d '{"prompt":"a","logit_bias":{"999999":-100}}')" = 400 ] &&
 	grep -q '"param":"logit_bias"' "$T/body" && ok || ko "an id outside the vocabulary: $(cat "$T/body")"
 
+# ---- embeddings: OpenAI's list, the socket's vectors (the same floats,
+# written with different digits: compared as numbers)
+$CTL --json embed "Once upon a time" "a cat" >"$T/emb.nng" || ko "socket embed"
+[ "$(code -H "$A" "$H/v1/embeddings" -d '{"model":"m.gguf","input":["Once upon a time","a cat"]}')" = 200 ] &&
+	grep -q '^{"object":"list","data":\[{"object":"embedding","index":0,"embedding":\[' "$T/body" &&
+	grep -q '"model":"m.gguf","usage":{"prompt_tokens":[1-9][0-9]*,"total_tokens":' "$T/body" && ok ||
+	ko "/v1/embeddings: $(head -c 300 "$T/body")"
+v_http=$(sed -n 's/.*"index":1,"embedding":\[\([^]]*\)\].*/\1/p' "$T/body")
+v_nng=$(sed -n 's/.*"embedding":\[\([^]]*\)\]}\]}$/\1/p' "$T/emb.nng")
+echo "$v_http" | tr , '\n' >"$T/emb.h"; echo "$v_nng" | tr , '\n' >"$T/emb.n"
+[ -n "$v_http" ] && [ "$(wc -l <"$T/emb.h")" -eq "$(wc -l <"$T/emb.n")" ] &&
+	paste -d' ' "$T/emb.h" "$T/emb.n" | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-8) bad = 1 } END { exit bad }' &&
+	ok || ko "HTTP embedding != the socket's: $v_http vs $v_nng"
+[ "$(code -H "$A" "$H/v1/embeddings" -d '{"input":"a cat","encoding_format":"base64"}')" = 200 ] &&
+	grep -q '"embedding":"[A-Za-z0-9+/]*=*"' "$T/body" && ok || ko "base64 embedding: $(head -c 200 "$T/body")"
+[ "$(code -H "$A" "$H/v1/embeddings" -d '{"input":""}')" = 400 ] && grep -q '"param":"input"' "$T/body" &&
+	ok || ko "empty embedding input: $(cat "$T/body")"
+[ "$(code -H "$A" "$H/v1/embeddings" -d '{"input":[1,2]}')" = 400 ] && ok || ko "token ids: $(cat "$T/body")"
+[ "$(code -H "$A" -X POST "$H/v1/embeddings")" = 400 ] && ok || ko "no body: $(cat "$T/body")"
+[ "$(code -H "$A" "$H/v1/embeddings" -X GET)" = 405 ] && ok || ko "GET embeddings: not 405"
+
 # ---- SSE framing
 curl -sN -H "$A" "$H/v1/chat/completions" \
 	-d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":12,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}' \

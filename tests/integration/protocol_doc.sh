@@ -28,11 +28,11 @@ fi
 if cmp -s "$T/regen.md" "$T/regen2.md"; then ok; else ko "regeneration is not stable"; fi
 
 # every op has a generated section, and every section is closed
-for op in generate chat poll cancel tokenize detokenize info health metrics; do
+for op in generate chat poll cancel tokenize detokenize embed info health metrics; do
 	if grep -q "^<!-- generated: fields of $op[ ]" "$doc"; then ok; else ko "$doc: no generated section for op $op"; fi
 done
 b=$(grep -c '^<!-- generated: fields of ' "$doc"); e=$(grep -c '^<!-- end generated -->' "$doc")
-if [ "$b" -eq "$e" ] && [ "$b" -ge 9 ]; then ok; else ko "$doc: $b sections, $e ends"; fi
+if [ "$b" -eq "$e" ] && [ "$b" -ge 10 ]; then ok; else ko "$doc: $b sections, $e ends"; fi
 
 # every field of every op has a row in that op's section, or in the
 # section it names with "all fields of `OP2`" (and does not except)

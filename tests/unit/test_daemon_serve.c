@@ -9,6 +9,10 @@
  *   lost or duplicated;
  * - hostile requests get their error codes and health stays ready;
  * - a client-chosen id in use, queue limits, tokenize/detokenize, info;
+ * - embed: a list gives one unit vector per input, equal to edgelm-run's
+ *   (within 1e-5) and to the same input alone; pooling changes it; empty
+ *   and oversized inputs get clear errors (truncate cuts instead);
+ *   concurrent embeds beside generations change neither;
  * - SIGTERM: exit 0. */
 #include "common/common.h"
 #include "ipc/edgelm.h"
@@ -406,6 +410,274 @@ static void test_edgelmctl_chat(void)
 	CHECK(metric("edgelm_prefix_cache_hits_total") - hits0 >= 4);
 }
 
+/* ---- embed ---- */
+
+static const char *const emb_texts[] = {"Once upon a time", "The cat sat on the mat.",
+					"Tom had a red ball"};
+
+/* edgelm-run's vector for text (the teacher: engine_embed in one process) */
+static json_t *run_embed(const char *text, const char *pooling)
+{
+	char cmd[8192], *out = NULL;
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p '%s' --embed --json -q --threads 2 --pooling %s",
+		 test_bin("edgelm-run"), test_data_path("models/stories260K-f32.gguf"), text,
+		 pooling);
+	json_t *j = NULL;
+	if (test_run_capture(cmd, &out) == 0 && out) {
+		json_t *all = json_loads(out, 0, NULL);
+		j = json_incref(json_object_get(all, "embedding"));
+		json_decref(all);
+	}
+	free(out);
+	return j;
+}
+
+static double vec_diff(json_t *a, json_t *b)
+{
+	if (!json_is_array(a) || !json_is_array(b) || json_array_size(a) != json_array_size(b))
+		return INFINITY;
+	double d = 0;
+	for (size_t i = 0; i < json_array_size(a); i++)
+		d = fmax(d, fabs(json_number_value(json_array_get(a, i)) -
+				 json_number_value(json_array_get(b, i))));
+	return d;
+}
+
+static json_t *emb_of(json_t *rep, size_t i)
+{
+	return json_object_get(json_array_get(json_object_get(rep, "embeddings"), i), "embedding");
+}
+
+static void test_embed(void)
+{
+	json_t *want[3];
+	for (int i = 0; i < 3; i++)
+		want[i] = run_embed(emb_texts[i], "mean");
+	CHECK(want[0] && want[1] && want[2]);
+	char req[1024];
+	snprintf(req, sizeof(req), "{\"op\":\"embed\",\"input\":[\"%s\",\"%s\",\"%s\",\"%s\"]}",
+		 emb_texts[0], emb_texts[1], emb_texts[2], emb_texts[0]);
+	json_t *j = call(req);
+	CHECK_MSG(json_is_true(json_object_get(j, "ok")), "%s", err_code(j));
+	CHECK_EQ_INT(json_array_size(json_object_get(j, "embeddings")), 4);
+	CHECK_STREQ(json_string_value(json_object_get(j, "pooling")), "mean");
+	int64_t total = 0;
+	for (size_t i = 0; i < 4; i++) {
+		json_t *e = emb_of(j, i);
+		CHECK_EQ_INT(json_array_size(e), 64);
+		double ss = 0;
+		for (size_t k = 0; k < json_array_size(e); k++)
+			ss += pow(json_number_value(json_array_get(e, k)), 2);
+		CHECK_MSG(fabs(ss - 1) < 1e-5, "input %zu: norm^2 %g", i, ss);
+		CHECK_MSG(vec_diff(e, want[i % 3]) < 1e-5, "input %zu: %g from edgelm-run", i,
+			  vec_diff(e, want[i % 3]));
+		total += json_integer_value(
+			json_object_get(json_array_get(json_object_get(j, "embeddings"), i), "tokens"));
+	}
+	CHECK(vec_diff(emb_of(j, 0), emb_of(j, 3)) == 0);
+	CHECK(total > 4 && total == json_integer_value(json_object_get(
+					    json_object_get(j, "usage"), "prompt_tokens")));
+	json_decref(j);
+
+	/* a string alone, other poolings */
+	snprintf(req, sizeof(req), "{\"op\":\"embed\",\"input\":\"%s\",\"pooling\":\"last\"}",
+		 emb_texts[1]);
+	j = call(req);
+	json_t *last = run_embed(emb_texts[1], "last");
+	CHECK_STREQ(json_string_value(json_object_get(j, "pooling")), "last");
+	CHECK_MSG(vec_diff(emb_of(j, 0), last) < 1e-5, "last: %g", vec_diff(emb_of(j, 0), last));
+	CHECK(vec_diff(emb_of(j, 0), want[1]) > 1e-3);
+	json_decref(last);
+	json_decref(j);
+	snprintf(req, sizeof(req), "{\"op\":\"embed\",\"input\":[\"%s\"],\"pooling\":\"cls\"}",
+		 emb_texts[1]);
+	j = call(req);
+	json_t *cls = run_embed(emb_texts[1], "cls");
+	CHECK_MSG(vec_diff(emb_of(j, 0), cls) < 1e-5, "cls: %g", vec_diff(emb_of(j, 0), cls));
+	json_decref(cls);
+	json_decref(j);
+	for (int i = 0; i < 3; i++)
+		json_decref(want[i]);
+}
+
+/* edgelm_requests_total{op="embed",outcome} (0 when absent) */
+static double embed_count(const char *outcome)
+{
+	edgelm_client *c = client();
+	char *js = NULL;
+	double v = 0;
+	if (c && edgelm_metrics(c, &js, NULL) == 0) {
+		json_t *j = json_loads(js, 0, NULL);
+		json_t *fam = json_object_get(json_object_get(json_object_get(j, "metrics"), "metrics"),
+					      "edgelm_requests_total");
+		size_t i;
+		json_t *ser;
+		json_array_foreach(json_object_get(fam, "series"), i, ser) {
+			json_t *l = json_object_get(ser, "labels");
+			const char *op = json_string_value(json_object_get(l, "op"));
+			const char *oc = json_string_value(json_object_get(l, "outcome"));
+			if (op && oc && strcmp(op, "embed") == 0 && strcmp(oc, outcome) == 0)
+				v = json_number_value(json_object_get(ser, "value"));
+		}
+		json_decref(j);
+	}
+	edgelm_free(js);
+	edgelm_close(c);
+	return v;
+}
+
+static void test_embed_errors(void)
+{
+	static const char *const bad[] = {
+		"{\"op\":\"embed\",\"input\":\"\"}",
+		"{\"op\":\"embed\",\"input\":[]}",
+		"{\"op\":\"embed\",\"input\":[\"a\",\"\"]}",
+		"{\"op\":\"embed\"}",
+		"{\"op\":\"embed\",\"input\":\"a\",\"pooling\":\"rank\"}",
+	};
+	/* each request counts once, by its outcome */
+	double ok0 = embed_count("ok"), bad0 = embed_count("invalid_field");
+	json_t *one = call("{\"op\":\"embed\",\"input\":\"a\"}");
+	json_decref(one);
+	CHECK(embed_count("ok") == ok0 + 1);
+	for (size_t i = 0; i < CM_ARRAY_LEN(bad); i++) {
+		json_t *j = call(bad[i]);
+		CHECK_MSG(err_code(j) && strcmp(err_code(j), "invalid_field") == 0, "%s: %s", bad[i],
+			  err_code(j) ? err_code(j) : "(ok)");
+		json_decref(j);
+	}
+	CHECK(embed_count("invalid_field") == bad0 + CM_ARRAY_LEN(bad));
+	/* longer than the context of 512: refused, or cut with truncate */
+	size_t cap = 8192;
+	char *req = malloc(cap), *p = req;
+	p += sprintf(p, "{\"op\":\"embed\",\"input\":\"");
+	for (int i = 0; i < 700; i++)
+		p += sprintf(p, "a ");
+	strcpy(p, "\"}");
+	json_t *j = call(req);
+	const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+	CHECK_STREQ(err_code(j), "prompt_too_long");
+	CHECK_MSG(msg && strstr(msg, "context"), "%s", msg ? msg : "");
+	json_decref(j);
+	strcpy(p, "\",\"truncate\":true}");
+	j = call(req);
+	CHECK(json_is_true(json_object_get(j, "ok")));
+	CHECK_EQ_INT(json_integer_value(json_object_get(
+			     json_array_get(json_object_get(j, "embeddings"), 0), "tokens")),
+		     512);
+	json_decref(j);
+	free(req);
+}
+
+/* libedgelm's edgelm_embed and edgelmctl embed give the op's vectors */
+static void test_embed_clients(void)
+{
+	json_t *raw = call("{\"op\":\"embed\",\"input\":[\"Once upon a time\",\"The cat sat "
+			   "on the mat.\"]}");
+	edgelm_client *c = client();
+	float *v = NULL;
+	size_t dim = 0;
+	int64_t *tok = NULL;
+	struct edgelm_error e;
+	CHECK_OK(edgelm_embed(c, emb_texts, 2, NULL, false, &v, &dim, &tok, &e));
+	CHECK_EQ_INT(dim, 64);
+	for (size_t i = 0; v && i < 2; i++) {
+		json_t *want = emb_of(raw, i);
+		for (size_t k = 0; k < dim; k++)
+			CHECK((double)v[i * dim + k] ==
+			      (double)(float)json_number_value(json_array_get(want, k)));
+		CHECK(tok[i] == json_integer_value(json_object_get(
+					json_array_get(json_object_get(raw, "embeddings"), i), "tokens")));
+	}
+	edgelm_free(v);
+	edgelm_free(tok);
+	CHECK_EQ_INT(edgelm_embed(c, emb_texts, 1, "rank", false, &v, &dim, NULL, &e),
+		     EDGELM_E_INVALID_ARG);
+	const char *empty[] = {""};
+	CHECK_EQ_INT(edgelm_embed(c, empty, 1, NULL, false, &v, &dim, NULL, &e),
+		     EDGELM_E_INVALID_FIELD);
+	edgelm_close(c);
+
+	char cmd[9000], *out = NULL;
+	snprintf(cmd, sizeof(cmd),
+		 "printf 'Once upon a time\\n\\nThe cat sat on the mat.\\n' | %s --socket '%s' --json "
+		 "embed -",
+		 test_bin("edgelmctl"), url);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
+	json_t *j = out ? json_loads(out, 0, NULL) : NULL;
+	CHECK(json_integer_value(json_object_get(j, "dim")) == 64);
+	CHECK_EQ_INT(json_array_size(json_object_get(j, "embeddings")), 2);
+	for (size_t i = 0; i < 2; i++)
+		CHECK(vec_diff(emb_of(j, i), emb_of(raw, i)) < 1e-7);
+	json_decref(j);
+	free(out);
+	snprintf(cmd, sizeof(cmd), "%s --socket '%s' embed --pooling last 'Once upon a time' 'x'",
+		 test_bin("edgelmctl"), url);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
+	int lines = 0;
+	for (char *p = out; p && *p; p++)
+		lines += *p == '\n';
+	CHECK_EQ_INT(lines, 2);
+	free(out);
+	json_decref(raw);
+}
+
+struct emb_job {
+	int k;
+	json_t *rep;
+};
+
+static void *run_embed_job(void *arg)
+{
+	struct emb_job *e = arg;
+	char req[1024];
+	snprintf(req, sizeof(req), "{\"op\":\"embed\",\"input\":[\"%s\",\"%s\"]}",
+		 emb_texts[e->k % 3], emb_texts[(e->k + 1) % 3]);
+	e->rep = call(req);
+	return NULL;
+}
+
+/* Embeds beside generations: the generations' text is the reference's and
+ * the vectors are those of an embed alone. */
+static void test_embed_concurrent(void)
+{
+	json_t *alone = call("{\"op\":\"embed\",\"input\":[\"Once upon a time\",\"The cat sat "
+			     "on the mat.\",\"Tom had a red ball\"]}");
+	pthread_t gth[3], eth[6];
+	struct job jobs[3];
+	struct emb_job ej[6];
+	for (int i = 0; i < 3; i++) {
+		jobs[i] = (struct job){.prompt = i % (int)json_array_size(ref), .stream = i == 1};
+		pthread_create(&gth[i], NULL, run_job, &jobs[i]);
+	}
+	for (int i = 0; i < 6; i++) {
+		ej[i] = (struct emb_job){.k = i};
+		pthread_create(&eth[i], NULL, run_embed_job, &ej[i]);
+	}
+	for (int i = 0; i < 6; i++) {
+		pthread_join(eth[i], NULL);
+		CHECK_MSG(json_is_true(json_object_get(ej[i].rep, "ok")), "embed %d: %s", i,
+			  err_code(ej[i].rep) ? err_code(ej[i].rep) : "(no reply)");
+		for (int k = 0; k < 2; k++) {
+			double d = vec_diff(emb_of(ej[i].rep, (size_t)k),
+					    emb_of(alone, (size_t)((i + k) % 3)));
+			CHECK_MSG(d < 1e-5, "embed %d input %d: %g from alone", i, k, d);
+		}
+		json_decref(ej[i].rep);
+	}
+	for (int i = 0; i < 3; i++) {
+		pthread_join(gth[i], NULL);
+		const char *want = json_string_value(
+			json_object_get(json_array_get(ref, (size_t)jobs[i].prompt), "text"));
+		CHECK_EQ_INT(jobs[i].rc, 0);
+		CHECK_MSG(jobs[i].text && strcmp(jobs[i].text, want) == 0, "generation %d: %s", i,
+			  jobs[i].text ? jobs[i].text : "(null)");
+		free(jobs[i].text);
+	}
+	json_decref(alone);
+	CHECK(wait_metric("edgelm_sequences_running", 0, 3000));
+}
+
 static void test_sigterm(void)
 {
 	CHECK(kill(daemon_pid, SIGTERM) == 0);
@@ -446,6 +718,10 @@ int main(void)
 	TEST_RUN(test_tokenize_info);
 	TEST_RUN(test_chat_prefix_cache);
 	TEST_RUN(test_edgelmctl_chat);
+	TEST_RUN(test_embed);
+	TEST_RUN(test_embed_errors);
+	TEST_RUN(test_embed_concurrent);
+	TEST_RUN(test_embed_clients);
 	TEST_RUN(test_sigterm);
 	if (daemon_pid > 0) {
 		kill(daemon_pid, SIGKILL);

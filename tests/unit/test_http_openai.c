@@ -7,6 +7,10 @@
  *   response_format, tools, token prompts, roles);
  * - protocol errors become OpenAI's shape with the right status, param and
  *   Retry-After; finish reasons and usage map;
+ * - embeddings: input a string or strings becomes an embed request the
+ *   socket's parser accepts (pooling, truncate pass through); token ids,
+ *   bad encoding_format and dimensions are refused by name; the reply
+ *   becomes OpenAI's list, floats or base64 of float32 bytes;
  * - keys: NAME KEY and KEY lines, comments, bad lines named. */
 #include "http/http_impl.h"
 #include "ipc/ipc.h"
@@ -317,6 +321,84 @@ static void test_responses(void)
 	json_decref(k);
 }
 
+static int translate_embed(const char *body, struct ipc_request **ret, bool *b64,
+			   struct oai_err *e)
+{
+	json_t *j = load(body);
+	char *proto = NULL;
+	int rc = oai_embed_request(j, &proto, b64, e);
+	json_decref(j);
+	*ret = NULL;
+	if (rc)
+		return rc;
+	struct cm_err err = {0};
+	rc = ipc_request_parse(proto, strlen(proto), NULL, ret, &err);
+	CHECK_MSG(rc == 0, "%s: %s", proto, err.msg);
+	free(proto);
+	return rc;
+}
+
+static void test_embeddings(void)
+{
+	struct ipc_request *r;
+	struct oai_err e;
+	bool b64;
+	CHECK_OK(translate_embed("{\"model\":\"m\",\"input\":\"hello\",\"user\":\"u\"}", &r, &b64,
+				 &e));
+	CHECK(r && r->op == IPC_OP_EMBED && r->n_inputs == 1 && !b64);
+	CHECK(r && strcmp(r->inputs[0], "hello") == 0 && r->pooling == IPC_POOL_DEFAULT);
+	ipc_request_free(r);
+	CHECK_OK(translate_embed("{\"input\":[\"a\",\"b c\"],\"encoding_format\":\"base64\","
+				 "\"pooling\":\"last\",\"truncate\":true}",
+				 &r, &b64, &e));
+	CHECK(r && r->n_inputs == 2 && strcmp(r->inputs[1], "b c") == 0 && b64);
+	CHECK(r && r->pooling == IPC_POOL_LAST && r->truncate);
+	ipc_request_free(r);
+	static const struct {
+		const char *body, *param;
+	} bad[] = {
+		{"{\"input\":[1,2,3]}", "input"},
+		{"{\"input\":[[1,2],[3]]}", "input"},
+		{"{\"model\":\"m\"}", "input"},
+		{"{\"input\":\"a\",\"encoding_format\":\"int8\"}", "encoding_format"},
+		{"{\"input\":\"a\",\"dimensions\":8}", "dimensions"},
+	};
+	for (size_t i = 0; i < CM_ARRAY_LEN(bad); i++) {
+		CHECK_EQ_INT(translate_embed(bad[i].body, &r, &b64, &e), -EINVAL);
+		CHECK_MSG(e.status == 400 && strcmp(e.param, bad[i].param) == 0, "%s: %u %s",
+			  bad[i].body, e.status, e.param);
+	}
+	/* an empty input is the protocol's refusal, named */
+	json_t *j = load("{\"input\":[]}");
+	char *proto = NULL;
+	CHECK_OK(oai_embed_request(j, &proto, &b64, &e));
+	struct cm_err err = {0};
+	CHECK(ipc_request_parse(proto, strlen(proto), NULL, &r, &err) != 0);
+	CHECK(strstr(err.msg, "input") != NULL);
+	free(proto);
+	json_decref(j);
+
+	json_t *reply = load("{\"v\":1,\"ok\":true,\"op\":\"embed\",\"embeddings\":["
+			     "{\"index\":0,\"tokens\":3,\"embedding\":[1.0,-0.5]},"
+			     "{\"index\":1,\"tokens\":2,\"embedding\":[0.25,0]}],"
+			     "\"pooling\":\"mean\",\"usage\":{\"prompt_tokens\":5}}");
+	json_t *out = oai_embed_response("m.gguf", reply, false);
+	char *t = json_dumps(out, JSON_COMPACT | JSON_REAL_PRECISION(9));
+	CHECK_STREQ(t, "{\"object\":\"list\",\"data\":[{\"object\":\"embedding\",\"index\":0,"
+		       "\"embedding\":[1.0,-0.5]},{\"object\":\"embedding\",\"index\":1,"
+		       "\"embedding\":[0.25,0]}],\"model\":\"m.gguf\",\"usage\":{"
+		       "\"prompt_tokens\":5,\"total_tokens\":5}}");
+	free(t);
+	json_decref(out);
+	/* base64 of float32 little-endian: 1.0 = 00 00 80 3f, -0.5 = 00 00 00 bf */
+	out = oai_embed_response("m.gguf", reply, true);
+	CHECK_STREQ(json_string_value(json_object_get(json_array_get(json_object_get(out, "data"), 0),
+						      "embedding")),
+		    "AACAPwAAAL8=");
+	json_decref(out);
+	json_decref(reply);
+}
+
 static void test_keys(void)
 {
 	char **names, **keys;
@@ -356,6 +438,7 @@ int main(void)
 	TEST_RUN(test_refusals);
 	TEST_RUN(test_errors_from_replies);
 	TEST_RUN(test_responses);
+	TEST_RUN(test_embeddings);
 	TEST_RUN(test_keys);
 	return test_finish();
 }

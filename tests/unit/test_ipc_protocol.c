@@ -840,6 +840,23 @@ static void test_reply_roundtrip(void)
 		CHECK(d->u.tokenize.n_ids == 3 && memcmp(d->u.tokenize.ids, ids, sizeof(ids)) == 0);
 		ipc_reply_free(d);
 	}
+	/* embed: floats round-trip exactly (shortest decimal) */
+	static const float v0[] = {0.1f, -0.7071068f, 1e-8f}, v1[] = {1.0f, 0.0f, -0.0f};
+	static const struct ipc_embedding emb[] = {{v0, 3, 5}, {v1, 3, 1}};
+	memset(&r, 0, sizeof(r));
+	r.op = IPC_OP_EMBED;
+	r.u.embed = (struct ipc_embed_reply){emb, 2, "mean", 6};
+	d = roundtrip(&r, IPC_OP_EMBED, "\"usage\":{\"prompt_tokens\":6}");
+	if (d) {
+		CHECK(d->u.embed.n == 2 && d->u.embed.prompt_tokens == 6);
+		CHECK(d->u.embed.pooling && strcmp(d->u.embed.pooling, "mean") == 0);
+		for (size_t i = 0; d->u.embed.n == 2 && i < 2; i++) {
+			CHECK(d->u.embed.data[i].n_values == 3);
+			CHECK(d->u.embed.data[i].tokens == emb[i].tokens);
+			CHECK(memcmp(d->u.embed.data[i].values, emb[i].values, 3 * sizeof(float)) == 0);
+		}
+		ipc_reply_free(d);
+	}
 	memset(&r, 0, sizeof(r));
 	r.op = IPC_OP_DETOKENIZE;
 	r.u.detokenize.text = "nul\0inside";
@@ -1391,7 +1408,8 @@ static void test_numbers_not_narrowed(void)
  * and a bounds case here. */
 static bool custom_known(const struct ipc_field *f)
 {
-	static const char *const known[] = {"id", "messages", "stop", "logit_bias", "ids"};
+	static const char *const known[] = {"id",  "messages", "stop",   "logit_bias",
+	                                    "ids", "input",    "pooling"};
 	for (size_t i = 0; i < CM_ARRAY_LEN(known); i++)
 		if (strcmp(f->name, known[i]) == 0)
 			return true;
@@ -1407,6 +1425,8 @@ static const size_t sample_stop_len[] = {2, 7};
 static const int32_t sample_ids[] = {0, 7, INT32_MAX};
 static const int32_t sample_bias_ids[] = {0, 15043, INT32_MAX};
 static const float sample_bias[] = {-100.0f, 2.5f, 100.0f};
+static const char *const sample_input[] = {"Hello \"world\"", "caf\xc3\xa9\n"};
+static const size_t sample_input_len[] = {13, 6};
 
 /* Give field `f` of `r` a sample value other than its default (variant 0),
  * or its lower (1) or upper (2) bound; sampling.set flagged as a parser
@@ -1457,6 +1477,12 @@ static void field_sample(const struct ipc_field *f, struct ipc_request *r, int v
 		} else if (strcmp(f->name, "ids") == 0) {
 			r->ids = sample_ids;
 			r->n_ids = CM_ARRAY_LEN(sample_ids);
+		} else if (strcmp(f->name, "input") == 0) {
+			r->inputs = sample_input;
+			r->input_lens = sample_input_len;
+			r->n_inputs = CM_ARRAY_LEN(sample_input);
+		} else if (strcmp(f->name, "pooling") == 0) {
+			r->pooling = variant == 1 ? IPC_POOL_MEAN : IPC_POOL_LAST;
 		} else if (strcmp(f->name, "logit_bias") == 0) {
 			r->bias_ids = sample_bias_ids;
 			r->bias = sample_bias;
@@ -1514,6 +1540,12 @@ static bool request_same(const struct ipc_request *a, const struct ipc_request *
 		return false;
 	for (size_t k = 0; k < a->n_stop; k++)
 		if (!bytes_same(a->stop[k], a->stop_len[k], b->stop[k], b->stop_len[k]))
+			return false;
+	*why = "input";
+	if (a->n_inputs != b->n_inputs || a->pooling != b->pooling)
+		return false;
+	for (size_t k = 0; k < a->n_inputs; k++)
+		if (!bytes_same(a->inputs[k], a->input_lens[k], b->inputs[k], b->input_lens[k]))
 			return false;
 	*why = "ids";
 	if (a->n_ids != b->n_ids || (a->n_ids && memcmp(a->ids, b->ids, a->n_ids * 4) != 0))
@@ -1805,7 +1837,7 @@ static void bounds_custom(const struct ipc_field *f, const char *base)
 	                         .max_messages = 2,
 	                         .max_prompt_bytes = 4,
 	                         .max_ids = 2};
-	if (strcmp(f->name, "messages") != 0)
+	if (strcmp(f->name, "messages") != 0 && strcmp(f->name, "input") != 0)
 		lim.max_prompt_bytes = 0; /* the default: the base request's text fits */
 	ipc_limits_fill(&lim);
 	static const struct {
@@ -1845,6 +1877,22 @@ static void bounds_custom(const struct ipc_field *f, const char *base)
 	    {"logit_bias", "{\"\":1}", IPC_ERR_INVALID_FIELD},
 	    {"logit_bias", "{\"5\":\"1\"}", IPC_ERR_INVALID_FIELD},
 	    {"logit_bias", "[[5,1]]", IPC_ERR_INVALID_FIELD},
+	    /* texts: 2 at most, 4 bytes as JSON together, none empty */
+	    {"input", "\"abcd\"", IPC_ERR_NONE},
+	    {"input", "[\"ab\",\"\\n\"]", IPC_ERR_NONE},
+	    {"input", "\"abcde\"", IPC_ERR_PROMPT_TOO_LONG},
+	    {"input", "[\"a\",\"b\",\"c\"]", IPC_ERR_INVALID_FIELD},
+	    {"input", "[]", IPC_ERR_INVALID_FIELD},
+	    {"input", "\"\"", IPC_ERR_INVALID_FIELD},
+	    {"input", "[\"a\",\"\"]", IPC_ERR_INVALID_FIELD},
+	    {"input", "[1,2]", IPC_ERR_INVALID_FIELD},
+	    {"input", "5", IPC_ERR_INVALID_FIELD},
+	    {"pooling", "\"mean\"", IPC_ERR_NONE},
+	    {"pooling", "\"cls\"", IPC_ERR_NONE},
+	    {"pooling", "\"last\"", IPC_ERR_NONE},
+	    {"pooling", "\"rank\"", IPC_ERR_INVALID_FIELD},
+	    {"pooling", "\"none\"", IPC_ERR_INVALID_FIELD},
+	    {"pooling", "1", IPC_ERR_INVALID_FIELD},
 	    {"ids", "[0,2147483647]", IPC_ERR_NONE},
 	    {"ids", "[]", IPC_ERR_NONE},
 	    {"ids", "[1,2,3]", IPC_ERR_TOO_LARGE},

@@ -8,6 +8,8 @@
  *   vocab-only GGUF);
  * - --quantize TYPE gives the output of the file edgelm-quantize writes for
  *   TYPE, and says what it cost;
+ * - --embed prints a unit vector of n_embd values, --json the same as
+ *   JSON; --pooling changes it, and an unknown pooling is a usage error;
  * - usage errors exit 1. */
 #include "common/common.h"
 #include "tests/test.h"
@@ -314,6 +316,48 @@ static void test_quantize(void)
 	unlink(qf);
 }
 
+static void test_embed_mode(void)
+{
+	if (!need_ref())
+		return;
+	const char *m = test_data_path("models/stories260K-f32.gguf");
+	char cmd[8192], *out = NULL, *out2 = NULL;
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Once upon a time' --embed --json -q", bin(), m);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
+	json_t *j = json_loads(out ? out : "", 0, NULL);
+	json_t *e = json_object_get(j, "embedding");
+	CHECK(json_array_size(e) == 64); /* stories260K's n_embd */
+	CHECK_STREQ(json_string_value(json_object_get(j, "pooling")), "mean");
+	CHECK(json_integer_value(json_object_get(j, "n_tokens")) == 5);
+	double ss = 0;
+	for (size_t i = 0; i < json_array_size(e); i++)
+		ss += json_number_value(json_array_get(e, i)) * json_number_value(json_array_get(e, i));
+	CHECK_MSG(fabs(ss - 1) < 1e-5, "norm^2 %g", ss);
+	/* the text form carries the same values */
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Once upon a time' --embed -q", bin(), m);
+	CHECK_EQ_INT(test_run_capture(cmd, &out2), 0);
+	char *p = out2 ? out2 : "";
+	for (size_t i = 0; i < json_array_size(e); i++) {
+		char *end;
+		double v = strtod(p, &end);
+		CHECK(end != p && fabs(v - json_number_value(json_array_get(e, i))) < 1e-7);
+		p = end;
+	}
+	json_decref(j);
+	free(out);
+	free(out2);
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Once upon a time' --embed --pooling cls --json -q",
+		 bin(), m);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
+	j = json_loads(out ? out : "", 0, NULL);
+	CHECK_STREQ(json_string_value(json_object_get(j, "pooling")), "cls");
+	json_decref(j);
+	free(out);
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p hi --embed --pooling rank 2>/dev/null", bin(), m);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
+	free(out);
+}
+
 static void test_usage_errors(void)
 {
 	char cmd[16384], *out = NULL;
@@ -365,6 +409,7 @@ int main(void)
 	TEST_RUN(test_top_logits_zero);
 	TEST_RUN(test_context_shift);
 	TEST_RUN(test_quantize);
+	TEST_RUN(test_embed_mode);
 	TEST_RUN(test_usage_errors);
 	json_decref(ref);
 	return test_finish();

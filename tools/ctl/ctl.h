@@ -7,6 +7,7 @@
  *   tools/ctl/connect.c   connecting with the global options
  *   tools/ctl/generate.c  generate and chat: options, streaming, the chat loop
  *   tools/ctl/simple.c    info, health, metrics, tokenize, detokenize, cancel
+ *   tools/ctl/embed.c     embed
  *   tools/ctl/top.c       the live view */
 #ifndef EDGELM_CTL_H
 #define EDGELM_CTL_H
@@ -72,6 +73,7 @@ int ctl_cmd_chat(int argc, char **argv);
 int ctl_cmd_status(int argc, char **argv);
 int ctl_cmd_tokenize(int argc, char **argv);
 int ctl_cmd_detokenize(int argc, char **argv);
+int ctl_cmd_embed(int argc, char **argv); /* embed.c */
 int ctl_cmd_cancel(int argc, char **argv);
 int ctl_cmd_top(int argc, char **argv);
 

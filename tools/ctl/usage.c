@@ -50,6 +50,13 @@ static const struct command_help {
      "      --no-special       do not add the model's BOS/EOS tokens\n"
      "      --parse-special    turn special token text (<s>) into its id\n"},
     {"detokenize", "detokenize ID...", "The text of token ids.\n"},
+    {"embed", "embed [--pooling NAME] [--truncate] TEXT...|-",
+     "The embedding of each TEXT (\"-\": each non-empty line of stdin): a unit\n"
+     "vector of the model's embedding length, one line of values per text.\n"
+     "      --pooling NAME     mean, cls or last (default: the model's, else mean)\n"
+     "      --truncate         cut a text longer than the context instead of failing\n"
+     "With --json, one object: {\"ok\":true,\"dim\":N,\"embeddings\":[{\"tokens\":..,\n"
+     "\"embedding\":[...]},...]}.\n"},
     {"metrics", "metrics", "The daemon's metrics (the figures the monitor exports).\n"},
     {"cancel", "cancel ID", "Cancel the generation named ID.\n"},
     {"top", "top [--interval MS]",
