@@ -30,6 +30,11 @@
  * enough that every thread of a small model gets work. */
 #define ITEM_BYTES ((size_t)256 << 10)
 #define TENSOR_ALIGN 64
+/* Items per pool run, per participant. A worker joins a run only if it
+ * is awake while the run is open (threadpool.c); one run for the whole
+ * model ran on the loading thread alone whenever the workers had not
+ * started yet, so the work goes in many short runs. */
+#define ITEMS_PER_RUN 16
 
 struct qitem {
 	uint32_t t;     /* tensor index */
@@ -52,6 +57,7 @@ struct quant_load {
 	uintptr_t page;
 	bool release;
 	_Atomic int rc;
+	int64_t end; /* the open run's items end here */
 	_Alignas(64) atomic_long next;
 };
 
@@ -252,7 +258,7 @@ static void run_worker(void *arg, int ith, int nth)
 	(void)nth;
 	for (;;) {
 		int64_t c = atomic_fetch_add_explicit(&q->next, 1, memory_order_relaxed);
-		if (c >= q->n_it)
+		if (c >= q->end)
 			break;
 		const struct qitem *it = &q->it[c];
 		const struct gguf_tensor *s = &q->src[it->t];
@@ -293,8 +299,12 @@ int engine_quantize_run(engine_model *m, struct quant_load *q, struct cm_err *er
 				  sizeof(float));
 	if (!q->tmp)
 		return cm_err_set(err, -ENOMEM, "quantize: out of memory");
-	atomic_store_explicit(&q->next, 0, memory_order_relaxed);
-	engine_pool_run(m->pool, run_worker, q);
+	const int64_t per_run = (int64_t)ITEMS_PER_RUN * CM_MAX(nth, 1);
+	for (int64_t i = 0; i < q->n_it; i += per_run) {
+		q->end = CM_MIN(q->n_it, i + per_run);
+		atomic_store_explicit(&q->next, i, memory_order_relaxed);
+		engine_pool_run(m->pool, run_worker, q);
+	}
 	int r = atomic_load_explicit(&q->rc, memory_order_relaxed);
 	if (r)
 		return cm_err_set(err, r, "quantize: converting the weights to %s failed",
