@@ -1,8 +1,8 @@
 /* tests/unit/test_engine_quantize.c: quantizing on load
  * (engine_params.quantize, engine/quantize.c).
  *
- * For stories260K F32 and F16 and stories3M F32 (when present; a synthetic
- * F16 model of the small shape always) and the types Q8_0, Q4_0, Q4_K_M and
+ * For stories260K F32 and F16 and stories3M F32 (when present; synthetic
+ * F16 and BF16 models of the small shape always) and the types Q8_0, Q4_0, Q4_K_M and
  * Q6_K: the model quantized on load holds the same tensors, byte for byte,
  * as the file build/bin/edgelm-quantize writes for that type, and gives the
  * same logits (bit for bit) and greedy tokens, with repacking off and on.
@@ -28,7 +28,7 @@ static const char *quantize_file(const char *in, const char *tag, const char *ty
 	char cmd[12288];
 	snprintf(out, sizeof(out), "%s/q-%d-%s-%s.gguf", test_tmpdir(), (int)getpid(), tag, type);
 	snprintf(cmd, sizeof(cmd), "'%s' -t 2 '%s' '%s' %s >/dev/null 2>&1",
-		 test_bin("edgelm-quantize"), in, out, type);
+	         test_bin("edgelm-quantize"), in, out, type);
 	if (system(cmd) != 0) {
 		fprintf(stderr, "failed: %s\n", cmd);
 		return NULL;
@@ -38,10 +38,12 @@ static const char *quantize_file(const char *in, const char *tag, const char *ty
 
 static engine_model *load(const char *path, const char *quantize, int repack, int threads)
 {
-	struct engine_params p = { .n_threads = threads, .isa = getenv("EDGELM_ISA"),
-				   .repack = repack, .quantize = quantize };
+	struct engine_params p = {.n_threads = threads,
+	                          .isa = getenv("EDGELM_ISA"),
+	                          .repack = repack,
+	                          .quantize = quantize};
 	engine_model *m = NULL;
-	struct cm_err err = { 0 };
+	struct cm_err err = {0};
 	int r = engine_model_load(path, &p, &m, &err);
 	CHECK_MSG(r == 0, "%s (quantize %s): %s", path, quantize ? quantize : "-", err.msg);
 	return m;
@@ -59,9 +61,9 @@ static void check_tensors(const engine_model *a, const engine_model *b)
 		if (!tb)
 			continue;
 		CHECK_MSG(ta->type == tb->type, "%s: %s vs %s", ta->name,
-			  engine_dtype_name(ta->type), engine_dtype_name(tb->type));
+		          engine_dtype_name(ta->type), engine_dtype_name(tb->type));
 		CHECK_MSG(ta->nbytes == tb->nbytes && memcmp(ta->data, tb->data, ta->nbytes) == 0,
-			  "%s: bytes differ", ta->name);
+		          "%s: bytes differ", ta->name);
 	}
 }
 
@@ -72,8 +74,8 @@ static void run(engine_model *m, float *logits, int32_t *gen)
 	engine_model_get_info(m, &in);
 	int nv = (int)in.n_vocab;
 	engine_ctx *c = NULL;
-	struct cm_err err = { 0 };
-	struct engine_ctx_params cp = { .n_ctx = 64, .n_seq = 1, .n_batch = 16 };
+	struct cm_err err = {0};
+	struct engine_ctx_params cp = {.n_ctx = 64, .n_seq = 1, .n_batch = 16};
 	CHECK_OK(engine_ctx_new(m, &cp, &c, &err));
 	if (!c)
 		return;
@@ -119,13 +121,13 @@ static void check_type(const char *src, const char *tag, const char *type, bool 
 		CHECK(ia.weight_bytes == ib.weight_bytes);
 		for (int t = 0; t < ENGINE_TYPE_SLOTS; t++)
 			CHECK_MSG(ia.type_counts[t] == ib.type_counts[t], "%s: %u %s vs %u", type,
-				  ia.type_counts[t], engine_dtype_name((uint32_t)t),
-				  ib.type_counts[t]);
+			          ia.type_counts[t], engine_dtype_name((uint32_t)t),
+			          ib.type_counts[t]);
 		CHECK_EQ_INT((int)ia.n_x16_tensors, (int)ib.n_x16_tensors);
 		if (expect_fallback) {
 			CHECK(ia.n_fallback > 0);
 			CHECK_MSG(strstr(ia.quant_note, "kept wider") != NULL, "note: %s",
-				  ia.quant_note);
+			          ia.quant_note);
 		}
 		if (repack < 0)
 			check_tensors(a, b);
@@ -136,9 +138,9 @@ static void check_type(const char *src, const char *tag, const char *type, bool 
 		run(a, la, ga);
 		run(b, lb, gb);
 		CHECK_MSG(memcmp(ga, gb, sizeof(ga)) == 0, "%s %s repack %d: tokens differ", tag,
-			  type, repack);
+		          type, repack);
 		CHECK_MSG(memcmp(la, lb, (size_t)GEN * nv * sizeof(float)) == 0,
-			  "%s %s repack %d: logits differ", tag, type, repack);
+		          "%s %s repack %d: logits differ", tag, type, repack);
 		free(la);
 		free(lb);
 		engine_model_free(a);
@@ -147,7 +149,7 @@ static void check_type(const char *src, const char *tag, const char *type, bool 
 	unlink(qf);
 }
 
-static const char *const types[] = { "q8_0", "q4_0", "q4_k_m", "q6_k" };
+static const char *const types[] = {"q8_0", "q4_0", "q4_k_m", "q6_k"};
 
 static void check_model(const char *rel, const char *tag, bool fallback)
 {
@@ -191,6 +193,20 @@ static void test_synthetic_f16(void)
 	unlink(out);
 }
 
+/* BF16 sources dequantize through their own row function. */
+static void test_synthetic_bf16(void)
+{
+	char out[4096];
+	snprintf(out, sizeof(out), "%s/q-%d-small-bf16.gguf", test_tmpdir(), (int)getpid());
+	if (test_mkmodel(out, "--shape small --layers 2 --vocab synthetic --type BF16")) {
+		CHECK_MSG(false, "mkmodel failed");
+		return;
+	}
+	check_type(out, "small-bf16", "q4_0", false);
+	check_type(out, "small-bf16", "q6_k", false);
+	unlink(out);
+}
+
 /* A quantized file with quantize set: as stored, with a note. */
 static void test_already_quantized(void)
 {
@@ -214,13 +230,13 @@ static void test_already_quantized(void)
 	CHECK_EQ_INT((int)in.n_quantized, 0);
 	CHECK(!in.weights_anon);
 	CHECK_MSG(strcmp(in.quant_note, "file already quantized (q8_0): loaded as stored") == 0,
-		  "note: %s", in.quant_note);
+	          "note: %s", in.quant_note);
 	engine_model_free(m);
 }
 
 static void test_names(void)
 {
-	struct cm_err err = { 0 };
+	struct cm_err err = {0};
 	CHECK_OK(engine_quantize_check(NULL, &err));
 	CHECK_OK(engine_quantize_check("", &err));
 	CHECK_OK(engine_quantize_check("q4_k_m", &err));
@@ -249,9 +265,9 @@ static void test_load_refused(void)
 		CHECK_MSG(false, "mkmodel failed");
 		return;
 	}
-	struct engine_params p = { .n_threads = 1, .quantize = "q3_x" };
+	struct engine_params p = {.n_threads = 1, .quantize = "q3_x"};
 	engine_model *m = NULL;
-	struct cm_err err = { 0 };
+	struct cm_err err = {0};
 	CHECK_EQ_INT(engine_model_load(out, &p, &m, &err), -EINVAL);
 	CHECK(m == NULL);
 	p.quantize = "IQ1_S";
@@ -274,6 +290,7 @@ int main(void)
 	TEST_RUN(test_load_refused);
 	TEST_RUN(test_already_quantized);
 	TEST_RUN(test_synthetic_f16);
+	TEST_RUN(test_synthetic_bf16);
 	TEST_RUN(test_260k_f32);
 	TEST_RUN(test_260k_f16);
 	TEST_RUN(test_3m_f32);
