@@ -236,7 +236,7 @@ int engine_quantize_plan(engine_model *m, const char *name, struct quant_load **
 	in->n_fallback = n_fallback;
 	if (n_fallback)
 		snprintf(in->quant_note, sizeof(in->quant_note),
-		         "%d tensor%s kept wider than %s (first %s)", n_fallback,
+		         "%d tensor%s kept wider than %s (first %.140s)", n_fallback,
 		         n_fallback == 1 ? "" : "s", rc->name, first);
 	cm_free(type);
 	cm_free(off);
