@@ -2,7 +2,8 @@
  * (engine_params.quantize, engine/quantize.c).
  *
  * For stories260K F32 and F16 and stories3M F32 (when present; synthetic
- * F16 and BF16 models of the small shape always) and the types Q8_0, Q4_0, Q4_K_M and
+ * F16 and BF16 models of the small shape always, and of the qwen2, phi3 and
+ * gemma3 test shapes) and the types Q8_0, Q4_0, Q4_K_M and
  * Q6_K: the model quantized on load holds the same tensors, byte for byte,
  * as the file build/bin/edgelm-quantize writes for that type, and gives the
  * same logits (bit for bit) and greedy tokens, with repacking off and on.
@@ -207,6 +208,26 @@ static void test_synthetic_bf16(void)
 	unlink(out);
 }
 
+/* The other architectures' tensors: qwen2's biases, phi3's fused
+ * attn_qkv (its own rule in the K mixes), gemma's tied output. */
+static void test_synthetic_archs(void)
+{
+	static const char *const shapes[] = { "small-qwen2", "small-phi3", "small-gemma3" };
+	for (size_t i = 0; i < CM_ARRAY_LEN(shapes); i++) {
+		char out[4096], args[256];
+		snprintf(out, sizeof(out), "%s/q-%d-%s.gguf", test_tmpdir(), (int)getpid(),
+		         shapes[i]);
+		snprintf(args, sizeof(args), "--shape %s --layers 2 --vocab synthetic --type F16",
+		         shapes[i]);
+		if (test_mkmodel(out, args)) {
+			CHECK_MSG(false, "mkmodel %s failed", shapes[i]);
+			continue;
+		}
+		check_type(out, shapes[i], "q4_k_m", false);
+		unlink(out);
+	}
+}
+
 /* A quantized file with quantize set: as stored, with a note. */
 static void test_already_quantized(void)
 {
@@ -291,6 +312,7 @@ int main(void)
 	TEST_RUN(test_already_quantized);
 	TEST_RUN(test_synthetic_f16);
 	TEST_RUN(test_synthetic_bf16);
+	TEST_RUN(test_synthetic_archs);
 	TEST_RUN(test_260k_f32);
 	TEST_RUN(test_260k_f16);
 	TEST_RUN(test_3m_f32);
