@@ -250,6 +250,15 @@ fail:
 	return r;
 }
 
+/* MADV_DONTNEED the pages wholly inside [p0, p1) of the file's mapping */
+static void release(const struct quant_load *q, const uint8_t *p0, const uint8_t *p1)
+{
+	uintptr_t a0 = ((uintptr_t)p0 + q->page - 1) & ~(q->page - 1);
+	uintptr_t a1 = (uintptr_t)p1 & ~(q->page - 1);
+	if (a1 > a0)
+		(void)madvise((void *)a0, a1 - a0, MADV_DONTNEED);
+}
+
 static void run_worker(void *arg, int ith, int nth)
 {
 	struct quant_load *q = arg;
@@ -271,15 +280,15 @@ static void run_worker(void *arg, int ith, int nth)
 			                       q->tmp + (size_t)ith * q->widest);
 		if (r)
 			atomic_store_explicit(&q->rc, r, memory_order_relaxed);
-		/* the tensor's last chunk lets its file pages go (those wholly
-		 * inside it; the rest go at the end) */
-		if (atomic_fetch_sub_explicit(&q->left[it->t], 1, memory_order_acq_rel) == 1 &&
-		    q->release) {
-			uintptr_t a0 = ((uintptr_t)s->data + q->page - 1) & ~(q->page - 1);
-			uintptr_t a1 = ((uintptr_t)s->data + s->nbytes) & ~(q->page - 1);
-			if (a1 > a0)
-				(void)madvise((void *)a0, a1 - a0, MADV_DONTNEED);
-		}
+		if (!q->release)
+			continue;
+		/* the item's file pages go as it ends (those wholly inside it);
+		 * the tensor's last item lets go the pages items shared */
+		const uint8_t *b = (const uint8_t *)s->data;
+		if (atomic_fetch_sub_explicit(&q->left[it->t], 1, memory_order_acq_rel) == 1)
+			release(q, b, b + s->nbytes);
+		else
+			release(q, b + (size_t)it->r0 * s->row_bytes, b + (size_t)it->r1 * s->row_bytes);
 	}
 }
 

@@ -10,7 +10,8 @@
  * stories260K's FFN rows (172) divide no block of 32 or 256: those tensors
  * fall back as the tool's do, and the info says so. A quantized file with
  * quantize set loads as stored with a note; an unknown name is -EINVAL, a
- * mix that needs an importance matrix -ENOTSUP. */
+ * mix that needs an importance matrix -ENOTSUP. The load's peak RSS stays
+ * near the quantized size, not the file's plus it. */
 #include "engine/engine_impl.h"
 #include "tests/test.h"
 
@@ -228,6 +229,95 @@ static void test_synthetic_archs(void)
 	}
 }
 
+static uint64_t status_bytes(const char *key)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	unsigned long long kib = 0;
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (strncmp(line, key, strlen(key)) == 0)
+			(void)sscanf(line + strlen(key), "%llu", &kib);
+	fclose(f);
+	return (uint64_t)kib << 10;
+}
+
+/* Reset VmHWM to the current RSS (Linux 4.0); false where refused */
+static bool reset_hwm(void)
+{
+	FILE *f = fopen("/proc/self/clear_refs", "w");
+	if (!f)
+		return false;
+	bool ok = fputs("5", f) >= 0;
+	return fclose(f) == 0 && ok;
+}
+
+struct hook_seen {
+	int calls;
+	uint64_t rss; /* VmRSS when called */
+	struct engine_model_info info;
+};
+
+static int hook(void *ud, const engine_model *m, struct cm_err *err)
+{
+	struct hook_seen *h = ud;
+	(void)err;
+	h->calls++;
+	h->rss = status_bytes("VmRSS:");
+	engine_model_get_info(m, &h->info);
+	return 0;
+}
+
+/* The load's peak against the file: a 254 MiB F16 model quantized to Q8_0
+ * adds about the Q8_0 weights (135 MiB) at its highest, never the F16
+ * pages and the result together; the caller's memory check runs before
+ * any of it, and sees the quantized size. */
+static void test_load_peak(void)
+{
+	char out[4096];
+	snprintf(out, sizeof(out), "%s/q-%d-peak-f16.gguf", test_tmpdir(), (int)getpid());
+	if (test_mkmodel(out, "--shape tinyllama-1.1b --layers 3 --vocab synthetic --type F16")) {
+		CHECK_MSG(false, "mkmodel failed");
+		return;
+	}
+	struct hook_seen h = { 0 };
+	struct engine_params p = { .n_threads = 2, .isa = getenv("EDGELM_ISA"), .repack = 1,
+		                   .quantize = "q8_0", .before_weights = hook,
+		                   .before_weights_ud = &h };
+	struct cm_err err = { 0 };
+	engine_model *m = NULL;
+	if (!reset_hwm()) {
+		TEST_SKIP("/proc/self/clear_refs refused: cannot reset VmHWM");
+		unlink(out);
+		return;
+	}
+	uint64_t before = status_bytes("VmRSS:");
+	CHECK_OK(engine_model_load(out, &p, &m, &err));
+	uint64_t peak = status_bytes("VmHWM:");
+	struct engine_model_info in = { 0 };
+	if (m)
+		engine_model_get_info(m, &in);
+	uint64_t size = in.quant_bytes_in, q = in.quant_bytes_out;
+	CHECK(size > (200u << 20) && q > 0 && q < size * 6 / 10);
+	CHECK(h.calls == 1 && h.info.quant_bytes_out == q && h.info.weight_bytes == q);
+	CHECK_MSG(h.rss < before + (32u << 20), "%.1f MiB resident before the weights",
+	          (double)(h.rss - before) / (1 << 20));
+	/* the quantized copy (2 MiB pages), the tensors in flight, the pool's
+	 * stacks: 1.15x the result plus 16 MiB */
+	uint64_t bound = q + q * 15 / 100 + (16u << 20);
+#ifdef __SANITIZE_ADDRESS__
+	bound += 16u << 20; /* ASan's shadow and quarantine of the load's heap */
+#endif
+	CHECK_MSG(peak - before <= bound,
+	          "the load added %.1f MiB at its peak: file tensors %.1f MiB, quantized %.1f "
+	          "MiB, bound %.1f MiB",
+	          (double)(peak - before) / (1 << 20), (double)size / (1 << 20),
+	          (double)q / (1 << 20), (double)bound / (1 << 20));
+	engine_model_free(m);
+	unlink(out);
+}
+
 /* A quantized file with quantize set: as stored, with a note. */
 static void test_already_quantized(void)
 {
@@ -313,6 +403,7 @@ int main(void)
 	TEST_RUN(test_synthetic_f16);
 	TEST_RUN(test_synthetic_bf16);
 	TEST_RUN(test_synthetic_archs);
+	TEST_RUN(test_load_peak);
 	TEST_RUN(test_260k_f32);
 	TEST_RUN(test_260k_f16);
 	TEST_RUN(test_3m_f32);
