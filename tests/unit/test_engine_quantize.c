@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum { PROMPT = 8, GEN = 12 };
@@ -318,6 +319,39 @@ static void test_load_peak(void)
 	unlink(out);
 }
 
+/* The repack cache is keyed by the file: not used for weights quantized
+ * on load, and the note says so; nothing is written. */
+static void test_repack_cache_unused(void)
+{
+	char out[4096], dir[4096], cmd[8400];
+	snprintf(out, sizeof(out), "%s/q-%d-rc.gguf", test_tmpdir(), (int)getpid());
+	snprintf(dir, sizeof(dir), "%s/q-%d-rc", test_tmpdir(), (int)getpid());
+	if (test_mkmodel(out, "--shape small --layers 1 --vocab synthetic --type F16") ||
+	    mkdir(dir, 0700) != 0) {
+		CHECK_MSG(false, "mkmodel or mkdir failed");
+		return;
+	}
+	struct engine_params p = { .n_threads = 2, .isa = getenv("EDGELM_ISA"), .repack = 1,
+		                   .repack_cache = dir, .quantize = "q4_0" };
+	struct cm_err err = { 0 };
+	engine_model *m = NULL;
+	CHECK_OK(engine_model_load(out, &p, &m, &err));
+	if (m) {
+		struct engine_model_info in;
+		engine_model_get_info(m, &in);
+		if (in.n_x16_tensors) {
+			CHECK(!in.weights_cached);
+			CHECK_MSG(strstr(in.repack_cache_note, "quantized on load") != NULL, "note: %s",
+			          in.repack_cache_note);
+		}
+	}
+	engine_model_free(m);
+	CHECK(rmdir(dir) == 0); /* empty: no entry written */
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	(void)!system(cmd);
+	unlink(out);
+}
+
 /* A quantized file with quantize set: as stored, with a note. */
 static void test_already_quantized(void)
 {
@@ -404,6 +438,7 @@ int main(void)
 	TEST_RUN(test_synthetic_bf16);
 	TEST_RUN(test_synthetic_archs);
 	TEST_RUN(test_load_peak);
+	TEST_RUN(test_repack_cache_unused);
 	TEST_RUN(test_260k_f32);
 	TEST_RUN(test_260k_f16);
 	TEST_RUN(test_3m_f32);
