@@ -30,6 +30,11 @@
  * enough that every thread of a small model gets work. */
 #define ITEM_BYTES ((size_t)256 << 10)
 #define TENSOR_ALIGN 64
+/* Items per pool run, per participant. A worker joins a run only if it
+ * is awake while the run is open (threadpool.c); one run for the whole
+ * model ran on the loading thread alone whenever the workers had not
+ * started yet, so the work goes in many short runs. */
+#define ITEMS_PER_RUN 16
 
 struct qitem {
 	uint32_t t;     /* tensor index */
@@ -41,17 +46,17 @@ struct quant_load {
 	struct gguf_tensor *src; /* the file's table as it was */
 	uint8_t *region;
 	size_t len;     /* whole 2 MiB pages */
-	uint64_t bytes; /* bytes of every tensor in the region */
 	double seconds; /* the plan's */
 	struct qitem *it;
 	int64_t n_it;
-	_Atomic int64_t *left; /* per tensor: items not done */
+	_Atomic int64_t *left;                  /* per tensor: items not done */
 	const struct gguf_tensor *file_tensors; /* the table as the model reads it */
-	float *tmp;            /* per participant, the widest row as f32 */
-	size_t widest;         /* floats of it */
+	float *tmp;                             /* per participant, the widest row as f32 */
+	size_t widest;                          /* floats of it */
 	uintptr_t page;
 	bool release;
 	_Atomic int rc;
+	int64_t end; /* the open run's items end here */
 	_Alignas(64) atomic_long next;
 };
 
@@ -66,11 +71,11 @@ int engine_quantize_check(const char *name, struct cm_err *err)
 		return 0;
 	if (quant_recipe_needs_imatrix(name))
 		return cm_err_set(err, -ENOTSUP,
-				  "quantize: %s needs an importance matrix, which edgelm does not "
-				  "compute (quantize the file with llama-quantize --imatrix)",
-				  name);
+		                  "quantize: %s needs an importance matrix, which edgelm does not "
+		                  "compute (quantize the file with llama-quantize --imatrix)",
+		                  name);
 	return cm_err_set(err, -EINVAL, "quantize: unknown type '%s' (one of: %s)", name,
-			  quant_recipe_names());
+	                  quant_recipe_names());
 }
 
 static double now_s(void)
@@ -109,7 +114,7 @@ void engine_quantize_free(struct quant_load *q)
  * quantized already, or no tensor changes type. note says so. */
 static bool as_stored(const struct gguf_file *f, const uint32_t *type, char *note, size_t cap)
 {
-	unsigned n_q[ENGINE_DTYPE_COUNT] = { 0 };
+	unsigned n_q[ENGINE_DTYPE_COUNT] = {0};
 	uint32_t most = 0;
 	bool changes = false;
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
@@ -134,7 +139,7 @@ static bool as_stored(const struct gguf_file *f, const uint32_t *type, char *not
 }
 
 int engine_quantize_plan(engine_model *m, const char *name, struct quant_load **ret,
-			 struct cm_err *err)
+                         struct cm_err *err)
 {
 	struct gguf_file *f = m->file;
 	struct engine_model_info *in = &m->info;
@@ -177,7 +182,7 @@ int engine_quantize_plan(engine_model *m, const char *name, struct quant_load **
 		if (!row || cm_mul_overflow_u64(rows, row, &n) || n > SIZE_MAX / 4 ||
 		    pos > SIZE_MAX / 4) {
 			r = cm_err_set(err, -EINVAL, "quantize: tensor '%s': size overflows",
-				       t->name);
+			               t->name);
 			goto fail;
 		}
 		off[i] = pos;
@@ -190,7 +195,6 @@ int engine_quantize_plan(engine_model *m, const char *name, struct quant_load **
 			q->n_it += ((int64_t)rows + per - 1) / per;
 		}
 	}
-	q->bytes = pos;
 	q->len = ((size_t)pos + HUGE_2M - 1) & ~(HUGE_2M - 1);
 	if (q->len == 0)
 		q->len = HUGE_2M;
@@ -200,7 +204,7 @@ int engine_quantize_plan(engine_model *m, const char *name, struct quant_load **
 	q->left = cm_calloc(nt + 1, sizeof(*q->left));
 	if (!q->region || !q->src || !q->it || !q->left) {
 		r = cm_err_set(err, -ENOMEM, "quantize: out of memory (%.1f MiB for the weights)",
-			       (double)q->len / (1 << 20));
+		               (double)q->len / (1 << 20));
 		goto fail;
 	}
 	memcpy(q->src, f->tensors, nt * sizeof(*q->src));
@@ -217,7 +221,7 @@ int engine_quantize_plan(engine_model *m, const char *name, struct quant_load **
 			int64_t per = (int64_t)CM_MAX((size_t)1, ITEM_BYTES / t->row_bytes);
 			for (int64_t r0 = 0; r0 < rows; r0 += per) {
 				q->it[q->n_it++] =
-					(struct qitem){ (uint32_t)i, r0, CM_MIN(rows, r0 + per) };
+				    (struct qitem){(uint32_t)i, r0, CM_MIN(rows, r0 + per)};
 				q->left[i]++;
 			}
 			q->widest = CM_MAX(q->widest, (size_t)t->ne[0]);
@@ -232,8 +236,8 @@ int engine_quantize_plan(engine_model *m, const char *name, struct quant_load **
 	in->n_fallback = n_fallback;
 	if (n_fallback)
 		snprintf(in->quant_note, sizeof(in->quant_note),
-			 "%d tensor%s kept wider than %s (first %s)", n_fallback,
-			 n_fallback == 1 ? "" : "s", rc->name, first);
+		         "%d tensor%s kept wider than %s (first %.140s)", n_fallback,
+		         n_fallback == 1 ? "" : "s", rc->name, first);
 	cm_free(type);
 	cm_free(off);
 	q->seconds = now_s() - t0;
@@ -246,13 +250,22 @@ fail:
 	return r;
 }
 
+/* MADV_DONTNEED the pages wholly inside [p0, p1) of the file's mapping */
+static void release(const struct quant_load *q, const uint8_t *p0, const uint8_t *p1)
+{
+	uintptr_t a0 = ((uintptr_t)p0 + q->page - 1) & ~(q->page - 1);
+	uintptr_t a1 = (uintptr_t)p1 & ~(q->page - 1);
+	if (a1 > a0)
+		(void)madvise((void *)a0, a1 - a0, MADV_DONTNEED);
+}
+
 static void run_worker(void *arg, int ith, int nth)
 {
 	struct quant_load *q = arg;
 	(void)nth;
 	for (;;) {
 		int64_t c = atomic_fetch_add_explicit(&q->next, 1, memory_order_relaxed);
-		if (c >= q->n_it)
+		if (c >= q->end)
 			break;
 		const struct qitem *it = &q->it[c];
 		const struct gguf_tensor *s = &q->src[it->t];
@@ -264,18 +277,18 @@ static void run_worker(void *arg, int ith, int nth)
 			       (size_t)(it->r1 - it->r0) * s->row_bytes);
 		else
 			r = quant_convert_rows(s, d->type, (void *)d->data, it->r0, it->r1,
-					       q->tmp + (size_t)ith * q->widest);
+			                       q->tmp + (size_t)ith * q->widest);
 		if (r)
 			atomic_store_explicit(&q->rc, r, memory_order_relaxed);
-		/* the tensor's last chunk lets its file pages go (those wholly
-		 * inside it; the rest go at the end) */
-		if (atomic_fetch_sub_explicit(&q->left[it->t], 1, memory_order_acq_rel) == 1 &&
-		    q->release) {
-			uintptr_t a0 = ((uintptr_t)s->data + q->page - 1) & ~(q->page - 1);
-			uintptr_t a1 = ((uintptr_t)s->data + s->nbytes) & ~(q->page - 1);
-			if (a1 > a0)
-				(void)madvise((void *)a0, a1 - a0, MADV_DONTNEED);
-		}
+		if (!q->release)
+			continue;
+		/* the item's file pages go as it ends (those wholly inside it);
+		 * the tensor's last item lets go the pages items shared */
+		const uint8_t *b = (const uint8_t *)s->data;
+		if (atomic_fetch_sub_explicit(&q->left[it->t], 1, memory_order_acq_rel) == 1)
+			release(q, b, b + s->nbytes);
+		else
+			release(q, b + (size_t)it->r0 * s->row_bytes, b + (size_t)it->r1 * s->row_bytes);
 	}
 }
 
@@ -289,16 +302,20 @@ int engine_quantize_run(engine_model *m, struct quant_load *q, struct cm_err *er
 	q->page = page > 0 ? (uintptr_t)page : 4096;
 	q->release = f->mapped;
 	q->file_tensors = f->tensors;
-	q->tmp = cm_aligned_alloc((size_t)CM_MAX(nth, 1) * CM_MAX(q->widest, (size_t)1) *
-				  sizeof(float));
+	q->tmp =
+	    cm_aligned_alloc((size_t)CM_MAX(nth, 1) * CM_MAX(q->widest, (size_t)1) * sizeof(float));
 	if (!q->tmp)
 		return cm_err_set(err, -ENOMEM, "quantize: out of memory");
-	atomic_store_explicit(&q->next, 0, memory_order_relaxed);
-	engine_pool_run(m->pool, run_worker, q);
+	const int64_t per_run = (int64_t)ITEMS_PER_RUN * CM_MAX(nth, 1);
+	for (int64_t i = 0; i < q->n_it; i += per_run) {
+		q->end = CM_MIN(q->n_it, i + per_run);
+		atomic_store_explicit(&q->next, i, memory_order_relaxed);
+		engine_pool_run(m->pool, run_worker, q);
+	}
 	int r = atomic_load_explicit(&q->rc, memory_order_relaxed);
 	if (r)
 		return cm_err_set(err, r, "quantize: converting the weights to %s failed",
-				  q->r->name);
+		                  q->r->name);
 	/* what is left of the file's pages (shared ones, metadata) goes too:
 	 * the model computes from the region alone now */
 	if (f->mapped)

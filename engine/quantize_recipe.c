@@ -29,6 +29,7 @@
 
 /* name, base type, general.file_type; the X-macro also spells the list of
  * names (quant_recipe_names), so the two cannot differ */
+/* clang-format off */
 #define RECIPES(X)                                                                        \
 	X(Q4_K_M, Q4_K, 15) X(Q4_K_S, Q4_K, 14) X(Q5_K_M, Q5_K, 17) X(Q5_K_S, Q5_K, 16)   \
 	X(Q6_K, Q6_K, 18) X(Q3_K_M, Q3_K, 12) X(Q2_K, Q2_K, 10) X(Q8_0, Q8_0, 7)           \
@@ -37,6 +38,8 @@
 	X(F32, F32, 0)
 #define RECIPE_ENTRY(n, b, ft) { #n, ENGINE_DTYPE_##b, ft },
 #define RECIPE_NAME(n, b, ft) " " #n
+
+/* clang-format on */
 
 static const struct quant_recipe recipes[] = { RECIPES(RECIPE_ENTRY) };
 

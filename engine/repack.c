@@ -37,6 +37,7 @@
  * group through a thread's scratch. */
 #include "engine/engine_impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -435,6 +436,11 @@ int engine_repack(struct engine_weights *ws, const struct kern_ops *kern, struct
 	struct repack_job j = {.w = sel, .n_w = n_w};
 	char key[REPACK_CACHE_KEY];
 	bool cached = cache && *cache && !ws->relocated;
+	/* at load, only quantizing has moved the views: the entry's key is
+	 * the file's, whose bytes these are not */
+	if (cache && *cache && ws->relocated)
+		snprintf(info->repack_cache_note, sizeof(info->repack_cache_note),
+			 "not used: the weights were quantized on load");
 	if (cached) {
 		/* a copy made before: mapped, nothing built */
 		repack_cache_key(ws, sel, n_w, key);

@@ -84,7 +84,6 @@ struct work {
 	const struct gguf_tensor *t;
 	uint32_t out_type;
 	uint8_t *out;
-	size_t out_row;
 	int64_t r0, r1;
 	int rc;
 };
@@ -103,9 +102,9 @@ static void *convert_rows(void *arg)
 	return NULL;
 }
 
-/* Convert tensor t into out (rows * out_row bytes) with up to nthreads. */
+/* Convert tensor t into out (rows of out_type) with up to nthreads. */
 static int convert_tensor(const struct gguf_tensor *t, uint32_t out_type, uint8_t *out,
-			  size_t out_row, int nthreads)
+			  int nthreads)
 {
 	int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
 	int64_t elems = rows * t->ne[0];
@@ -119,7 +118,7 @@ static int convert_tensor(const struct gguf_tensor *t, uint32_t out_type, uint8_
 	pthread_t th[MAX_THREADS];
 	bool started[MAX_THREADS] = { false };
 	for (int i = 0; i < nth; i++) {
-		wk[i] = (struct work){ .t = t, .out_type = out_type, .out = out, .out_row = out_row,
+		wk[i] = (struct work){ .t = t, .out_type = out_type, .out = out,
 				       .r0 = rows * i / nth, .r1 = rows * (i + 1) / nth };
 	}
 	/* Workers 1..nth-1 on threads, worker 0 here; a thread that cannot be
@@ -263,7 +262,7 @@ int main(int argc, char **argv)
 				goto out;
 			}
 			owned[i] = buf;
-			if ((rc = convert_tensor(t, out_type, buf, out_row, nthreads))) {
+			if ((rc = convert_tensor(t, out_type, buf, nthreads))) {
 				fprintf(stderr, "edgelm-quantize: %s: conversion failed: %s\n",
 					t->name, strerror(-rc));
 				goto out;

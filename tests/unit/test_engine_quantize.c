@@ -1,15 +1,17 @@
 /* tests/unit/test_engine_quantize.c: quantizing on load
  * (engine_params.quantize, engine/quantize.c).
  *
- * For stories260K F32 and F16 and stories3M F32 (when present; a synthetic
- * F16 model of the small shape always) and the types Q8_0, Q4_0, Q4_K_M and
+ * For stories260K F32 and F16 and stories3M F32 (when present; synthetic
+ * F16 and BF16 models of the small shape always, and of the qwen2, phi3 and
+ * gemma3 test shapes) and the types Q8_0, Q4_0, Q4_K_M and
  * Q6_K: the model quantized on load holds the same tensors, byte for byte,
  * as the file build/bin/edgelm-quantize writes for that type, and gives the
  * same logits (bit for bit) and greedy tokens, with repacking off and on.
  * stories260K's FFN rows (172) divide no block of 32 or 256: those tensors
  * fall back as the tool's do, and the info says so. A quantized file with
  * quantize set loads as stored with a note; an unknown name is -EINVAL, a
- * mix that needs an importance matrix -ENOTSUP. */
+ * mix that needs an importance matrix -ENOTSUP. The load's peak RSS stays
+ * near the quantized size, not the file's plus it. */
 #include "engine/engine_impl.h"
 #include "tests/test.h"
 
@@ -17,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum { PROMPT = 8, GEN = 12 };
@@ -28,7 +31,7 @@ static const char *quantize_file(const char *in, const char *tag, const char *ty
 	char cmd[12288];
 	snprintf(out, sizeof(out), "%s/q-%d-%s-%s.gguf", test_tmpdir(), (int)getpid(), tag, type);
 	snprintf(cmd, sizeof(cmd), "'%s' -t 2 '%s' '%s' %s >/dev/null 2>&1",
-		 test_bin("edgelm-quantize"), in, out, type);
+	         test_bin("edgelm-quantize"), in, out, type);
 	if (system(cmd) != 0) {
 		fprintf(stderr, "failed: %s\n", cmd);
 		return NULL;
@@ -38,10 +41,12 @@ static const char *quantize_file(const char *in, const char *tag, const char *ty
 
 static engine_model *load(const char *path, const char *quantize, int repack, int threads)
 {
-	struct engine_params p = { .n_threads = threads, .isa = getenv("EDGELM_ISA"),
-				   .repack = repack, .quantize = quantize };
+	struct engine_params p = {.n_threads = threads,
+	                          .isa = getenv("EDGELM_ISA"),
+	                          .repack = repack,
+	                          .quantize = quantize};
 	engine_model *m = NULL;
-	struct cm_err err = { 0 };
+	struct cm_err err = {0};
 	int r = engine_model_load(path, &p, &m, &err);
 	CHECK_MSG(r == 0, "%s (quantize %s): %s", path, quantize ? quantize : "-", err.msg);
 	return m;
@@ -59,9 +64,9 @@ static void check_tensors(const engine_model *a, const engine_model *b)
 		if (!tb)
 			continue;
 		CHECK_MSG(ta->type == tb->type, "%s: %s vs %s", ta->name,
-			  engine_dtype_name(ta->type), engine_dtype_name(tb->type));
+		          engine_dtype_name(ta->type), engine_dtype_name(tb->type));
 		CHECK_MSG(ta->nbytes == tb->nbytes && memcmp(ta->data, tb->data, ta->nbytes) == 0,
-			  "%s: bytes differ", ta->name);
+		          "%s: bytes differ", ta->name);
 	}
 }
 
@@ -72,8 +77,8 @@ static void run(engine_model *m, float *logits, int32_t *gen)
 	engine_model_get_info(m, &in);
 	int nv = (int)in.n_vocab;
 	engine_ctx *c = NULL;
-	struct cm_err err = { 0 };
-	struct engine_ctx_params cp = { .n_ctx = 64, .n_seq = 1, .n_batch = 16 };
+	struct cm_err err = {0};
+	struct engine_ctx_params cp = {.n_ctx = 64, .n_seq = 1, .n_batch = 16};
 	CHECK_OK(engine_ctx_new(m, &cp, &c, &err));
 	if (!c)
 		return;
@@ -119,13 +124,13 @@ static void check_type(const char *src, const char *tag, const char *type, bool 
 		CHECK(ia.weight_bytes == ib.weight_bytes);
 		for (int t = 0; t < ENGINE_TYPE_SLOTS; t++)
 			CHECK_MSG(ia.type_counts[t] == ib.type_counts[t], "%s: %u %s vs %u", type,
-				  ia.type_counts[t], engine_dtype_name((uint32_t)t),
-				  ib.type_counts[t]);
+			          ia.type_counts[t], engine_dtype_name((uint32_t)t),
+			          ib.type_counts[t]);
 		CHECK_EQ_INT((int)ia.n_x16_tensors, (int)ib.n_x16_tensors);
 		if (expect_fallback) {
 			CHECK(ia.n_fallback > 0);
 			CHECK_MSG(strstr(ia.quant_note, "kept wider") != NULL, "note: %s",
-				  ia.quant_note);
+			          ia.quant_note);
 		}
 		if (repack < 0)
 			check_tensors(a, b);
@@ -136,9 +141,9 @@ static void check_type(const char *src, const char *tag, const char *type, bool 
 		run(a, la, ga);
 		run(b, lb, gb);
 		CHECK_MSG(memcmp(ga, gb, sizeof(ga)) == 0, "%s %s repack %d: tokens differ", tag,
-			  type, repack);
+		          type, repack);
 		CHECK_MSG(memcmp(la, lb, (size_t)GEN * nv * sizeof(float)) == 0,
-			  "%s %s repack %d: logits differ", tag, type, repack);
+		          "%s %s repack %d: logits differ", tag, type, repack);
 		free(la);
 		free(lb);
 		engine_model_free(a);
@@ -147,7 +152,7 @@ static void check_type(const char *src, const char *tag, const char *type, bool 
 	unlink(qf);
 }
 
-static const char *const types[] = { "q8_0", "q4_0", "q4_k_m", "q6_k" };
+static const char *const types[] = {"q8_0", "q4_0", "q4_k_m", "q6_k"};
 
 static void check_model(const char *rel, const char *tag, bool fallback)
 {
@@ -191,6 +196,162 @@ static void test_synthetic_f16(void)
 	unlink(out);
 }
 
+/* BF16 sources dequantize through their own row function. */
+static void test_synthetic_bf16(void)
+{
+	char out[4096];
+	snprintf(out, sizeof(out), "%s/q-%d-small-bf16.gguf", test_tmpdir(), (int)getpid());
+	if (test_mkmodel(out, "--shape small --layers 2 --vocab synthetic --type BF16")) {
+		CHECK_MSG(false, "mkmodel failed");
+		return;
+	}
+	check_type(out, "small-bf16", "q4_0", false);
+	check_type(out, "small-bf16", "q6_k", false);
+	unlink(out);
+}
+
+/* The other architectures' tensors: qwen2's biases, phi3's fused
+ * attn_qkv (its own rule in the K mixes), gemma's tied output. */
+static void test_synthetic_archs(void)
+{
+	static const char *const shapes[] = { "small-qwen2", "small-phi3", "small-gemma3" };
+	for (size_t i = 0; i < CM_ARRAY_LEN(shapes); i++) {
+		char out[4096], args[256];
+		snprintf(out, sizeof(out), "%s/q-%d-%s.gguf", test_tmpdir(), (int)getpid(),
+		         shapes[i]);
+		snprintf(args, sizeof(args), "--shape %s --layers 2 --vocab synthetic --type F16",
+		         shapes[i]);
+		if (test_mkmodel(out, args)) {
+			CHECK_MSG(false, "mkmodel %s failed", shapes[i]);
+			continue;
+		}
+		check_type(out, shapes[i], "q4_k_m", false);
+		unlink(out);
+	}
+}
+
+static uint64_t status_bytes(const char *key)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	unsigned long long kib = 0;
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (strncmp(line, key, strlen(key)) == 0)
+			(void)sscanf(line + strlen(key), "%llu", &kib);
+	fclose(f);
+	return (uint64_t)kib << 10;
+}
+
+/* Reset VmHWM to the current RSS (Linux 4.0); false where refused */
+static bool reset_hwm(void)
+{
+	FILE *f = fopen("/proc/self/clear_refs", "w");
+	if (!f)
+		return false;
+	bool ok = fputs("5", f) >= 0;
+	return fclose(f) == 0 && ok;
+}
+
+struct hook_seen {
+	int calls;
+	uint64_t rss; /* VmRSS when called */
+	struct engine_model_info info;
+};
+
+static int hook(void *ud, const engine_model *m, struct cm_err *err)
+{
+	struct hook_seen *h = ud;
+	(void)err;
+	h->calls++;
+	h->rss = status_bytes("VmRSS:");
+	engine_model_get_info(m, &h->info);
+	return 0;
+}
+
+/* The load's peak against the file: a 254 MiB F16 model quantized to Q8_0
+ * adds about the Q8_0 weights (135 MiB) at its highest, never the F16
+ * pages and the result together; the caller's memory check runs before
+ * any of it, and sees the quantized size. */
+static void test_load_peak(void)
+{
+	char out[4096];
+	snprintf(out, sizeof(out), "%s/q-%d-peak-f16.gguf", test_tmpdir(), (int)getpid());
+	if (test_mkmodel(out, "--shape tinyllama-1.1b --layers 3 --vocab synthetic --type F16")) {
+		CHECK_MSG(false, "mkmodel failed");
+		return;
+	}
+	struct hook_seen h = { 0 };
+	struct engine_params p = { .n_threads = 2, .isa = getenv("EDGELM_ISA"), .repack = 1,
+		                   .quantize = "q8_0", .before_weights = hook,
+		                   .before_weights_ud = &h };
+	struct cm_err err = { 0 };
+	engine_model *m = NULL;
+	if (!reset_hwm()) {
+		TEST_SKIP("/proc/self/clear_refs refused: cannot reset VmHWM");
+		unlink(out);
+		return;
+	}
+	uint64_t before = status_bytes("VmRSS:");
+	CHECK_OK(engine_model_load(out, &p, &m, &err));
+	uint64_t peak = status_bytes("VmHWM:");
+	struct engine_model_info in = { 0 };
+	if (m)
+		engine_model_get_info(m, &in);
+	uint64_t size = in.quant_bytes_in, q = in.quant_bytes_out;
+	CHECK(size > (200u << 20) && q > 0 && q < size * 6 / 10);
+	CHECK(h.calls == 1 && h.info.quant_bytes_out == q && h.info.weight_bytes == q);
+	CHECK_MSG(h.rss < before + (32u << 20), "%.1f MiB resident before the weights",
+	          (double)(h.rss - before) / (1 << 20));
+	/* the quantized copy (2 MiB pages), the tensors in flight, the pool's
+	 * stacks: 1.15x the result plus 16 MiB */
+	uint64_t bound = q + q * 15 / 100 + (16u << 20);
+#ifdef __SANITIZE_ADDRESS__
+	bound += 16u << 20; /* ASan's shadow and quarantine of the load's heap */
+#endif
+	CHECK_MSG(peak - before <= bound,
+	          "the load added %.1f MiB at its peak: file tensors %.1f MiB, quantized %.1f "
+	          "MiB, bound %.1f MiB",
+	          (double)(peak - before) / (1 << 20), (double)size / (1 << 20),
+	          (double)q / (1 << 20), (double)bound / (1 << 20));
+	engine_model_free(m);
+	unlink(out);
+}
+
+/* The repack cache is keyed by the file: not used for weights quantized
+ * on load, and the note says so; nothing is written. */
+static void test_repack_cache_unused(void)
+{
+	char out[4096], dir[4096], cmd[8400];
+	snprintf(out, sizeof(out), "%s/q-%d-rc.gguf", test_tmpdir(), (int)getpid());
+	snprintf(dir, sizeof(dir), "%s/q-%d-rc", test_tmpdir(), (int)getpid());
+	if (test_mkmodel(out, "--shape small --layers 1 --vocab synthetic --type F16") ||
+	    mkdir(dir, 0700) != 0) {
+		CHECK_MSG(false, "mkmodel or mkdir failed");
+		return;
+	}
+	struct engine_params p = { .n_threads = 2, .isa = getenv("EDGELM_ISA"), .repack = 1,
+		                   .repack_cache = dir, .quantize = "q4_0" };
+	struct cm_err err = { 0 };
+	engine_model *m = NULL;
+	CHECK_OK(engine_model_load(out, &p, &m, &err));
+	if (m) {
+		struct engine_model_info in;
+		engine_model_get_info(m, &in);
+		if (in.n_x16_tensors) {
+			CHECK(!in.weights_cached);
+			CHECK_MSG(strstr(in.repack_cache_note, "quantized on load") != NULL, "note: %s",
+			          in.repack_cache_note);
+		}
+	}
+	engine_model_free(m);
+	CHECK(rmdir(dir) == 0); /* empty: no entry written */
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	(void)!system(cmd);
+	unlink(out);
+}
+
 /* A quantized file with quantize set: as stored, with a note. */
 static void test_already_quantized(void)
 {
@@ -214,13 +375,13 @@ static void test_already_quantized(void)
 	CHECK_EQ_INT((int)in.n_quantized, 0);
 	CHECK(!in.weights_anon);
 	CHECK_MSG(strcmp(in.quant_note, "file already quantized (q8_0): loaded as stored") == 0,
-		  "note: %s", in.quant_note);
+	          "note: %s", in.quant_note);
 	engine_model_free(m);
 }
 
 static void test_names(void)
 {
-	struct cm_err err = { 0 };
+	struct cm_err err = {0};
 	CHECK_OK(engine_quantize_check(NULL, &err));
 	CHECK_OK(engine_quantize_check("", &err));
 	CHECK_OK(engine_quantize_check("q4_k_m", &err));
@@ -249,9 +410,9 @@ static void test_load_refused(void)
 		CHECK_MSG(false, "mkmodel failed");
 		return;
 	}
-	struct engine_params p = { .n_threads = 1, .quantize = "q3_x" };
+	struct engine_params p = {.n_threads = 1, .quantize = "q3_x"};
 	engine_model *m = NULL;
-	struct cm_err err = { 0 };
+	struct cm_err err = {0};
 	CHECK_EQ_INT(engine_model_load(out, &p, &m, &err), -EINVAL);
 	CHECK(m == NULL);
 	p.quantize = "IQ1_S";
@@ -274,6 +435,10 @@ int main(void)
 	TEST_RUN(test_load_refused);
 	TEST_RUN(test_already_quantized);
 	TEST_RUN(test_synthetic_f16);
+	TEST_RUN(test_synthetic_bf16);
+	TEST_RUN(test_synthetic_archs);
+	TEST_RUN(test_load_peak);
+	TEST_RUN(test_repack_cache_unused);
 	TEST_RUN(test_260k_f32);
 	TEST_RUN(test_260k_f16);
 	TEST_RUN(test_3m_f32);
