@@ -27,6 +27,7 @@ typedef struct engine_model engine_model;
 typedef struct engine_ctx engine_ctx;
 typedef struct engine_tokenizer engine_tokenizer;
 typedef struct engine_sampler engine_sampler;
+typedef struct engine_grammar engine_grammar;
 
 /* ---- model ------------------------------------------------------------- */
 
@@ -311,6 +312,18 @@ const char *engine_chat_format_list(void);
 int engine_chat_render(enum engine_chat_format f, const struct engine_chat_msg *msgs, size_t n,
 		       bool add_generation_prompt, char **ret_text, size_t *ret_len,
 		       struct cm_err *err);
+
+/* ---- grammars (docs/grammar.md) ------------------------------------------ */
+
+/* Compile a GBNF grammar (llama.cpp's format; start symbol `root`) for a
+ * tokenizer's vocabulary. Errors name the line and column. The compiled
+ * grammar is immutable and may be shared by several samplers (and
+ * threads) at once; it must outlive them. A token's text is its piece
+ * (engine_token_to_piece: SPM's U+2581 is a space, also at the start of
+ * the output). tok NULL: only check the grammar (no sampler takes it). */
+int engine_grammar_new(const engine_tokenizer *tok, const char *gbnf, size_t len,
+		       engine_grammar **ret_g, struct cm_err *err);
+void engine_grammar_free(engine_grammar *g); /* NULL-safe */
 
 /* ---- sampler ------------------------------------------------------------- */
 
