@@ -343,6 +343,9 @@ struct engine_sampler_params {
 	const int32_t *bias_ids;
 	const float *bias;
 	int n_bias;
+	/* Constrained sampling (docs/engine.md): only tokens the grammar
+	 * allows are chosen. Borrowed; it must outlive the sampler. */
+	const engine_grammar *grammar; /* NULL: none */
 };
 
 /* llama.cpp's defaults: temp 0.8, top_k 40, top_p 0.95, min_p 0.05, no
@@ -367,5 +370,19 @@ float engine_logprobs(const float *logits, int n_vocab, int32_t id, int n_top, i
  * temperature -> draw. A banned token is never chosen while any other
  * token is left. */
 int32_t engine_sampler_sample(engine_sampler *s, const float *logits);
+
+/* With a grammar, engine_sampler_sample() only returns tokens the grammar
+ * allows (end-of-generation tokens only where the grammar is in an
+ * accepting state; the tokenizer's EOS when it allows nothing at all);
+ * greedy sampling picks the best allowed token. engine_sampler_reset
+ * also resets the grammar state to the start. */
+/* Advance the grammar with a generated token (call after sampling it;
+ * engine_sampler_accept stays the penalty history, prompt tokens too).
+ * 0, or -EINVAL if the grammar refuses the token (state unchanged).
+ * Without a grammar: 0. */
+int engine_sampler_advance(engine_sampler *s, int32_t id);
+/* The grammar has matched a complete value and allows no further
+ * token except end-of-generation: generation should end ("stop"). */
+bool engine_sampler_grammar_done(const engine_sampler *s);
 
 #endif

@@ -1,6 +1,8 @@
 /* tests/unit/test_engine_grammar.c: GBNF grammars (docs/grammar.md): each
- * construct accepting and refusing text at the code point level, and each
- * class of error with its line and column. */
+ * construct accepting and refusing text at the code point level, each
+ * class of error with its line and column, and constrained sampling with
+ * real vocabularies (Llama 2's SPM, Qwen2's BPE) and stories260K: every
+ * sampled token is allowed, the text matches, EOS only where accepting. */
 #include "engine/grammar_impl.h"
 #include "tests/test.h"
 
@@ -8,6 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Fewer sampling steps under the sanitizers: the allowed-set walks are the
+ * slow part, and the coverage is the same. */
+#if defined(__SANITIZE_ADDRESS__)
+#define STEPS_SCALE 4
+#else
+#define STEPS_SCALE 1
+#endif
 
 /* -1: refused on the way, 0: a valid prefix only, 1: a complete match. */
 static int match(const char *gbnf, const char *text, size_t n)
@@ -201,10 +210,250 @@ static void test_errors(void)
 	engine_grammar_free(g);
 }
 
+/* ---- sampling with real vocabularies -------------------------------------- */
+
+static uint64_t rnd_state = 0x1234567;
+static uint32_t rnd(void)
+{
+	rnd_state = rnd_state * 6364136223846793005ull + 1442695040888963407ull;
+	return (uint32_t)(rnd_state >> 33);
+}
+
+static const char *json_gbnf =
+    "root ::= \"{\" ws \"\\\"name\\\"\" ws \":\" ws str ws \",\" ws \"\\\"age\\\"\" ws \":\" ws"
+    " int ws \",\" ws \"\\\"kind\\\"\" ws \":\" ws kind ws \"}\"\n"
+    "str ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1f] | \"\\\\\" [\"\\\\nt] ){0,16} \"\\\"\"\n"
+    "int ::= \"-\"? ([0-9] | [1-9] [0-9]{1,5})\n"
+    "kind ::= \"\\\"cat\\\"\" | \"\\\"dog\\\"\" | \"\\\"bird\\\"\"\n"
+    "ws ::= [ \\t\\n]{0,2}\n";
+
+/* Sample up to max_steps tokens under the grammar from random logits (or
+ * greedy) and check every step; returns the number of tokens. */
+static int run_sampling(const engine_tokenizer *tok, const engine_grammar *g, float temp,
+                        uint64_t seed, int max_steps, bool check_mask)
+{
+	int nv = engine_tokenizer_n_vocab(tok);
+	struct engine_sampler_params sp;
+	engine_sampler_params_default(&sp);
+	sp.temp = temp;
+	sp.seed = seed;
+	sp.grammar = g;
+	engine_sampler *s = NULL;
+	struct cm_err err = {0};
+	int r = engine_sampler_new(&sp, nv, &s, &err);
+	CHECK_MSG(r == 0, "%s", err.msg);
+	if (r)
+		return 0;
+	float *logits = malloc((size_t)nv * sizeof(*logits));
+	int32_t *ids = malloc((size_t)(max_steps + 1) * sizeof(*ids));
+	uint8_t *mask = malloc((size_t)nv);
+	struct grammar_state *shadow = NULL;
+	CHECK_OK(grammar_state_new(g, &shadow, NULL));
+	int n = 0;
+	bool ended = false;
+	for (int step = 0; step < max_steps; step++) {
+		for (int i = 0; i < nv; i++)
+			logits[i] = (float)(rnd() % 20000) / 1000.0f;
+		/* sometimes make an end-of-generation token the favourite */
+		if (rnd() % 4 == 0)
+			logits[engine_tokenizer_eos(tok)] = 100.0f;
+		int32_t id = engine_sampler_sample(s, logits);
+		bool eog = engine_tokenizer_is_eog(tok, id);
+		if (check_mask && step < 3) {
+			/* the trie walk agrees with one check per token */
+			int cnt = grammar_state_allowed(shadow, mask);
+			int cnt2 = 0, bad = 0;
+			for (int i = 0; i < nv; i++) {
+				bool a = grammar_state_allows(shadow, i);
+				cnt2 += a;
+				bad += a != (mask[i] != 0);
+			}
+			CHECK_MSG(bad == 0 && cnt == cnt2, "step %d: %d disagree (%d vs %d)", step,
+			          bad, cnt, cnt2);
+			CHECK(cnt > 0);
+		}
+		CHECK_MSG(grammar_state_allows(shadow, id), "step %d: token %d not allowed", step,
+		          (int)id);
+		CHECK_EQ_INT(engine_sampler_advance(s, id), 0);
+		CHECK_EQ_INT(grammar_state_advance(shadow, id), 0);
+		if (eog) {
+			CHECK_MSG(grammar_state_accepting(shadow), "EOG %d in a non-accepting state",
+			          (int)id);
+			ended = true;
+			break;
+		}
+		ids[n++] = id;
+		if (engine_sampler_grammar_done(s)) {
+			/* only the end is left */
+			int cnt = grammar_state_allowed(shadow, mask);
+			for (int i = 0; i < nv; i++)
+				if (mask[i])
+					CHECK(engine_tokenizer_is_eog(tok, i));
+			CHECK(cnt >= 1);
+			CHECK(engine_tokenizer_is_eog(tok, engine_sampler_sample(s, logits)));
+			ended = true;
+			break;
+		}
+	}
+	CHECK_MSG(ended, "no end after %d steps", max_steps);
+	/* the pieces' text, fed at once, is a complete match */
+	size_t cap = 1 << 16, len = 0;
+	char *text = malloc(cap);
+	for (int i = 0; i < n; i++) {
+		int k = engine_token_to_piece(tok, ids[i], false, text + len, cap - len);
+		CHECK(k >= 0);
+		if (k > 0)
+			len += (size_t)k;
+	}
+	struct grammar_state *fresh = NULL;
+	CHECK_OK(grammar_state_new(g, &fresh, NULL));
+	CHECK_EQ_INT(grammar_state_feed(fresh, text, len), 0);
+	CHECK_MSG(grammar_state_accepting(fresh), "text \"%.*s\" incomplete", (int)len, text);
+	grammar_state_free(fresh);
+	free(text);
+	grammar_state_free(shadow);
+	free(mask);
+	free(ids);
+	free(logits);
+	engine_sampler_free(s);
+	return n;
+}
+
+static void sample_vocab(const char *file)
+{
+	const char *path = test_data_path(file);
+	if (!test_file_exists(path)) {
+		TEST_SKIP_DATA("%s not found (set EDGELM_TESTDATA)", path);
+		return;
+	}
+	engine_tokenizer *tok = NULL;
+	struct cm_err err = {0};
+	int r = engine_tokenizer_load(path, &tok, &err);
+	CHECK_MSG(r == 0, "%s", err.msg);
+	if (r)
+		return;
+	engine_grammar *g = NULL;
+	r = engine_grammar_new(tok, json_gbnf, strlen(json_gbnf), &g, &err);
+	CHECK_MSG(r == 0, "%s", err.msg);
+	if (r == 0) {
+		run_sampling(tok, g, 1.0f, 1, 120, true);
+		for (int k = 0; k < 4 / STEPS_SCALE; k++)
+			run_sampling(tok, g, 0.8f, 10 + (uint64_t)k, 120, false);
+		run_sampling(tok, g, 0.0f, 2, 120, false);
+		/* a wrong vocabulary size is refused */
+		struct engine_sampler_params sp;
+		engine_sampler_params_default(&sp);
+		sp.grammar = g;
+		engine_sampler *s = NULL;
+		CHECK_EQ_INT(engine_sampler_new(&sp, 7, &s, &err), -EINVAL);
+	}
+	engine_grammar_free(g);
+
+	/* open-ended: accepting but never done, so EOS is allowed and other text too */
+	const char *open = "root ::= [a-z ]+";
+	r = engine_grammar_new(tok, open, strlen(open), &g, &err);
+	CHECK_MSG(r == 0, "%s", err.msg);
+	if (r == 0) {
+		struct grammar_state *st = NULL;
+		CHECK_OK(grammar_state_new(g, &st, NULL));
+		int32_t eos = engine_tokenizer_eos(tok);
+		CHECK(!grammar_state_allows(st, eos));
+		CHECK_EQ_INT(grammar_state_advance(st, eos), -EINVAL);
+		CHECK_OK(grammar_state_feed(st, "ab", 2));
+		CHECK(grammar_state_allows(st, eos));
+		CHECK(!grammar_state_done(st));
+		int32_t bos = engine_tokenizer_bos(tok);
+		if (bos >= 0 && !engine_tokenizer_is_eog(tok, bos))
+			CHECK(!grammar_state_allows(st, bos)); /* control tokens never */
+		grammar_state_free(st);
+	}
+	engine_grammar_free(g);
+	engine_tokenizer_free(tok);
+}
+
+static void test_vocab_llama_spm(void)
+{
+	sample_vocab("vocab/ggml-vocab-llama-spm.gguf");
+}
+
+static void test_vocab_qwen2(void)
+{
+	sample_vocab("vocab/ggml-vocab-qwen2.gguf");
+}
+
+/* Real logits: stories260K under a grammar, greedy and sampled. */
+static void test_stories260k(void)
+{
+	const char *path = test_data_path("models/stories260K-f32.gguf");
+	if (!test_file_exists(path)) {
+		TEST_SKIP_DATA("%s not found (set EDGELM_TESTDATA)", path);
+		return;
+	}
+	struct engine_params mp = {.n_threads = 1};
+	engine_model *m = NULL;
+	struct cm_err err = {0};
+	int r = engine_model_load(path, &mp, &m, &err);
+	CHECK_MSG(r == 0, "%s", err.msg);
+	if (r)
+		return;
+	const engine_tokenizer *tok = engine_model_tokenizer(m);
+	const char *gbnf = "root ::= \"Once\" (\" \" word){3,8} \".\"\nword ::= [a-z]{1,10}\n";
+	engine_grammar *g = NULL;
+	r = engine_grammar_new(tok, gbnf, strlen(gbnf), &g, &err);
+	CHECK_MSG(r == 0, "%s", err.msg);
+	engine_ctx *c = NULL;
+	struct engine_ctx_params cp = {.n_ctx = 128, .n_seq = 1};
+	CHECK_OK(engine_ctx_new(m, &cp, &c, &err));
+	for (int k = 0; k < 2 && g && c; k++) {
+		struct engine_sampler_params sp;
+		engine_sampler_params_default(&sp);
+		sp.temp = k == 0 ? 0.0f : 0.9f;
+		sp.seed = 42;
+		sp.grammar = g;
+		engine_sampler *s = NULL;
+		CHECK_OK(engine_sampler_new(&sp, engine_tokenizer_n_vocab(tok), &s, &err));
+		int32_t toks[64];
+		int n = 0, pos = 0;
+		toks[n++] = engine_tokenizer_bos(tok);
+		bool done = false;
+		for (int step = 0; step < 60 && !done; step++) {
+			CHECK_OK(engine_eval(c, toks + n - 1, 1, pos++, &err));
+			int32_t id = engine_sampler_sample(s, engine_get_logits_last(c));
+			if (engine_tokenizer_is_eog(tok, id)) {
+				done = true;
+				break;
+			}
+			CHECK_EQ_INT(engine_sampler_advance(s, id), 0);
+			engine_sampler_accept(s, id);
+			toks[n++] = id;
+			done = engine_sampler_grammar_done(s);
+		}
+		CHECK(done);
+		char *text = NULL;
+		CHECK_OK(engine_detokenize(tok, toks + 1, n - 1, false, &text, &err));
+		/* the detokenizer drops the first piece's leading space; the
+		 * grammar saw the pieces, which here have none to drop */
+		CHECK_MSG(text && strncmp(text, "Once ", 5) == 0 && text[strlen(text) - 1] == '.',
+		          "\"%s\"", text ? text : "");
+		if (text)
+			CHECK_EQ_INT(match(gbnf, text, strlen(text)), 1);
+		free(text);
+		engine_sampler_reset(s);
+		engine_seq_truncate(c, 0, 0);
+		engine_sampler_free(s);
+	}
+	engine_ctx_free(c);
+	engine_grammar_free(g);
+	engine_model_free(m);
+}
+
 int main(void)
 {
 	TEST_RUN(test_constructs);
 	TEST_RUN(test_partial_utf8);
 	TEST_RUN(test_errors);
+	TEST_RUN(test_vocab_llama_spm);
+	TEST_RUN(test_vocab_qwen2);
+	TEST_RUN(test_stories260k);
 	return test_finish();
 }
