@@ -40,7 +40,9 @@ struct gel {
 #define MAX_REPEAT 100000
 #define MAX_NEST 512       /* parentheses */
 #define MAX_DEPTH 1024     /* stack entries: deeper parses are dropped */
-#define EXPAND_BUDGET 100000 /* rule expansions per step */
+#define EXPAND_BUDGET 20000 /* rule expansions per code point */
+#define MAX_STACKS 1024    /* parses alive at once: more are dropped */
+#define DEDUP_CAP (2 * MAX_STACKS)
 #define MAX_PIECE (1 << 16)
 
 struct tnode {
@@ -913,6 +915,9 @@ struct grammar_state {
 	bool oom;
 	int32_t tmp[MAX_DEPTH + 2];
 	long budget;
+	/* the stacks of the state being built, by hash: slot k holds record
+	 * dd[k] when dd_gen[k] is the current generation */
+	uint32_t dd[DEDUP_CAP], dd_gen[DEDUP_CAP], gen;
 	/* the walk's memo, kept across steps until it grows too big */
 	struct sset memo;
 	struct mstate *ms;
@@ -968,14 +973,36 @@ static bool sset_push(struct grammar_state *st, struct sset *s, const int32_t *a
 	return true;
 }
 
-/* Add tmp[0..n) to out's records from `from` on, unless already there. */
+/* A new state starts being built: its dedupe table empties at once. */
+static void new_gen(struct grammar_state *st)
+{
+	st->budget = EXPAND_BUDGET;
+	if (++st->gen == 0) {
+		memset(st->dd_gen, 0, sizeof(st->dd_gen));
+		st->gen = 1;
+	}
+}
+
+/* Add a[0..n) to out's records from `from` on (the state being built),
+ * unless already there: a hash set, since ambiguous grammars make many. */
 static void emit(struct grammar_state *st, struct sset *out, size_t from, const int32_t *a,
                  size_t n)
 {
-	for (size_t i = from; i < out->nr; i++)
-		if (out->r[i].len == n && memcmp(out->d + out->r[i].off, a, n * sizeof(*a)) == 0)
+	if (out->nr - from >= MAX_STACKS)
+		return;
+	uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ (uint32_t)a[i]) * 0x100000001b3ull;
+	size_t k = (h ^ (h >> 29)) & (DEDUP_CAP - 1);
+	for (; st->dd_gen[k] == st->gen; k = (k + 1) & (DEDUP_CAP - 1)) {
+		struct srec r = out->r[st->dd[k]];
+		if (r.len == n && memcmp(out->d + r.off, a, n * sizeof(*a)) == 0)
 			return;
-	(void)sset_push(st, out, a, n, -1, -1);
+	}
+	if (sset_push(st, out, a, n, -1, -1)) {
+		st->dd[k] = (uint32_t)(out->nr - 1);
+		st->dd_gen[k] = st->gen;
+	}
 }
 
 /* Expand every stack waiting in st->todo until a terminal is on top (or the
@@ -1109,7 +1136,7 @@ static size_t accept_cp(struct grammar_state *st, const struct sset *in, size_t 
 {
 	const struct gel *el = st->g->el;
 	size_t from = out->nr;
-	st->budget = EXPAND_BUDGET;
+	new_gen(st);
 	for (size_t i = a; i < b; i++) {
 		struct srec r = in->r[i];
 		if (r.len == 0)
@@ -1150,7 +1177,7 @@ void grammar_state_reset(struct grammar_state *st)
 	st->cur.nr = st->cur.nd = 0;
 	st->todo.nr = st->todo.nd = 0;
 	st->part = (struct u8p){0, 0, 0};
-	st->budget = EXPAND_BUDGET;
+	new_gen(st);
 	uint32_t pos = g->rule_start[g->root];
 	for (;;) {
 		(void)sset_push(st, &st->todo, NULL, 0, end_of_seq(&g->el[pos]) ? -1 : (int32_t)pos,
