@@ -42,7 +42,10 @@ struct gel {
 #define MAX_DEPTH 1024     /* stack entries: deeper parses are dropped */
 #define EXPAND_BUDGET 20000 /* rule expansions per code point */
 #define MAX_STACKS 65536   /* parses alive at once: more are dropped */
-#define MAX_PIECE (1 << 16)
+/* Longer pieces are never allowed: the trie walk recurses once per byte
+ * of a piece, on whatever thread samples (real vocabularies stay under
+ * a few hundred bytes). */
+#define MAX_PIECE 1024
 
 struct tnode {
 	int32_t end; /* index after this node's subtree */
@@ -695,7 +698,7 @@ static int build_vocab(engine_grammar *g, const engine_tokenizer *tok, struct cm
 			cap *= 2;
 		}
 		if (k <= 0)
-			continue; /* an empty piece would make no progress */
+			continue; /* empty (no progress) or past MAX_PIECE */
 		if (used + (size_t)k > pcap) {
 			while (used + (size_t)k > pcap)
 				pcap *= 2;
