@@ -117,7 +117,7 @@ EDGELM_API void edgelm_set_timeout(edgelm_client *c, int timeout_ms);
 EDGELM_API void edgelm_set_max_msg(edgelm_client *c, size_t bytes);
 /* The daemon's default message limit: room for any request within the
  * protocol's other limits, e.g. a prompt of 1 MiB (docs/protocol.md). */
-#define EDGELM_DEFAULT_MAX_MSG 1179648 /* 1152 KiB */
+#define EDGELM_DEFAULT_MAX_MSG 1245184 /* 1216 KiB */
 
 /* ---- generation ----------------------------------------------------------- */
 
