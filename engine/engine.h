@@ -27,6 +27,7 @@ typedef struct engine_model engine_model;
 typedef struct engine_ctx engine_ctx;
 typedef struct engine_tokenizer engine_tokenizer;
 typedef struct engine_sampler engine_sampler;
+typedef struct engine_grammar engine_grammar;
 
 /* ---- model ------------------------------------------------------------- */
 
@@ -312,6 +313,18 @@ int engine_chat_render(enum engine_chat_format f, const struct engine_chat_msg *
 		       bool add_generation_prompt, char **ret_text, size_t *ret_len,
 		       struct cm_err *err);
 
+/* ---- grammars (docs/grammar.md) ------------------------------------------ */
+
+/* Compile a GBNF grammar (llama.cpp's format; start symbol `root`) for a
+ * tokenizer's vocabulary. Errors name the line and column. The compiled
+ * grammar is immutable and may be shared by several samplers (and
+ * threads) at once; it must outlive them. A token's text is its piece
+ * (engine_token_to_piece: SPM's U+2581 is a space, also at the start of
+ * the output). tok NULL: only check the grammar (no sampler takes it). */
+int engine_grammar_new(const engine_tokenizer *tok, const char *gbnf, size_t len,
+		       engine_grammar **ret_g, struct cm_err *err);
+void engine_grammar_free(engine_grammar *g); /* NULL-safe */
+
 /* ---- sampler ------------------------------------------------------------- */
 
 struct engine_sampler_params {
@@ -330,6 +343,9 @@ struct engine_sampler_params {
 	const int32_t *bias_ids;
 	const float *bias;
 	int n_bias;
+	/* Constrained sampling (docs/engine.md): only tokens the grammar
+	 * allows are chosen. Borrowed; it must outlive the sampler. */
+	const engine_grammar *grammar; /* NULL: none */
 };
 
 /* llama.cpp's defaults: temp 0.8, top_k 40, top_p 0.95, min_p 0.05, no
@@ -354,5 +370,19 @@ float engine_logprobs(const float *logits, int n_vocab, int32_t id, int n_top, i
  * temperature -> draw. A banned token is never chosen while any other
  * token is left. */
 int32_t engine_sampler_sample(engine_sampler *s, const float *logits);
+
+/* With a grammar, engine_sampler_sample() only returns tokens the grammar
+ * allows (end-of-generation tokens only where the grammar is in an
+ * accepting state; the tokenizer's EOS when it allows nothing at all);
+ * greedy sampling picks the best allowed token. engine_sampler_reset
+ * also resets the grammar state to the start. */
+/* Advance the grammar with a generated token (call after sampling it;
+ * engine_sampler_accept stays the penalty history, prompt tokens too).
+ * 0, or -EINVAL if the grammar refuses the token (state unchanged).
+ * Without a grammar: 0. */
+int engine_sampler_advance(engine_sampler *s, int32_t id);
+/* The grammar has matched a complete value and allows no further
+ * token except end-of-generation: generation should end ("stop"). */
+bool engine_sampler_grammar_done(const engine_sampler *s);
 
 #endif

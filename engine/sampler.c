@@ -9,10 +9,15 @@
  * survivors; top_p without top_k sorts a growing prefix only as far as the
  * cumulative probability needs.
  *
+ * A grammar (engine_grammar, grammar.c) masks the tokens it refuses to
+ * -inf at the start of the chain, computed only when the unconstrained
+ * choice is refused (engine_sampler_sample below).
+ *
  * NaN logits count as -inf: they never win and never poison the softmax.
  * The random stream is xoshiro256** seeded through splitmix64, so a seed
  * reproduces a run exactly (it does not reproduce llama.cpp's mt19937). */
 #include "engine/engine.h"
+#include "engine/grammar_impl.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -35,6 +40,9 @@ struct engine_sampler {
 	float *bias;       /* n_vocab, added to the logits; NULL: no logit_bias */
 	int ring_cap, ring_len, ring_pos;
 	uint64_t rng[4];
+	struct grammar_state *gs; /* NULL: no grammar */
+	uint8_t *gmask;           /* n_vocab: the grammar's allowed set */
+	const uint8_t *allow;     /* gmask while it applies, else NULL */
 };
 
 /* ---- PRNG ------------------------------------------------------------- */
@@ -125,9 +133,22 @@ int engine_sampler_new(const struct engine_sampler_params *p, int n_vocab, engin
 			                  (int)p->bias_ids[i]);
 	}
 
+	if (p->grammar && grammar_n_vocab(p->grammar) != n_vocab)
+		return cm_err_set(err, -EINVAL,
+		                  "sampler: the grammar is for a vocabulary of %d tokens, not %d",
+		                  grammar_n_vocab(p->grammar), n_vocab);
+
 	engine_sampler *s = cm_calloc(1, sizeof(*s));
 	if (!s)
 		return cm_err_set(err, -ENOMEM, "sampler: out of memory");
+	if (p->grammar) {
+		int r = grammar_state_new(p->grammar, &s->gs, err);
+		s->gmask = cm_malloc((size_t)n_vocab);
+		if (r || !s->gmask) {
+			engine_sampler_free(s);
+			return r ? r : cm_err_set(err, -ENOMEM, "sampler: out of memory");
+		}
+	}
 	s->p = *p;
 	s->p.bias_ids = NULL; /* the caller's; copied below */
 	s->p.bias = NULL;
@@ -166,6 +187,8 @@ void engine_sampler_free(engine_sampler *s)
 	cm_free(s->count);
 	cm_free(s->ring);
 	cm_free(s->bias);
+	grammar_state_free(s->gs);
+	cm_free(s->gmask);
 	cm_free(s);
 }
 
@@ -177,6 +200,8 @@ void engine_sampler_reset(engine_sampler *s)
 	s->ring_len = 0;
 	s->ring_pos = 0;
 	rng_seed(s);
+	if (s->gs)
+		grammar_state_reset(s->gs);
 }
 
 void engine_sampler_accept(engine_sampler *s, int32_t id)
@@ -211,7 +236,7 @@ static bool penalties_on(const engine_sampler *s)
 static inline float adjusted_logit(const engine_sampler *s, const float *logits, int i, bool pen)
 {
 	float l = logits[i];
-	if (isnan(l))
+	if (isnan(l) || (s->allow && !s->allow[i]))
 		return -INFINITY;
 	if (s->bias)
 		l += s->bias[i]; /* -inf for a ban */
@@ -327,7 +352,7 @@ static int32_t fallback_token(const engine_sampler *s)
 	return 0;
 }
 
-int32_t engine_sampler_sample(engine_sampler *s, const float *logits)
+static int32_t sample_plain(engine_sampler *s, const float *logits)
 {
 	const int nv = s->n_vocab;
 	const bool pen = penalties_on(s);
@@ -434,6 +459,41 @@ int32_t engine_sampler_sample(engine_sampler *s, const float *logits)
 			return c[i].id;
 	}
 	return c[0].id;
+}
+
+/* With a grammar, as llama.cpp does: draw from the unconstrained chain and
+ * keep the token if the grammar allows it (one walk of its piece); only on
+ * a refusal compute the allowed set (a trie walk) and draw again with the
+ * rest masked to -inf, so the masking happens before top_k and the rest. */
+int32_t engine_sampler_sample(engine_sampler *s, const float *logits)
+{
+	if (!s->gs)
+		return sample_plain(s, logits);
+	int32_t id = sample_plain(s, logits);
+	if (grammar_state_allows(s->gs, id))
+		return id;
+	if (grammar_state_allowed(s->gs, s->gmask) == 0)
+		return grammar_fallback_token(s->p.grammar);
+	s->allow = s->gmask;
+	id = sample_plain(s, logits);
+	s->allow = NULL;
+	if (s->gmask[id])
+		return id;
+	/* every allowed token is banned or NaN: the first allowed one */
+	for (int i = 0; i < s->n_vocab; i++)
+		if (s->gmask[i])
+			return i;
+	return id;
+}
+
+int engine_sampler_advance(engine_sampler *s, int32_t id)
+{
+	return s->gs ? grammar_state_advance(s->gs, id) : 0;
+}
+
+bool engine_sampler_grammar_done(const engine_sampler *s)
+{
+	return s->gs && grammar_state_done(s->gs);
 }
 
 /* ---- log-probabilities ------------------------------------------------------ */

@@ -25,6 +25,10 @@
  *     just before and just after it, the median over reps (on a VM whose
  *     bandwidth drifts by 2x within a minute, the run's best read sample
  *     can come from a moment no decode saw);
+ * (e) with --grammar-file: decode with each token sampled and fed back,
+ *     once with the sampler alone and once with the grammar in it, side by
+ *     side in each rep (the grammar starts over whenever a value is
+ *     complete), and the sampling time per token of each;
  * plus the load's wall time and the peak RSS during it (VmHWM reset just
  * before it where the kernel allows), the first one-token step's time after
  * the load and its page faults (cold: every weight page faults in unless
@@ -89,6 +93,8 @@ static void usage(FILE *o)
 		"      --bw-mib N       bandwidth buffer size in MiB (default 1024; reported apart,\n"
 		"                       not in the peak RSS)\n"
 		"      --json           one JSON object instead of a table\n"
+		"      --grammar-file FILE  also decode with sampling, with and without this GBNF\n"
+		"                       grammar in the sampler (-n tokens per run, from context 0)\n"
 		"\n"
 		"tuning (as edgelmd applies it; the report says what applied and what failed):\n"
 		"      --tuning on|off  on: what edgelmd does by default (pin, prefault, mlock);\n"
@@ -322,7 +328,7 @@ static int parse_on_off(const char *s, bool *ret)
 }
 
 struct bench_opts {
-	const char *model, *isa, *repack, *repack_cache;
+	const char *model, *isa, *repack, *repack_cache, *grammar_file;
 	int threads, n_gen, reps, bw_mib, n_batch, segment;
 	enum engine_kv_type kv_type;
 	int prompts[8], n_prompts, ctxs[8], n_ctxs;
@@ -337,7 +343,7 @@ struct bench_opts {
 static int bench_opts_parse(int argc, char **argv, struct bench_opts *o)
 {
 	enum { OPT_TUNING = 256, OPT_PIN, OPT_HUGEPAGES, OPT_PREFAULT, OPT_MLOCK, OPT_TOKENIZE,
-	       OPT_TEXT_MB, OPT_SEGMENT, OPT_REPACK_CACHE };
+	       OPT_TEXT_MB, OPT_SEGMENT, OPT_REPACK_CACHE, OPT_GRAMMAR_FILE };
 	static const struct option opts[] = {
 		{"model", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
 		{"isa", required_argument, NULL, 'I'},   {"prompts", required_argument, NULL, 'P'},
@@ -355,6 +361,7 @@ static int bench_opts_parse(int argc, char **argv, struct bench_opts *o)
 		{"mlock", no_argument, NULL, OPT_MLOCK},
 		{"tokenize", no_argument, NULL, OPT_TOKENIZE},
 		{"text-mb", required_argument, NULL, OPT_TEXT_MB},
+		{"grammar-file", required_argument, NULL, OPT_GRAMMAR_FILE},
 		{NULL, 0, NULL, 0},
 	};
 	static const char P[] = "edgelm-bench";
@@ -414,6 +421,7 @@ static int bench_opts_parse(int argc, char **argv, struct bench_opts *o)
 		case OPT_PREFAULT: o->add.prefault = true; break;
 		case OPT_MLOCK: o->add.mlock = true; break;
 		case OPT_TOKENIZE: o->tokenize = true; break;
+		case OPT_GRAMMAR_FILE: o->grammar_file = optarg; break;
 		case OPT_TEXT_MB: {
 			char *end;
 			o->text_mb = strtod(optarg, &end);
@@ -477,6 +485,11 @@ struct bench {
 	double t_load, first_ms, second_ms;
 	long first_faults;
 	double pre[8], ttft_ms[8], dec[8], paired[8];
+	/* --grammar-file: [0] the sampler alone, [1] with the grammar */
+	engine_grammar *gram;
+	engine_sampler *gsmp[2];
+	double g_compile_ms, g_tok_s[2], g_sample_ms[2];
+	int g_completed;
 	/* memory, bytes (0: /proc/self/status unreadable) */
 	bool hwm_reset;          /* VmHWM reset before the load */
 	struct cm_err hwm_err;   /* why not */
@@ -491,9 +504,49 @@ static void bench_free(struct bench *b)
 {
 	bw_close(&b->bwm);
 	engine_sampler_free(b->smp);
+	engine_sampler_free(b->gsmp[0]);
+	engine_sampler_free(b->gsmp[1]);
+	engine_grammar_free(b->gram);
 	engine_ctx_free(b->cx);
 	engine_model_free(b->m);
 	tools_tuning_free(b->tt); /* after the model: it may hold the weights */
+}
+
+/* --grammar-file: the grammar compiled (timed) for the model's vocabulary,
+ * and two samplers of the default chain, without and with it. */
+static int grammar_setup(const struct bench_opts *o, struct bench *b,
+			 const struct engine_sampler_params *sp)
+{
+	FILE *f = fopen(o->grammar_file, "rb");
+	char *text = NULL;
+	size_t len = 0;
+	if (f) {
+		text = malloc(1 << 20);
+		len = text ? fread(text, 1, 1 << 20, f) : 0;
+		fclose(f);
+	}
+	if (!text || len == 0) {
+		fprintf(stderr, "edgelm-bench: cannot read %s (or it is empty)\n", o->grammar_file);
+		free(text);
+		return EXIT_INPUT;
+	}
+	double t0 = cm_now();
+	int rc = engine_grammar_new(engine_model_tokenizer(b->m), text, len, &b->gram, &b->err);
+	b->g_compile_ms = (cm_now() - t0) * 1e3;
+	free(text);
+	if (rc) {
+		fprintf(stderr, "edgelm-bench: %s: %s\n", o->grammar_file, b->err.msg);
+		return EXIT_INPUT;
+	}
+	for (int k = 0; k < 2; k++) {
+		struct engine_sampler_params p = *sp;
+		p.grammar = k ? b->gram : NULL;
+		if (engine_sampler_new(&p, (int)b->info.n_vocab, &b->gsmp[k], &b->err) != 0) {
+			fprintf(stderr, "edgelm-bench: %s\n", b->err.msg);
+			return EXIT_RUNTIME;
+		}
+	}
+	return 0;
 }
 
 /* Tuning plan, model, context and bandwidth buffer; the tuning applied
@@ -554,6 +607,11 @@ static int bench_setup(const struct bench_opts *o, int repack, struct bench *b)
 	if (engine_sampler_new(&sp, (int)b->info.n_vocab, &b->smp, &b->err) != 0) {
 		fprintf(stderr, "edgelm-bench: %s\n", b->err.msg);
 		return EXIT_RUNTIME;
+	}
+	if (o->grammar_file) {
+		int rc = grammar_setup(o, b, &sp);
+		if (rc)
+			return rc;
 	}
 	(void)tools_mem_read(&mm);
 	b->peak_before_bw = mm.hwm;
@@ -687,6 +745,58 @@ static int decode_runs(const struct bench_opts *o, struct bench *b)
 	return rc;
 }
 
+/* n_gen steps from context 0, each token sampled by s and fed back: the
+ * decode as a server runs it. A value the grammar completes (or an end
+ * token) starts the grammar over, so every step is a constrained one.
+ * Returns seconds, < 0 on error; *ret_sample: the seconds in the sampler. */
+static double run_decode_sampled(struct bench *b, engine_sampler *s, int n_gen,
+				 double *ret_sample, int *ret_completed)
+{
+	const engine_tokenizer *tok = engine_model_tokenizer(b->m);
+	int32_t id = engine_tokenizer_bos(tok);
+	if (id < 0)
+		id = rand_token((int)b->info.n_vocab);
+	engine_seq_truncate(b->cx, 0, 0);
+	engine_sampler_reset(s);
+	double ts = 0, t0 = cm_now();
+	int completed = 0;
+	for (int i = 0; i < n_gen; i++) {
+		if (engine_eval(b->cx, &id, 1, i, &b->err) != 0)
+			return -1;
+		double t1 = cm_now();
+		id = engine_sampler_sample(s, engine_get_logits_last(b->cx));
+		engine_sampler_accept(s, id);
+		if (engine_sampler_advance(s, id) != 0 || engine_sampler_grammar_done(s) ||
+		    engine_tokenizer_is_eog(tok, id)) {
+			engine_sampler_reset(s);
+			completed++;
+		}
+		ts += cm_now() - t1;
+	}
+	*ret_sample = ts;
+	*ret_completed = completed;
+	return cm_now() - t0;
+}
+
+/* (e): the two samplers alternate within each rep, so drift hits both. */
+static int grammar_runs(const struct bench_opts *o, struct bench *b)
+{
+	for (int r = 0; r < o->reps; r++)
+		for (int k = 0; k < 2; k++) {
+			double ts;
+			int done;
+			double t = run_decode_sampled(b, b->gsmp[k], o->n_gen, &ts, &done);
+			if (t < 0)
+				return EXIT_RUNTIME;
+			double ms = ts * 1e3 / o->n_gen;
+			b->g_tok_s[k] = CM_MAX(b->g_tok_s[k], o->n_gen / t);
+			b->g_sample_ms[k] = r ? CM_MIN(b->g_sample_ms[k], ms) : ms;
+			if (k)
+				b->g_completed = done;
+		}
+	return 0;
+}
+
 /* The timed runs, then what the kernel did with the tuning and the memory
  * figures (the bandwidth buffer freed first).
  *
@@ -703,6 +813,8 @@ static int bench_run(const struct bench_opts *o, struct bench *b)
 		rc = prefill_runs(o, b);
 	if (!rc)
 		rc = decode_runs(o, b);
+	if (!rc && b->gram)
+		rc = grammar_runs(o, b);
 	struct tools_mem mm;
 	(void)tools_mem_read(&mm);
 	uint64_t bw_end = bw_resident(&b->bwm);
@@ -779,6 +891,15 @@ static void report_json(const struct bench_opts *o, const struct bench *b)
 	json_mib("peak_rss_mib", b->peak);
 	printf(",\"bw_buffer_mib\":%.1f", mib(b->bw_bytes));
 	json_mib("process_peak_rss_mib", b->process_peak);
+	if (b->gram) {
+		printf(",\"grammar\":{\"file\":");
+		tools_json_str(stdout, o->grammar_file);
+		printf(",\"compile_ms\":%.2f,\"tokens\":%d,\"completed\":%d,"
+		       "\"plain_tok_s\":%.2f,\"plain_sample_ms\":%.3f,"
+		       "\"tok_s\":%.2f,\"sample_ms\":%.3f,\"overhead\":%.4f}",
+		       b->g_compile_ms, o->n_gen, b->g_completed, b->g_tok_s[0], b->g_sample_ms[0],
+		       b->g_tok_s[1], b->g_sample_ms[1], b->g_tok_s[0] / b->g_tok_s[1] - 1);
+	}
 	printf(",");
 	tools_tuning_json(b->tt, stdout);
 	printf("}\n");
@@ -828,6 +949,15 @@ static void report_text(const struct bench_opts *o, const struct bench *b)
 		       "(paired: %.0f%%)\n",
 		       o->ctxs[i], b->dec[i], b->dec[i] * wb / 1e9, 100 * b->dec[i] * wb / bw,
 		       100 * b->paired[i]);
+	if (b->gram) {
+		printf("grammar      %s compiled in %.1f ms\n", o->grammar_file, b->g_compile_ms);
+		printf("decode+samp  %.2f tok/s, sampling %.3f ms/token (the sampler alone)\n",
+		       b->g_tok_s[0], b->g_sample_ms[0]);
+		printf("decode+gram  %.2f tok/s, sampling %.3f ms/token (with the grammar; %d values "
+		       "completed in %d tokens): %+.1f%% time per token\n",
+		       b->g_tok_s[1], b->g_sample_ms[1], b->g_completed, o->n_gen,
+		       100 * (b->g_tok_s[0] / b->g_tok_s[1] - 1));
+	}
 	if (b->peak)
 		printf("peak RSS     %.1f MiB: model, KV cache and scratch over the load and the runs "
 		       "(not the %.1f MiB bandwidth buffer; with it the process peaked at %.1f)\n",

@@ -77,6 +77,8 @@ static void usage(FILE *o)
 		"      --logit-bias ID=BIAS  add BIAS (-100..100) to token ID's logit before\n"
 		"                         sampling; -100 bans it (repeatable)\n"
 		"      --ignore-eos       go on past end-of-text tokens until -n or the context\n"
+		"      --grammar-file FILE  constrain the output to a GBNF grammar (docs/grammar.md);\n"
+		"                         generation stops when it is complete\n"
 		"  -q, --quiet            no timings on stderr\n"
 		"  -h, --help\n",
 		DEFAULT_BATCH, engine_kv_type_list(), engine_kv_type_name(ENGINE_KV_DEFAULT));
@@ -105,6 +107,7 @@ enum {
 	OPT_BIAS,
 	OPT_REPACK_CACHE,
 	OPT_IGNORE_EOS,
+	OPT_GRAMMAR_FILE,
 };
 
 static const struct option long_opts[] = {
@@ -129,6 +132,7 @@ static const struct option long_opts[] = {
 	{"repack", required_argument, NULL, OPT_REPACK},
 	{"repack-cache", required_argument, NULL, OPT_REPACK_CACHE},
 	{"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
+	{"grammar-file", required_argument, NULL, OPT_GRAMMAR_FILE},
 	{"json", no_argument, NULL, OPT_JSON},
 	{"top-logits", required_argument, NULL, OPT_TOPL},
 	{"tokenize", no_argument, NULL, OPT_TOKENIZE},
@@ -338,7 +342,7 @@ static bool out_push(struct out_text *o, const char *s, size_t n)
 
 struct run_opts {
 	const char *model_path, *prompt, *prompt_file, *chat_file, *chat_tmpl;
-	const char *isa, *repack, *repack_cache;
+	const char *isa, *repack, *repack_cache, *grammar_file;
 	const char *stop[MAX_STOP];
 	int n_stop;
 	int32_t bias_ids[MAX_BIAS];
@@ -422,6 +426,7 @@ static int run_opts_parse(int argc, char **argv, struct run_opts *o)
 		case OPT_REPACK: o->repack = optarg; break;
 		case OPT_REPACK_CACHE: o->repack_cache = optarg; break;
 		case OPT_IGNORE_EOS: o->ignore_eos = true; break;
+		case OPT_GRAMMAR_FILE: o->grammar_file = optarg; break;
 		case OPT_JSON: o->json = true; break;
 		case OPT_TOPL: bad = tools_parse_long(optarg, 0, 1 << 20, &o->top_n); break;
 		case OPT_TOKENIZE: o->tokenize_only = true; break;
@@ -487,6 +492,7 @@ struct run {
 	engine_model *m;
 	engine_ctx *cx;
 	engine_sampler *smp;
+	engine_grammar *grammar; /* --grammar-file */
 	const engine_tokenizer *tok;
 	struct engine_model_info info;
 	char *pbuf; /* the prompt when read from a file or rendered from --chat */
@@ -505,6 +511,7 @@ static void run_free(struct run *r)
 	free(r->ids);
 	free(r->pbuf);
 	engine_sampler_free(r->smp);
+	engine_grammar_free(r->grammar);
 	engine_ctx_free(r->cx);
 	engine_model_free(r->m);
 }
@@ -560,6 +567,25 @@ static int run_load(const struct run_opts *o, struct run *r)
 		if (!r->pbuf)
 			return EXIT_INPUT;
 		r->prompt = r->pbuf;
+	}
+	if (o->grammar_file && !o->tokenize_only) {
+		size_t len;
+		char *text = read_file(o->grammar_file, &len);
+		if (!text) {
+			fprintf(stderr, "edgelm-run: cannot read %s: %s\n", o->grammar_file,
+				strerror(errno));
+			return EXIT_INPUT;
+		}
+		t0 = cm_now();
+		int rc = engine_grammar_new(r->tok, text, len, &r->grammar, &err);
+		free(text);
+		if (rc) {
+			fprintf(stderr, "edgelm-run: %s: %s\n", o->grammar_file, err.msg);
+			return EXIT_INPUT;
+		}
+		if (!o->quiet)
+			fprintf(stderr, "edgelm-run: grammar %s compiled in %.1f ms\n",
+				o->grammar_file, (cm_now() - t0) * 1e3);
 	}
 	return 0;
 }
@@ -624,7 +650,9 @@ static int run_prefill(const struct run_opts *o, struct run *r)
 		fprintf(stderr, "edgelm-run: %s\n", err.msg);
 		return EXIT_RUNTIME;
 	}
-	int rc = engine_sampler_new(&o->sp, (int)info->n_vocab, &r->smp, &err);
+	struct engine_sampler_params sp = o->sp;
+	sp.grammar = r->grammar;
+	int rc = engine_sampler_new(&sp, (int)info->n_vocab, &r->smp, &err);
 	if (rc) {
 		/* a --logit-bias id this model does not have: the command line's */
 		fprintf(stderr, "edgelm-run: %s\n", err.msg);
@@ -708,12 +736,15 @@ static int run_generate(const struct run_opts *o, struct run *r)
 		engine_sampler_accept(r->smp, id);
 		r->n_gen++;
 		bool eog = engine_tokenizer_is_eog(r->tok, id);
+		/* a refusal only when the grammar allows nothing (EOS is given) */
+		bool gram_end = engine_sampler_advance(r->smp, id) != 0 ||
+				engine_sampler_grammar_done(r->smp);
 		int n = token_text(o, r, &dt, id, eog, piece, piece_cap);
 		if (o->json)
 			print_token_json(o, r, id, piece, n, logits, top);
 		bool stop = n > 0 && out_push(&r->ot, piece, (size_t)n);
 		fflush(stdout);
-		if ((eog && !o->ignore_eos) || stop)
+		if ((eog && (!o->ignore_eos || r->grammar)) || stop || gram_end)
 			break;
 		if (r->n_gen >= o->n_predict)
 			break;

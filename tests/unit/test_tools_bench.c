@@ -18,7 +18,9 @@
  *   load's time and peak RSS, and a peak RSS that leaves out the bench's
  *   own bandwidth buffer (a 4x bigger buffer raises the process's peak by
  *   the difference and the model's not at all). Relations that hold
- *   whatever the box's speed, no timings. */
+ *   whatever the box's speed, no timings;
+ * - --grammar-file: the side-by-side decode with and without the grammar
+ *   is reported, and a bad grammar exits 2 naming its line. */
 #include "common/common.h"
 #include "tests/test.h"
 
@@ -478,6 +480,43 @@ static void test_peak_excludes_bw(void)
 	CHECK_MSG(fabs(peak[1] - peak[0]) < grow / 4, "model peak %g -> %g MiB", peak[0], peak[1]);
 }
 
+static void test_grammar_file(void)
+{
+	if (!setup())
+		return;
+	char g[2048], args[2200];
+	snprintf(g, sizeof(g), "%s/g.gbnf", tmp);
+	FILE *f = fopen(g, "w");
+	CHECK(f != NULL);
+	if (!f)
+		return;
+	fputs("root ::= [a-z ]{1,6} \".\"\n", f);
+	fclose(f);
+	snprintf(args, sizeof(args), "--grammar-file '%s'", g);
+	json_t *j = bench("", args, NULL);
+	if (!j)
+		return;
+	json_t *gr = json_object_get(j, "grammar");
+	CHECK(json_is_object(gr));
+	CHECK_EQ_INT(json_integer_value(json_object_get(gr, "tokens")), 4);
+	CHECK(json_number_value(json_object_get(gr, "compile_ms")) >= 0);
+	CHECK(json_number_value(json_object_get(gr, "tok_s")) > 0);
+	CHECK(json_number_value(json_object_get(gr, "plain_tok_s")) > 0);
+	CHECK(json_number_value(json_object_get(gr, "sample_ms")) >= 0);
+	json_decref(j);
+	f = fopen(g, "w");
+	if (f) {
+		fputs("root ::= \"a\"\nroot ::= \"b\"\n", f);
+		fclose(f);
+	}
+	char cmd[8192], *out = NULL;
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' --bw-mib 16 --contexts 0 -n 4 --grammar-file '%s' 2>&1",
+	         bin("edgelm-bench"), model, g);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 2);
+	CHECK_MSG(out && strstr(out, "line 2, column 1: rule 'root' defined twice"), "%s", out);
+	free(out);
+}
+
 static void test_table(void)
 {
 	if (!setup())
@@ -652,6 +691,7 @@ int main(void)
 	TEST_RUN(test_repack_segment);
 	TEST_RUN(test_peak_excludes_bw);
 	TEST_RUN(test_table);
+	TEST_RUN(test_grammar_file);
 	TEST_RUN(test_tokenize);
 	if (tmp[0]) {
 		char cmd[8192];

@@ -6,6 +6,8 @@
  *   --kv-type f32, within 0.03 with the default f16 cache;
  * - --tokenize prints the reference prompt ids (on the model and on a
  *   vocab-only GGUF);
+ * - --grammar-file: the output matches the grammar and ends with it; a bad
+ *   grammar exits 2 with its line and column;
  * - usage errors exit 1. */
 #include "common/common.h"
 #include "tests/test.h"
@@ -228,6 +230,50 @@ static void test_bias_ignore_eos(void)
 	free(out);
 }
 
+static void test_grammar_file(void)
+{
+	const char *m = test_data_path("models/stories260K-f32.gguf");
+	if (!test_file_exists(m)) {
+		TEST_SKIP_DATA("no %s", m);
+		return;
+	}
+	char g[4096], cmd[16384], *out = NULL;
+	snprintf(g, sizeof(g), "%s/g.gbnf", test_tmpdir());
+	FILE *f = fopen(g, "w");
+	CHECK(f != NULL);
+	if (!f)
+		return;
+	fputs("# three to five words and a full stop\n"
+	      "root ::= \"Once\" (\" \" [a-z]+){3,5} \".\"\n", f);
+	fclose(f);
+	for (int k = 0; k < 2; k++) {
+		snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Once upon' -n 200 -q --seed 7 %s "
+			 "--grammar-file '%s'", bin(), m, k ? "--temp 1" : "--temp 0", g);
+		CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
+		size_t n = out ? strlen(out) : 0;
+		bool ok = n > 7 && strncmp(out, "Once ", 5) == 0 && out[n - 1] == '\n' &&
+			  out[n - 2] == '.';
+		int words = 0;
+		for (size_t i = 0; ok && i + 2 < n; i++) {
+			if (out[i] == ' ')
+				words++;
+			else if (i > 4 && (out[i] < 'a' || out[i] > 'z'))
+				ok = false;
+		}
+		CHECK_MSG(ok && words >= 3 && words <= 5, "k %d: \"%s\"", k, out ? out : "");
+		free(out);
+	}
+	f = fopen(g, "w");
+	if (f) {
+		fputs("root ::= \"a\"\n  | (\"b\"\n", f);
+		fclose(f);
+	}
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Once' --grammar-file '%s' 2>&1", bin(), m, g);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 2);
+	CHECK_MSG(out && strstr(out, "line 2, column 5: '(' without its ')'"), "%s", out);
+	free(out);
+}
+
 static void test_usage_errors(void)
 {
 	char cmd[16384], *out = NULL;
@@ -276,6 +322,7 @@ int main(void)
 	TEST_RUN(test_json_mode);
 	TEST_RUN(test_tokenize_mode);
 	TEST_RUN(test_bias_ignore_eos);
+	TEST_RUN(test_grammar_file);
 	TEST_RUN(test_usage_errors);
 	json_decref(ref);
 	return test_finish();
