@@ -26,7 +26,7 @@
 #define WS_BLANKS 16   /* blanks after a newline */
 #define INT_DIGITS 16  /* digits of an integer part */
 #define FRAC_DIGITS 16 /* digits after the point */
-#define EXP_DIGITS 3   /* digits of an exponent */
+#define EXP_DIGITS 2   /* digits of an exponent: 1e999 overflows most parsers' doubles */
 #define NEST_INLINE 16 /* optional repeats nested inline; more make a chain of rules */
 
 /* ---- a growing string ----------------------------------------------------- */
