@@ -1,10 +1,26 @@
 /* tests/unit/test_ipc_json_schema.c: JSON Schema to GBNF (ipc/json_schema.c):
  * the rules each construct makes, and the refusals, each naming the JSON
- * pointer of the part refused. */
+ * pointer of the part refused; the grammars, compiled by the engine,
+ * accept the JSON texts the schema allows (pretty-printed too) and refuse
+ * the others; and text sampled under them, from stories260K's real logits
+ * and from random logits over the Llama (SPM) and Qwen2 (BPE)
+ * vocabularies, always parses and validates against the schema
+ * (tests/unit/schema_check.h). */
+#include "engine/engine.h"
+#include "engine/grammar_impl.h"
 #include "ipc/json_schema.h"
 #include "tests/test.h"
+#include "tests/unit/schema_check.h"
 
 #include <string.h>
+
+/* Fewer seeds over the big vocabularies under the sanitizers: the
+ * allowed-set walks are the slow part, and the coverage is the same. */
+#if defined(__SANITIZE_ADDRESS__)
+#define VOCAB_SEEDS 4
+#else
+#define VOCAB_SEEDS 20
+#endif
 
 /* Not inlined: gcc 12 then takes the result for a pointer to conv's local. */
 static __attribute__((noinline)) char *conv(const char *schema, int *ret_rc, struct cm_err *err)
@@ -351,6 +367,371 @@ static void test_out_of_memory(void)
 	CHECK(ok > 0);
 }
 
+
+/* ---- the grammars at work ------------------------------------------------- */
+
+/* -1: refused on the way, 0: a valid prefix only, 1: a complete match,
+ * 2: matched and done (nothing may follow). */
+static int accepts(const engine_grammar *g, const char *text)
+{
+	struct grammar_state *st = NULL;
+	if (grammar_state_new(g, &st, NULL) != 0)
+		return -2;
+	int res = -1;
+	if (grammar_state_feed(st, text, strlen(text)) == 0)
+		res = grammar_state_done(st) ? 2 : grammar_state_accepting(st) ? 1 : 0;
+	grammar_state_free(st);
+	return res;
+}
+
+static engine_grammar *compile(const char *schema)
+{
+	struct cm_err err = {0};
+	int rc;
+	char *g = conv(schema, &rc, &err);
+	CHECK_MSG(rc == 0, "%s: %s", schema, err.msg);
+	engine_grammar *eg = NULL;
+	if (g) {
+		rc = engine_grammar_new(NULL, g, strlen(g), &eg, &err);
+		CHECK_MSG(rc == 0, "%s: %s\n%s", schema, err.msg, g);
+	}
+	cm_free(g);
+	return eg;
+}
+
+struct accept_case {
+	const char *text;
+	int want; /* as accepts() */
+};
+
+static void expect_accepts(const char *schema, const struct accept_case *cases, size_t n)
+{
+	engine_grammar *g = compile(schema);
+	for (size_t i = 0; g && i < n; i++) {
+		int got = accepts(g, cases[i].text);
+		CHECK_MSG(got == cases[i].want, "%s: \"%s\": %d, expected %d", schema, cases[i].text,
+		          got, cases[i].want);
+		/* and the validator agrees on the complete ones */
+		if (cases[i].want >= 1) {
+			char why[128];
+			CHECK_MSG(sc_check_text(schema, cases[i].text, why, sizeof(why)), "%s: %s: %s",
+			          schema, cases[i].text, why);
+		}
+	}
+	engine_grammar_free(g);
+}
+
+static void test_grammars_accept(void)
+{
+	static const struct accept_case obj[] = {
+	    {"{\"a\":\"x\",\"c\":true}", 2},
+	    {"{\"a\": \"x\", \"b\": -12, \"c\": false}", 2},
+	    {"{\n  \"a\": \"\\u00e9\\n\",\n  \"c\": true\n}", 2},
+	    {"{\"a\":\"\xc3\xa9t\xc3\xa9\",\"c\":true}", 2},
+	    {"{\"a\":\"x\"", 0},             /* a prefix */
+	    {"{\"c\":true,\"a\":\"x\"}", -1}, /* out of order */
+	    {"{\"a\":\"x\"}", -1},            /* c is required: no "}" yet */
+	    {"{\"a\":\"x\",\"c\":true,}", -1},
+	    {"{\"a\":\"x\",\"z\":1,\"c\":true}", -1}, /* unlisted */
+	    {"{\"a\":1,\"c\":true}", -1},
+	    {"{\"a\":\"x\",\"b\":1.5,\"c\":true}", -1}, /* b is an integer */
+	    {"{\"a\":\"x\",\"b\":01,\"c\":true}", -1},
+	    {"{\"a\":\"\x01\",\"c\":true}", -1}, /* raw control character */
+	    {"{\"a\":\"\\q\",\"c\":true}", -1},
+	    {" {\"a\":\"x\",\"c\":true}", -1}, /* nothing before the value */
+	    {"{\"a\":\"x\",\"c\":true} ", -1}, /* nor after */
+	    {"{  \"a\":\"x\",\"c\":true}", -1}, /* one space at most */
+	    {"{\n                 \"a\":\"x\",\"c\":true}", -1}, /* 17 blanks */
+	    {"{\n                \"a\":\"x\",\"c\":true}", 2},
+	};
+	expect_accepts("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},"
+	               "\"b\":{\"type\":\"integer\"},\"c\":{\"type\":\"boolean\"}},"
+	               "\"required\":[\"a\",\"c\"]}",
+	               obj, CM_ARRAY_LEN(obj));
+	static const struct accept_case opt[] = {
+	    {"{}", 2}, {"{ }", 2}, {"{\"y\":null}", 2}, {"{\"x\":1, \"y\":null}", 2},
+	    {"{\"y\":null,\"x\":1}", -1}, {"{,\"y\":null}", -1},
+	};
+	expect_accepts("{\"properties\":{\"x\":{\"type\":\"number\"},\"y\":{\"type\":\"null\"}}}", opt,
+	               CM_ARRAY_LEN(opt));
+	static const struct accept_case num[] = {
+	    {"0", 1}, {"-0.5", 1}, {"1e5", 1}, {"2.25E-3", 1}, {"12", 1},
+	    {"1234567890123456", 1}, {"12345678901234567", -1}, /* 16 digits at most */
+	    {"01", -1}, {".5", -1}, {"1.", 0}, {"+1", -1}, {"1e", 0},
+	};
+	expect_accepts("{\"type\":\"number\"}", num, CM_ARRAY_LEN(num));
+	static const struct accept_case arr[] = {
+	    {"[\"a\"]", 2}, {"[\"ab\",\"c\",\"d\"]", 2}, {"[ \"a\" ]", 2}, {"[\n  \"a\",\n  \"b\"\n]", 2},
+	    {"[]", -1}, {"[\"a\",\"b\",\"c\",\"d\"]", -1}, {"[\"abc\"]", -1}, {"[\"\"]", 2},
+	};
+	expect_accepts("{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":2},"
+	               "\"minItems\":1,\"maxItems\":3}",
+	               arr, CM_ARRAY_LEN(arr));
+	static const struct accept_case en[] = {
+	    {"\"red\"", 2}, {"null", 2}, {"2.5", 2}, {"true", 2}, {"\"green\"", -1}, {"3", -1},
+	    {"2", 0},
+	};
+	expect_accepts("{\"enum\":[\"red\",null,2.5,true]}", en, CM_ARRAY_LEN(en));
+	static const struct accept_case tree[] = {
+	    {"{\"v\":1,\"kids\":[]}", 2},
+	    {"{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3,\"kids\":[]}]}]}", 2},
+	    {"{\"v\":1,\"kids\":[{\"v\":2}]}", -1},
+	    {"\"leaf\"", 2},
+	};
+	expect_accepts("{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":"
+	               "\"integer\"},\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/n\"}}},"
+	               "\"required\":[\"v\",\"kids\"]}},\"anyOf\":[{\"$ref\":\"#/$defs/n\"},"
+	               "{\"const\":\"leaf\"}]}",
+	               tree, CM_ARRAY_LEN(tree));
+	/* JSON mode: any object, nested at most 8 deep */
+	engine_grammar *g = NULL;
+	const char *jo = ipc_json_object_gbnf();
+	CHECK_OK(engine_grammar_new(NULL, jo, strlen(jo), &g, NULL));
+	if (g) {
+		CHECK_EQ_INT(accepts(g, "{\"a\":[1,{\"b\":null}],\"c\":\"d\"}"), 2);
+		CHECK_EQ_INT(accepts(g, "{}"), 2);
+		CHECK_EQ_INT(accepts(g, "[1]"), -1);
+		CHECK_EQ_INT(accepts(g, "\"x\""), -1);
+		CHECK_EQ_INT(accepts(g, "{\"a\":[[[[[[[1]]]]]]]}"), 2);   /* 8 deep */
+		CHECK_EQ_INT(accepts(g, "{\"a\":[[[[[[[[1]]]]]]]]}"), -1); /* 9 */
+	}
+	engine_grammar_free(g);
+}
+
+/* The schema the sampling tests use: nesting, an enum, arrays, required
+ * and optional properties, a $ref, anyOf; strings bounded, so random
+ * draws end within the step budget. */
+static const char *sample_schema =
+    "{\"$defs\":{\"tag\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":6}},"
+    "\"type\":\"object\",\"properties\":{"
+    "\"name\":{\"type\":\"string\",\"maxLength\":12},"
+    "\"kind\":{\"enum\":[\"cat\",\"dog\",\"bird\"]},"
+    "\"age\":{\"type\":\"integer\"},"
+    "\"score\":{\"type\":[\"number\",\"null\"]},"
+    "\"tags\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/tag\"},\"maxItems\":3},"
+    "\"owner\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"},"
+    "\"ok\":{\"type\":\"boolean\"}},\"required\":[\"id\"],\"additionalProperties\":false},"
+    "\"extra\":{\"anyOf\":[{\"const\":1},{\"type\":\"array\",\"items\":{\"type\":\"null\"},"
+    "\"maxItems\":2}]}},"
+    "\"required\":[\"name\",\"kind\",\"tags\",\"owner\"],\"additionalProperties\":false}";
+
+/* Tokens holding a byte that starts an overlong or surrogate UTF-8 form
+ * (C0, C1, E0, ED, F0, F5..FF), banned through logit_bias: engine/grammar.c's
+ * decoder (u8_step) takes C1 BB as '{' and E0 81 A5 as 'e', so
+ * byte-fallback and byte-level vocabularies otherwise produce text no JSON
+ * parser reads. Remove once the grammar refuses those forms
+ * (test_overlong_utf8 says when). */
+static int bad_lead_bytes(const engine_tokenizer *tok, int32_t **ret_ids, float **ret_bias)
+{
+	int nv = engine_tokenizer_n_vocab(tok), n = 0;
+	int32_t *ids = malloc((size_t)nv * sizeof(*ids));
+	float *bias = malloc((size_t)nv * sizeof(*bias));
+	for (int32_t id = 0; ids && bias && id < nv; id++) {
+		char p[256];
+		int k = engine_token_to_piece(tok, id, false, p, sizeof(p));
+		bool bad = false;
+		for (int j = 0; j < k && !bad; j++) {
+			unsigned char b = (unsigned char)p[j];
+			bad = b == 0xc0 || b == 0xc1 || b == 0xe0 || b == 0xed || b >= 0xf0;
+		}
+		if (bad) {
+			ids[n] = id;
+			bias[n++] = -100.0f;
+		}
+	}
+	*ret_ids = ids;
+	*ret_bias = bias;
+	return n;
+}
+
+static uint64_t rnd_state;
+static uint32_t rnd(void)
+{
+	rnd_state = rnd_state * 6364136223846793005ull + 1442695040888963407ull;
+	return (uint32_t)(rnd_state >> 33);
+}
+
+/* Sample under g with temperature 1 until the grammar is done, an
+ * end-of-generation token or max_steps; logits from the model (c) or
+ * random. The text must parse and validate. */
+static void sample_one(const engine_tokenizer *tok, const engine_grammar *g, engine_ctx *c,
+                       uint64_t seed, int max_steps, const char *what)
+{
+	int nv = engine_tokenizer_n_vocab(tok);
+	struct engine_sampler_params sp;
+	engine_sampler_params_default(&sp);
+	sp.temp = 1.0f;
+	sp.top_k = 0;
+	sp.top_p = 1.0f;
+	sp.min_p = 0.0f;
+	sp.seed = seed;
+	sp.grammar = g;
+	int32_t *ban_ids = NULL;
+	float *ban = NULL;
+	sp.n_bias = bad_lead_bytes(tok, &ban_ids, &ban);
+	sp.bias_ids = ban_ids;
+	sp.bias = ban;
+	engine_sampler *s = NULL;
+	struct cm_err err = {0};
+	CHECK_OK(engine_sampler_new(&sp, nv, &s, &err));
+	float *rl = malloc((size_t)nv * sizeof(*rl));
+	int32_t *ids = malloc((size_t)(max_steps + 1) * sizeof(*ids));
+	if (!s || !rl || !ids) {
+		CHECK(!"out of memory");
+		goto out;
+	}
+	rnd_state = seed * 0x9e3779b97f4a7c15ull + 1;
+	int n = 0, pos = 0;
+	int32_t last = engine_tokenizer_bos(tok);
+	bool done = false;
+	for (int step = 0; step < max_steps && !done; step++) {
+		const float *logits = rl;
+		if (c) {
+			if (engine_eval(c, &last, 1, pos++, &err) != 0) {
+				CHECK_MSG(0, "%s", err.msg);
+				break;
+			}
+			logits = engine_get_logits_last(c);
+		} else {
+			for (int i = 0; i < nv; i++)
+				rl[i] = (float)(rnd() % 8000) / 1000.0f;
+		}
+		int32_t id = engine_sampler_sample(s, logits);
+		if (engine_tokenizer_is_eog(tok, id))
+			break;
+		CHECK_EQ_INT(engine_sampler_advance(s, id), 0);
+		ids[n++] = last = id;
+		done = engine_sampler_grammar_done(s);
+	}
+	CHECK_MSG(done, "%s seed %llu: not done after %d tokens", what, (unsigned long long)seed,
+	          n);
+	char *text = NULL;
+	CHECK_OK(engine_detokenize(tok, ids, n, false, &text, &err));
+	char why[120] = "";
+	CHECK_MSG(text && sc_check_text(sample_schema, text, why, sizeof(why)),
+	          "%s seed %llu: %s: %s", what, (unsigned long long)seed, why, text ? text : "");
+	free(text);
+out:
+	free(ids);
+	free(rl);
+	free(ban_ids);
+	free(ban);
+	engine_sampler_free(s);
+}
+
+static engine_grammar *compile_for(const engine_tokenizer *tok, const char *schema)
+{
+	struct cm_err err = {0};
+	int rc;
+	char *g = conv(schema, &rc, &err);
+	engine_grammar *eg = NULL;
+	if (g && engine_grammar_new(tok, g, strlen(g), &eg, &err) != 0)
+		CHECK_MSG(0, "%s", err.msg);
+	cm_free(g);
+	return eg;
+}
+
+static void sample_vocab(const char *file)
+{
+	const char *path = test_data_path(file);
+	if (!test_file_exists(path)) {
+		TEST_SKIP_DATA("%s not found (set EDGELM_TESTDATA)", path);
+		return;
+	}
+	engine_tokenizer *tok = NULL;
+	struct cm_err err = {0};
+	int r = engine_tokenizer_load(path, &tok, &err);
+	CHECK_MSG(r == 0, "%s", err.msg);
+	if (r)
+		return;
+	engine_grammar *g = compile_for(tok, sample_schema);
+	for (uint64_t seed = 1; g && seed <= VOCAB_SEEDS; seed++)
+		sample_one(tok, g, NULL, seed, 600, file);
+	engine_grammar_free(g);
+	engine_tokenizer_free(tok);
+}
+
+static void test_sample_llama_spm(void)
+{
+	sample_vocab("vocab/ggml-vocab-llama-spm.gguf");
+}
+
+static void test_sample_qwen2(void)
+{
+	sample_vocab("vocab/ggml-vocab-qwen2.gguf");
+}
+
+/* Real logits: stories260K (a model of children's stories, not of JSON)
+ * held to the schema, 20 seeds at temperature 1. */
+static void test_sample_stories260k(void)
+{
+	const char *path = test_data_path("models/stories260K-f32.gguf");
+	if (!test_file_exists(path)) {
+		TEST_SKIP_DATA("%s not found (set EDGELM_TESTDATA)", path);
+		return;
+	}
+	struct engine_params mp = {.n_threads = 1};
+	engine_model *m = NULL;
+	struct cm_err err = {0};
+	int r = engine_model_load(path, &mp, &m, &err);
+	CHECK_MSG(r == 0, "%s", err.msg);
+	if (r)
+		return;
+	const engine_tokenizer *tok = engine_model_tokenizer(m);
+	engine_grammar *g = compile_for(tok, sample_schema);
+	engine_ctx *c = NULL;
+	struct engine_ctx_params cp = {.n_ctx = 512, .n_seq = 1};
+	CHECK_OK(engine_ctx_new(m, &cp, &c, &err));
+	for (uint64_t seed = 1; g && c && seed <= 20; seed++) {
+		engine_seq_truncate(c, 0, 0);
+		sample_one(tok, g, c, seed, 500, "stories260K");
+	}
+	engine_ctx_free(c);
+	engine_grammar_free(g);
+	engine_model_free(m);
+}
+
+/* A grammar must not take an overlong UTF-8 form for the character it
+ * stands for: C1 BB is not '{'. engine/grammar.c takes it today (reported
+ * to its author); this says so and skips rather than fails, until then. */
+static void test_overlong_utf8(void)
+{
+	engine_grammar *g = compile("{\"type\":\"object\",\"properties\":{\"e\":{}}}");
+	if (!g)
+		return;
+	int got = accepts(g, "\xc1\xbb\"e\":1}");
+	int got3 = accepts(g, "{\"\xe0\x81\xa5\":1}");
+	engine_grammar_free(g);
+	if (got != -1 || got3 != -1)
+		TEST_SKIP("engine/grammar.c decodes overlong UTF-8 (C1 BB as '{'): the sampling "
+		          "tests ban those byte tokens");
+}
+
+/* The validator is not vacuous: it refuses what the schema refuses. */
+static void test_validator(void)
+{
+	static const char *bad[] = {
+	    "{\"name\":\"x\",\"kind\":\"cow\",\"tags\":[],\"owner\":{\"id\":1}}",
+	    "{\"name\":\"x\",\"kind\":\"cat\",\"tags\":[],\"owner\":{\"id\":1.5}}",
+	    "{\"name\":\"x\",\"kind\":\"cat\",\"tags\":[\"\"],\"owner\":{\"id\":1}}",
+	    "{\"name\":\"x\",\"kind\":\"cat\",\"tags\":[\"a\",\"b\",\"c\",\"d\"],\"owner\":{\"id\":1}}",
+	    "{\"name\":\"x\",\"kind\":\"cat\",\"tags\":[],\"owner\":{}}",
+	    "{\"name\":\"x\",\"kind\":\"cat\",\"tags\":[],\"owner\":{\"id\":1,\"z\":0}}",
+	    "{\"name\":\"x\",\"kind\":\"cat\",\"tags\":[],\"owner\":{\"id\":1},\"extra\":2}",
+	    "{\"name\":\"0123456789abc\",\"kind\":\"cat\",\"tags\":[],\"owner\":{\"id\":1}}",
+	    "{\"kind\":\"cat\",\"tags\":[],\"owner\":{\"id\":1}}",
+	    "{\"name\":\"x\",\"kind\":\"cat\",\"tags\":[],\"owner\":{\"id\":1},\"more\":1}",
+	    "{\"name\":\"x\",",
+	};
+	char why[128];
+	for (size_t i = 0; i < CM_ARRAY_LEN(bad); i++)
+		CHECK_MSG(!sc_check_text(sample_schema, bad[i], why, sizeof(why)), "%s", bad[i]);
+	CHECK(sc_check_text(sample_schema,
+	                    "{\"name\":\"\xc3\xa9\",\"kind\":\"dog\",\"age\":3,\"score\":null,"
+	                    "\"tags\":[\"a\"],\"owner\":{\"id\":1,\"ok\":true},\"extra\":[null]}",
+	                    why, sizeof(why)));
+}
+
 int main(void)
 {
 	TEST_RUN(test_primitives);
@@ -365,5 +746,11 @@ int main(void)
 	TEST_RUN(test_refusals);
 	TEST_RUN(test_bounds);
 	TEST_RUN(test_out_of_memory);
+	TEST_RUN(test_grammars_accept);
+	TEST_RUN(test_validator);
+	TEST_RUN(test_overlong_utf8);
+	TEST_RUN(test_sample_llama_spm);
+	TEST_RUN(test_sample_qwen2);
+	TEST_RUN(test_sample_stories260k);
 	return test_finish();
 }
