@@ -129,11 +129,6 @@ static void handle_generate(struct daemon *d, ipc_call *call, const struct ipc_r
 			       q->sampling.max_tokens, d->cfg.max_tokens_limit);
 		return;
 	}
-	if (q->grammar || q->json_schema) {
-		/* until the engine's grammar is wired in: refused, not ignored */
-		ipc_call_error(call, IPC_ERR_UNSUPPORTED, -1, "grammar and json_schema: not yet");
-		return;
-	}
 	struct daemon_request *r = cm_calloc(1, sizeof(*r));
 	if (!r || copy_stops(r, q) != 0) {
 		req_free(r);

@@ -99,6 +99,8 @@ static void admit(struct sched *s, struct outbox_list *out)
 		r->admit_ns = now;
 		cm_free(r->prompt_text); /* tokenized for the model in use: not needed again */
 		r->prompt_text = NULL;
+		cm_free(r->gbnf); /* compiled for it too */
+		r->gbnf = NULL;
 		engine_detok_init(&r->detok, engine_model_tokenizer(d->model));
 		for (int i = 0; i < r->n_prompt; i++)
 			engine_sampler_accept(r->smp, r->prompt[i]);
@@ -131,6 +133,8 @@ static void release_slot(struct sched *s, struct daemon_request *r)
 	}
 	engine_sampler_free(r->smp);
 	r->smp = NULL;
+	engine_grammar_free(r->grammar);
+	r->grammar = NULL;
 	r->in_slot = false;
 	store_maybe_free(s, r);
 }
@@ -220,6 +224,14 @@ static void on_logits(struct sched *s, struct daemon_request *r, const float *lo
 	char piece[512];
 	int n = 0;
 	bool eog = engine_tokenizer_is_eog(tok, id);
+	/* a grammar ends the text once it allows nothing more ("stop"); the
+	 * sampler offers only tokens it takes, so a refusal is a bug to log */
+	bool gdone = false;
+	if (r->grammar && !eog) {
+		if (engine_sampler_advance(r->smp, id) != 0)
+			daemon_log(LOG_WARNING, r->id, "grammar refused sampled token %d", (int)id);
+		gdone = engine_sampler_grammar_done(r->smp);
+	}
 	if (!eog)
 		n = engine_detok_push(&r->detok, tok, id, piece, sizeof(piece));
 	/* logprobs: the softmax and the pieces before the lock */
@@ -266,12 +278,12 @@ static void on_logits(struct sched *s, struct daemon_request *r, const float *lo
 	}
 	if (eog || stopped) {
 		store_finish(s, r, IPC_FINISH_STOP, out);
-	} else if (r->n_gen >= r->max_tokens ||
+	} else if (gdone || r->n_gen >= r->max_tokens ||
 		   (uint32_t)(r->n_prompt + r->n_gen) >= d->cfg.ctx_size) {
 		int m = engine_detok_flush(&r->detok, piece, sizeof(piece));
 		if (m > 0 && store_gen_append(r, piece, (size_t)m) == 0)
 			store_lp_settle(r);
-		if (m > 0 && r->gen_len > 0 && store_check_stops(r))
+		if (gdone || (m > 0 && r->gen_len > 0 && store_check_stops(r)))
 			store_finish(s, r, IPC_FINISH_STOP, out);
 		else
 			store_finish(s, r, IPC_FINISH_LENGTH, out);

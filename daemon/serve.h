@@ -69,6 +69,13 @@ struct daemon_request {
 	int n_stop;
 	int32_t *bias_ids; /* logit_bias, the request's copy (sp points here) */
 	float *bias;
+	/* structured output: the GBNF (the request's grammar, or its
+	 * json_schema converted), kept until admission in case a model swap
+	 * needs it compiled again; the compiled grammar, which sp and the
+	 * sampler borrow, lives until the sampler is freed */
+	char *gbnf;
+	size_t gbnf_len;
+	engine_grammar *grammar;
 	struct policy_item qi;
 	uint64_t arrival_ns, deadline_ns, admit_ns, first_ns, prefill_end_ns, end_ns;
 	bool stall;             /* test hook: stall the scheduler before its steps */
