@@ -885,10 +885,11 @@ struct sset {
 	size_t nr, capr;
 };
 
-/* An unfinished UTF-8 sequence: its bits so far and the bytes still due. */
+/* An unfinished UTF-8 sequence: its bits so far, the bytes still due and
+ * its whole length. */
 struct u8p {
 	uint32_t value;
-	int remain;
+	int remain, len;
 };
 
 struct grammar_state {
@@ -1009,7 +1010,11 @@ static bool match_char(const struct gel *el, uint32_t pos, uint32_t cp, uint32_t
  * unfinished sequence p? */
 static bool match_partial(const struct gel *el, uint32_t pos, struct u8p p)
 {
+	static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
 	uint32_t lo = p.value << (6 * p.remain), hi = lo | ((1u << (6 * p.remain)) - 1);
+	if (p.len >= 2 && p.len <= 4)
+		lo = CM_MAX(lo, min_cp[p.len]);
+	hi = CM_MIN(hi, 0x10ffffu);
 	if (el[pos].type == GEL_ANY)
 		return true;
 	bool positive = el[pos].type == GEL_CHAR;
@@ -1030,27 +1035,37 @@ static bool match_partial(const struct gel *el, uint32_t pos, struct u8p p)
 }
 
 /* One byte into the UTF-8 decoder: the code point when complete, -1 while
- * unfinished, -2 for an invalid byte. */
+ * unfinished, -2 for an invalid byte. Overlong forms, surrogates and code
+ * points past U+10FFFF are invalid, as for the detokenizer: byte tokens
+ * could otherwise spell a space the grammar wants as C0 A0, which the
+ * client would get as U+FFFD. */
 static int32_t u8_step(struct u8p *p, uint8_t b)
 {
 	if (p->remain == 0) {
 		if (b < 0x80)
 			return b;
-		if ((b & 0xe0) == 0xc0) {
+		if (b >= 0xc2 && b <= 0xdf) {
 			p->value = b & 0x1f;
 			p->remain = 1;
-		} else if ((b & 0xf0) == 0xe0) {
+		} else if (b >= 0xe0 && b <= 0xef) {
 			p->value = b & 0x0f;
 			p->remain = 2;
-		} else if ((b & 0xf8) == 0xf0) {
+		} else if (b >= 0xf0 && b <= 0xf4) {
 			p->value = b & 0x07;
 			p->remain = 3;
 		} else {
 			return -2;
 		}
+		p->len = p->remain + 1;
 		return -1;
 	}
 	if ((b & 0xc0) != 0x80)
+		return -2;
+	if (p->remain == p->len - 1 &&
+	    ((p->len == 3 && p->value == 0 && b < 0xa0) ||    /* E0: overlong */
+	     (p->len == 3 && p->value == 0xd && b > 0x9f) ||  /* ED: surrogates */
+	     (p->len == 4 && p->value == 0 && b < 0x90) ||    /* F0: overlong */
+	     (p->len == 4 && p->value == 4 && b > 0x8f)))     /* F4: past U+10FFFF */
 		return -2;
 	p->value = p->value << 6 | (b & 0x3f);
 	if (--p->remain > 0)
@@ -1106,7 +1121,7 @@ void grammar_state_reset(struct grammar_state *st)
 	const engine_grammar *g = st->g;
 	st->cur.nr = st->cur.nd = 0;
 	st->todo.nr = st->todo.nd = 0;
-	st->part = (struct u8p){0, 0};
+	st->part = (struct u8p){0, 0, 0};
 	st->budget = EXPAND_BUDGET;
 	uint32_t pos = g->rule_start[g->root];
 	for (;;) {

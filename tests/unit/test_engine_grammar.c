@@ -145,6 +145,26 @@ static void test_partial_utf8(void)
 	CHECK_EQ_INT(grammar_state_feed(st, "a", 1), -EINVAL);
 	grammar_state_free(st);
 	engine_grammar_free(g);
+
+	/* invalid UTF-8 is refused even where the code point would fit: the
+	 * client would see U+FFFD */
+	static const struct mcase bad[] = {
+	    {"root ::= \" \"", "\xc0\xa0", -1},             /* overlong space */
+	    {"root ::= \" \"", "\xc0", -1},
+	    {"root ::= [^x]", "\xe0\x80\xa0", -1},          /* overlong */
+	    {"root ::= [^x]", "\xed\xa0\x80", -1},          /* a surrogate */
+	    {"root ::= [^x]", "\xf4\x90\x80\x80", -1},     /* past U+10FFFF */
+	    {"root ::= [^x]", "\xf0\x80\x80\xa0", -1},     /* overlong */
+	    {"root ::= [^x]", "\xf4\x8f\xbf\xbf", 1},      /* U+10FFFF */
+	    {"root ::= [^x]", "\xed\x9f\xbf", 1},           /* U+D7FF */
+	    {"root ::= [\\x00-\\x7f]", "\xc2", -1},       /* no completion is ASCII */
+	    {"root ::= [\\u0800-\\uffff]", "\xe0", 0},    /* E0 A0..BF fits */
+	};
+	for (size_t i = 0; i < CM_ARRAY_LEN(bad); i++) {
+		int got = match(bad[i].gbnf, bad[i].text, strlen(bad[i].text));
+		CHECK_MSG(got == bad[i].want, "bad %zu: %s: %d, want %d", i, bad[i].gbnf, got,
+		          bad[i].want);
+	}
 }
 
 struct ecase {
@@ -305,6 +325,23 @@ static int run_sampling(const engine_tokenizer *tok, const engine_grammar *g, fl
 		if (k > 0)
 			len += (size_t)k;
 	}
+	/* and it is valid UTF-8: the streaming detokenizer, which turns
+	 * anything else into U+FFFD, gives the same bytes */
+	struct engine_detok dt;
+	engine_detok_init(&dt, tok);
+	char *streamed = malloc(cap * 3);
+	size_t sl = 0;
+	for (int i = 0; i < n; i++) {
+		int k = engine_detok_push(&dt, tok, ids[i], streamed + sl, cap * 3 - sl);
+		CHECK(k >= 0);
+		if (k > 0)
+			sl += (size_t)k;
+	}
+	int k = engine_detok_flush(&dt, streamed + sl, cap * 3 - sl);
+	sl += k > 0 ? (size_t)k : 0;
+	CHECK_MSG(sl == len && memcmp(streamed, text, len) == 0, "not UTF-8: \"%.*s\"", (int)len,
+	          text);
+	free(streamed);
 	struct grammar_state *fresh = NULL;
 	CHECK_OK(grammar_state_new(g, &fresh, NULL));
 	CHECK_EQ_INT(grammar_state_feed(fresh, text, len), 0);
