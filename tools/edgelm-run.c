@@ -20,6 +20,7 @@
  * not). In --json mode, the lines show every token as generated. 
  * Exit codes: 0 ok, 1 usage, 2 bad model or input, 3 runtime failure. */
 #include "engine/engine.h"
+#include "ipc/json_schema.h"
 #include "tools/lib/tools.h"
 
 #include <getopt.h>
@@ -79,6 +80,8 @@ static void usage(FILE *o)
 		"      --ignore-eos       go on past end-of-text tokens until -n or the context\n"
 		"      --grammar-file FILE  constrain the output to a GBNF grammar (docs/grammar.md);\n"
 		"                         generation stops when it is complete\n"
+		"      --json-schema FILE the output is a JSON value valid under the JSON Schema\n"
+		"                         in FILE (the subset of docs/grammar.md)\n"
 		"  -q, --quiet            no timings on stderr\n"
 		"  -h, --help\n",
 		DEFAULT_BATCH, engine_kv_type_list(), engine_kv_type_name(ENGINE_KV_DEFAULT));
@@ -108,6 +111,7 @@ enum {
 	OPT_REPACK_CACHE,
 	OPT_IGNORE_EOS,
 	OPT_GRAMMAR_FILE,
+	OPT_JSON_SCHEMA,
 };
 
 static const struct option long_opts[] = {
@@ -133,6 +137,7 @@ static const struct option long_opts[] = {
 	{"repack-cache", required_argument, NULL, OPT_REPACK_CACHE},
 	{"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
 	{"grammar-file", required_argument, NULL, OPT_GRAMMAR_FILE},
+	{"json-schema", required_argument, NULL, OPT_JSON_SCHEMA},
 	{"json", no_argument, NULL, OPT_JSON},
 	{"top-logits", required_argument, NULL, OPT_TOPL},
 	{"tokenize", no_argument, NULL, OPT_TOKENIZE},
@@ -342,7 +347,7 @@ static bool out_push(struct out_text *o, const char *s, size_t n)
 
 struct run_opts {
 	const char *model_path, *prompt, *prompt_file, *chat_file, *chat_tmpl;
-	const char *isa, *repack, *repack_cache, *grammar_file;
+	const char *isa, *repack, *repack_cache, *grammar_file, *schema_file;
 	const char *stop[MAX_STOP];
 	int n_stop;
 	int32_t bias_ids[MAX_BIAS];
@@ -427,6 +432,7 @@ static int run_opts_parse(int argc, char **argv, struct run_opts *o)
 		case OPT_REPACK_CACHE: o->repack_cache = optarg; break;
 		case OPT_IGNORE_EOS: o->ignore_eos = true; break;
 		case OPT_GRAMMAR_FILE: o->grammar_file = optarg; break;
+		case OPT_JSON_SCHEMA: o->schema_file = optarg; break;
 		case OPT_JSON: o->json = true; break;
 		case OPT_TOPL: bad = tools_parse_long(optarg, 0, 1 << 20, &o->top_n); break;
 		case OPT_TOKENIZE: o->tokenize_only = true; break;
@@ -479,7 +485,7 @@ static int run_opts_parse(int argc, char **argv, struct run_opts *o)
 	o->sp.bias = o->bias;
 	o->sp.n_bias = o->n_bias;
 	if (optind < argc || !o->model_path || (o->prompt && o->prompt_file) ||
-	    (o->chat_file && (o->prompt || o->prompt_file))) {
+	    (o->chat_file && (o->prompt || o->prompt_file)) || (o->grammar_file && o->schema_file)) {
 		usage(stderr);
 		return EXIT_USAGE;
 	}
@@ -568,24 +574,29 @@ static int run_load(const struct run_opts *o, struct run *r)
 			return EXIT_INPUT;
 		r->prompt = r->pbuf;
 	}
-	if (o->grammar_file && !o->tokenize_only) {
+	const char *gfile = o->grammar_file ? o->grammar_file : o->schema_file;
+	if (gfile && !o->tokenize_only) {
 		size_t len;
-		char *text = read_file(o->grammar_file, &len);
+		char *text = read_file(gfile, &len);
 		if (!text) {
-			fprintf(stderr, "edgelm-run: cannot read %s: %s\n", o->grammar_file,
-				strerror(errno));
+			fprintf(stderr, "edgelm-run: cannot read %s: %s\n", gfile, strerror(errno));
 			return EXIT_INPUT;
 		}
 		t0 = cm_now();
-		int rc = engine_grammar_new(r->tok, text, len, &r->grammar, &err);
+		char *gbnf = NULL; /* --json-schema: the schema's grammar (ipc/json_schema.c) */
+		int rc = o->schema_file ? ipc_json_schema_to_gbnf(text, len, &gbnf, &err) : 0;
+		if (rc == 0)
+			rc = engine_grammar_new(r->tok, gbnf ? gbnf : text, gbnf ? strlen(gbnf) : len,
+						&r->grammar, &err);
 		free(text);
+		cm_free(gbnf);
 		if (rc) {
-			fprintf(stderr, "edgelm-run: %s: %s\n", o->grammar_file, err.msg);
+			fprintf(stderr, "edgelm-run: %s: %s\n", gfile, err.msg);
 			return EXIT_INPUT;
 		}
 		if (!o->quiet)
-			fprintf(stderr, "edgelm-run: grammar %s compiled in %.1f ms\n",
-				o->grammar_file, (cm_now() - t0) * 1e3);
+			fprintf(stderr, "edgelm-run: grammar %s compiled in %.1f ms\n", gfile,
+				(cm_now() - t0) * 1e3);
 	}
 	return 0;
 }
