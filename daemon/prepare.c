@@ -53,20 +53,22 @@ static int take_grammar(const struct ipc_request *q, struct daemon_request *r, s
 	return rc;
 }
 
-/* Compile r's grammar for the model's tokenizer (model_lock held), again
- * after a swap: a syntax error is invalid_field, with its line and column. */
-static int compile_grammar(const engine_tokenizer *tok, struct daemon_request *r,
+/* Compile r's grammar for the model's tokenizer, or take the one compiled
+ * for an earlier request (model_lock held), again after a swap: a syntax
+ * error is invalid_field, with its line and column. */
+static int compile_grammar(struct sched *s, const engine_tokenizer *tok, struct daemon_request *r,
 			   struct cm_err *err)
 {
-	engine_grammar_free(r->grammar); /* its sampler is gone already */
+	gcache_put(&s->grammars, r->grammar); /* its sampler is gone already */
 	r->grammar = NULL;
 	r->sp.grammar = NULL;
 	if (!r->gbnf)
 		return 0;
-	int rc = engine_grammar_new(tok, r->gbnf, r->gbnf_len, &r->grammar, err);
+	int rc = gcache_get(&s->grammars, tok, s->model_gen, r->gbnf, r->gbnf_len, &r->grammar,
+			    err);
 	if (rc && rc != -EINVAL && rc != -ENOMEM)
 		rc = err->code = -EIO; /* the model's side (its vocabulary), not the request's */
-	r->sp.grammar = r->grammar;
+	r->sp.grammar = gcache_grammar(r->grammar);
 	return rc;
 }
 
@@ -95,7 +97,7 @@ static int tokenize_prompt(struct daemon *d, struct daemon_request *r, struct cm
 				  d->cfg.ctx_size);
 	engine_sampler_free(r->smp);
 	r->smp = NULL;
-	if ((rc = compile_grammar(tok, r, err)))
+	if ((rc = compile_grammar(d->sched, tok, r, err)))
 		return rc;
 	struct engine_model_info mi;
 	engine_model_get_info(d->model, &mi);

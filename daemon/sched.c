@@ -133,7 +133,7 @@ static void release_slot(struct sched *s, struct daemon_request *r)
 	}
 	engine_sampler_free(r->smp);
 	r->smp = NULL;
-	engine_grammar_free(r->grammar);
+	gcache_put(&s->grammars, r->grammar);
 	r->grammar = NULL;
 	r->in_slot = false;
 	store_maybe_free(s, r);
@@ -600,6 +600,7 @@ int sched_new(struct daemon *d, struct sched **ret, struct cm_err *err)
 	pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
 	pthread_rwlock_init(&s->model_lock, &ra);
 	pthread_rwlockattr_destroy(&ra);
+	gcache_init(&s->grammars);
 	if (policy_init(&s->pol, err) != 0) {
 		sched_free(s);
 		return err->code;
@@ -714,6 +715,7 @@ void sched_free(struct sched *s)
 	engine_ctx_free(s->swap_ctx);
 	engine_model_free(s->swap_model);
 	policy_fini(&s->pol);
+	gcache_fini(&s->grammars);
 	pthread_cond_destroy(&s->cv);
 	pthread_rwlock_destroy(&s->model_lock);
 	cm_free(s);
