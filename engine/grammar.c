@@ -40,7 +40,9 @@ struct gel {
 #define MAX_REPEAT 100000
 #define MAX_NEST 512       /* parentheses */
 #define MAX_DEPTH 1024     /* stack entries: deeper parses are dropped */
-#define EXPAND_BUDGET 100000 /* rule expansions per step */
+#define EXPAND_BUDGET 20000 /* rule expansions per code point */
+#define MAX_STACKS 1024    /* parses alive at once: more are dropped */
+#define DEDUP_CAP (2 * MAX_STACKS)
 #define MAX_PIECE (1 << 16)
 
 struct tnode {
@@ -892,6 +894,20 @@ struct u8p {
 	int remain, len;
 };
 
+/* A state interned for the trie walk: its records in memo, and a hash of
+ * their contents. */
+struct mstate {
+	uint32_t r0, r1;
+	uint64_t hash;
+};
+
+/* A memoized transition: state `from`, moved by the code points that
+ * move exactly the stacks in `sig`, gives state `to` (-1: none). */
+struct mtrans {
+	uint64_t sig;
+	int32_t from, to;
+};
+
 struct grammar_state {
 	const engine_grammar *g;
 	struct sset cur, lv, todo;
@@ -899,6 +915,21 @@ struct grammar_state {
 	bool oom;
 	int32_t tmp[MAX_DEPTH + 2];
 	long budget;
+	/* the stacks of the state being built, by hash: slot k holds record
+	 * dd[k] when dd_gen[k] is the current generation */
+	uint32_t dd[DEDUP_CAP], dd_gen[DEDUP_CAP], gen;
+	/* the walk's memo, kept across steps until it grows too big */
+	struct sset memo;
+	struct mstate *ms;
+	size_t n_ms, cap_ms;
+	int32_t *ms_hash; /* open addressing: state ids by content hash, -1 empty */
+	size_t ms_hash_cap;
+	struct mtrans *tr; /* open addressing by (from, sig); from -1: empty */
+	size_t n_tr, cap_tr;
+	/* asc[id * 128 + c]: the state after ASCII c from state id (-1 none,
+	 * -3 not known yet): most trie nodes are ASCII, and this makes them
+	 * one load each */
+	int32_t *asc;
 };
 
 static void sset_free(struct sset *s)
@@ -942,14 +973,36 @@ static bool sset_push(struct grammar_state *st, struct sset *s, const int32_t *a
 	return true;
 }
 
-/* Add tmp[0..n) to out's records from `from` on, unless already there. */
+/* A new state starts being built: its dedupe table empties at once. */
+static void new_gen(struct grammar_state *st)
+{
+	st->budget = EXPAND_BUDGET;
+	if (++st->gen == 0) {
+		memset(st->dd_gen, 0, sizeof(st->dd_gen));
+		st->gen = 1;
+	}
+}
+
+/* Add a[0..n) to out's records from `from` on (the state being built),
+ * unless already there: a hash set, since ambiguous grammars make many. */
 static void emit(struct grammar_state *st, struct sset *out, size_t from, const int32_t *a,
                  size_t n)
 {
-	for (size_t i = from; i < out->nr; i++)
-		if (out->r[i].len == n && memcmp(out->d + out->r[i].off, a, n * sizeof(*a)) == 0)
+	if (out->nr - from >= MAX_STACKS)
+		return;
+	uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ (uint32_t)a[i]) * 0x100000001b3ull;
+	size_t k = (h ^ (h >> 29)) & (DEDUP_CAP - 1);
+	for (; st->dd_gen[k] == st->gen; k = (k + 1) & (DEDUP_CAP - 1)) {
+		struct srec r = out->r[st->dd[k]];
+		if (r.len == n && memcmp(out->d + r.off, a, n * sizeof(*a)) == 0)
 			return;
-	(void)sset_push(st, out, a, n, -1, -1);
+	}
+	if (sset_push(st, out, a, n, -1, -1)) {
+		st->dd[k] = (uint32_t)(out->nr - 1);
+		st->dd_gen[k] = st->gen;
+	}
 }
 
 /* Expand every stack waiting in st->todo until a terminal is on top (or the
@@ -1075,35 +1128,37 @@ static int32_t u8_step(struct u8p *p, uint8_t b)
 	return (int32_t)v;
 }
 
-/* The stacks of lv records [a, b) after code point cp, appended to lv;
- * returns the first new record (the new state is [ret, lv.nr)). */
-static size_t accept_cp(struct grammar_state *st, size_t a, size_t b, uint32_t cp)
+/* The stacks of in's records [a, b) after code point cp, appended to out
+ * (which may be in); returns the first new record (the new state is
+ * [ret, out->nr)). */
+static size_t accept_cp(struct grammar_state *st, const struct sset *in, size_t a, size_t b,
+                        uint32_t cp, struct sset *out)
 {
 	const struct gel *el = st->g->el;
-	struct sset *lv = &st->lv;
-	size_t from = lv->nr;
-	st->budget = EXPAND_BUDGET;
+	size_t from = out->nr;
+	new_gen(st);
 	for (size_t i = a; i < b; i++) {
-		struct srec r = lv->r[i];
+		struct srec r = in->r[i];
 		if (r.len == 0)
 			continue;
-		int32_t top = lv->d[r.off + r.len - 1];
+		int32_t top = in->d[r.off + r.len - 1];
 		uint32_t next;
 		if (!match_char(el, (uint32_t)top, cp, &next))
 			continue;
-		(void)sset_push(st, &st->todo, lv->d + r.off, r.len - 1,
+		(void)sset_push(st, &st->todo, in->d + r.off, r.len - 1,
 		                end_of_seq(&el[next]) ? -1 : (int32_t)next, -1);
-		expand(st, lv, from);
+		expand(st, out, from);
 	}
 	return from;
 }
 
-/* Any stack of lv [a, b) that could go on with the unfinished p? */
-static bool any_partial(const struct grammar_state *st, size_t a, size_t b, struct u8p p)
+/* Any stack of s [a, b) that could go on with the unfinished p? */
+static bool any_partial(const struct grammar_state *st, const struct sset *s, size_t a, size_t b,
+                        struct u8p p)
 {
 	for (size_t i = a; i < b; i++) {
-		struct srec r = st->lv.r[i];
-		if (r.len && match_partial(st->g->el, (uint32_t)st->lv.d[r.off + r.len - 1], p))
+		struct srec r = s->r[i];
+		if (r.len && match_partial(st->g->el, (uint32_t)s->d[r.off + r.len - 1], p))
 			return true;
 	}
 	return false;
@@ -1122,7 +1177,7 @@ void grammar_state_reset(struct grammar_state *st)
 	st->cur.nr = st->cur.nd = 0;
 	st->todo.nr = st->todo.nd = 0;
 	st->part = (struct u8p){0, 0, 0};
-	st->budget = EXPAND_BUDGET;
+	new_gen(st);
 	uint32_t pos = g->rule_start[g->root];
 	for (;;) {
 		(void)sset_push(st, &st->todo, NULL, 0, end_of_seq(&g->el[pos]) ? -1 : (int32_t)pos,
@@ -1169,6 +1224,11 @@ void grammar_state_free(struct grammar_state *st)
 	sset_free(&st->cur);
 	sset_free(&st->lv);
 	sset_free(&st->todo);
+	sset_free(&st->memo);
+	cm_free(st->ms);
+	cm_free(st->ms_hash);
+	cm_free(st->tr);
+	cm_free(st->asc);
 	cm_free(st);
 }
 
@@ -1186,10 +1246,10 @@ static bool run_bytes(struct grammar_state *st, const uint8_t *s, size_t n, size
 			return false;
 		if (cp >= 0) {
 			size_t b = st->lv.nr;
-			a = accept_cp(st, a, b, (uint32_t)cp);
+			a = accept_cp(st, &st->lv, a, b, (uint32_t)cp, &st->lv);
 			if (a == st->lv.nr)
 				return false;
-		} else if (!any_partial(st, a, st->lv.nr, p)) {
+		} else if (!any_partial(st, &st->lv, a, st->lv.nr, p)) {
 			return false;
 		}
 	}
@@ -1269,11 +1329,200 @@ bool grammar_state_allows(struct grammar_state *st, int32_t id)
 	return ok;
 }
 
-/* Children [c, end) of a trie node, against the state lv [a, b) with the
+/* ---- the allowed set: a trie walk over memoized states ---------------------- */
+
+/* Past these the memo starts over (a pathological grammar's states). */
+#define MEMO_MAX_DATA (1u << 22)
+#define MEMO_MAX_STATES (1u << 14)
+
+static void memo_reset(struct grammar_state *st)
+{
+	st->memo.nr = st->memo.nd = 0;
+	st->n_ms = 0;
+	if (st->ms_hash)
+		memset(st->ms_hash, 0xff, st->ms_hash_cap * sizeof(*st->ms_hash));
+	st->n_tr = 0;
+	for (size_t i = 0; i < st->cap_tr; i++)
+		st->tr[i].from = -1;
+}
+
+static uint64_t mix64(uint64_t x)
+{
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	x ^= x >> 33;
+	return x;
+}
+
+static uint64_t state_hash(const struct sset *s, size_t a, size_t b)
+{
+	uint64_t h = 0x9e3779b97f4a7c15ull ^ (b - a);
+	for (size_t i = a; i < b; i++) {
+		h = mix64(h ^ s->r[i].len);
+		for (uint32_t k = 0; k < s->r[i].len; k++)
+			h = mix64(h + (uint32_t)s->d[s->r[i].off + k]);
+	}
+	return h;
+}
+
+static bool state_eq(const struct sset *x, size_t a, size_t b, const struct sset *y, size_t c,
+                     size_t d)
+{
+	if (b - a != d - c)
+		return false;
+	for (size_t i = 0; i < b - a; i++) {
+		struct srec p = x->r[a + i], q = y->r[c + i];
+		if (p.len != q.len || memcmp(x->d + p.off, y->d + q.off, p.len * sizeof(int32_t)))
+			return false;
+	}
+	return true;
+}
+
+/* Grow an open-addressing table of ids to cap (a power of two), rehashed. */
+static bool ms_hash_grow(struct grammar_state *st)
+{
+	size_t cap = st->ms_hash_cap ? st->ms_hash_cap * 2 : 1024;
+	int32_t *t = cm_malloc(cap * sizeof(*t));
+	if (!t)
+		return false;
+	memset(t, 0xff, cap * sizeof(*t));
+	for (size_t i = 0; i < st->n_ms; i++) {
+		size_t k = st->ms[i].hash & (cap - 1);
+		while (t[k] >= 0)
+			k = (k + 1) & (cap - 1);
+		t[k] = (int32_t)i;
+	}
+	cm_free(st->ms_hash);
+	st->ms_hash = t;
+	st->ms_hash_cap = cap;
+	return true;
+}
+
+/* The id of the state s [a, b), added to the memo if new; -1 when out of
+ * memory. */
+static int32_t intern(struct grammar_state *st, const struct sset *s, size_t a, size_t b)
+{
+	uint64_t h = state_hash(s, a, b);
+	if ((st->n_ms + 1) * 2 > st->ms_hash_cap && !ms_hash_grow(st))
+		return -1;
+	size_t k = h & (st->ms_hash_cap - 1);
+	for (; st->ms_hash[k] >= 0; k = (k + 1) & (st->ms_hash_cap - 1)) {
+		struct mstate *m = &st->ms[st->ms_hash[k]];
+		if (m->hash == h && state_eq(s, a, b, &st->memo, m->r0, m->r1))
+			return st->ms_hash[k];
+	}
+	if (st->n_ms == st->cap_ms) {
+		size_t cap = st->cap_ms ? st->cap_ms * 2 : 256;
+		struct mstate *n = cm_realloc(st->ms, cap * sizeof(*n));
+		if (!n)
+			return -1;
+		st->ms = n;
+		int32_t *asc = cm_realloc(st->asc, cap * 128 * sizeof(*asc));
+		if (!asc)
+			return -1;
+		st->asc = asc;
+		st->cap_ms = cap;
+	}
+	for (size_t i = 0; i < 128; i++)
+		st->asc[st->n_ms * 128 + i] = -3;
+	uint32_t r0 = (uint32_t)st->memo.nr;
+	for (size_t i = a; i < b; i++)
+		if (!sset_push(st, &st->memo, s->d + s->r[i].off, s->r[i].len, -1, -1))
+			return -1;
+	st->ms[st->n_ms] = (struct mstate){r0, (uint32_t)st->memo.nr, h};
+	st->ms_hash[k] = (int32_t)st->n_ms;
+	return (int32_t)st->n_ms++;
+}
+
+static size_t tr_slot(const struct grammar_state *st, int32_t from, uint64_t sig)
+{
+	return mix64(sig * 31 + (uint64_t)from) & (st->cap_tr - 1);
+}
+
+/* The memoized transition, or -2 if not known. */
+static int32_t tr_get(const struct grammar_state *st, int32_t from, uint64_t sig)
+{
+	if (!st->cap_tr)
+		return -2;
+	for (size_t k = tr_slot(st, from, sig); st->tr[k].from >= 0; k = (k + 1) & (st->cap_tr - 1))
+		if (st->tr[k].from == from && st->tr[k].sig == sig)
+			return st->tr[k].to;
+	return -2;
+}
+
+static void tr_put(struct grammar_state *st, int32_t from, uint64_t sig, int32_t to)
+{
+	if ((st->n_tr + 1) * 2 > st->cap_tr) {
+		size_t cap = st->cap_tr ? st->cap_tr * 2 : 1024;
+		struct mtrans *t = cm_malloc(cap * sizeof(*t)), *old = st->tr;
+		if (!t)
+			return; /* not memoized: only slower */
+		for (size_t i = 0; i < cap; i++)
+			t[i].from = -1;
+		size_t ocap = st->cap_tr;
+		st->tr = t;
+		st->cap_tr = cap;
+		for (size_t i = 0; i < ocap; i++)
+			if (old[i].from >= 0) {
+				size_t k = tr_slot(st, old[i].from, old[i].sig);
+				while (t[k].from >= 0)
+					k = (k + 1) & (cap - 1);
+				t[k] = old[i];
+			}
+		cm_free(old);
+	}
+	size_t k = tr_slot(st, from, sig);
+	while (st->tr[k].from >= 0)
+		k = (k + 1) & (st->cap_tr - 1);
+	st->tr[k] = (struct mtrans){sig, from, to};
+	st->n_tr++;
+}
+
+/* Which stacks of state id a code point moves (bit i: its i-th stack), for
+ * up to 64 stacks; ~0 when there are more (not memoized then). */
+static uint64_t match_sig(const struct grammar_state *st, int32_t id, uint32_t cp)
+{
+	const struct sset *m = &st->memo;
+	size_t a = st->ms[id].r0, b = st->ms[id].r1;
+	if (b - a > 64)
+		return ~(uint64_t)0;
+	uint64_t sig = 0;
+	uint32_t next;
+	for (size_t i = a; i < b; i++) {
+		struct srec r = m->r[i];
+		if (r.len && match_char(st->g->el, (uint32_t)m->d[r.off + r.len - 1], cp, &next))
+			sig |= (uint64_t)1 << (i - a);
+	}
+	return sig;
+}
+
+/* The state after code point cp from state id: -1 if none, -2 out of
+ * memory. The result depends only on which stacks cp moves (a class's end
+ * does not depend on the character), so it is memoized by that set: a
+ * JSON string's characters, at any depth of the trie, share one. */
+static int32_t step(struct grammar_state *st, int32_t id, uint32_t cp)
+{
+	uint64_t sig = match_sig(st, id, cp);
+	if (sig == 0)
+		return -1;
+	int32_t to = sig == ~(uint64_t)0 ? -2 : tr_get(st, id, sig);
+	if (to != -2)
+		return to;
+	st->lv.nr = st->lv.nd = 0;
+	(void)accept_cp(st, &st->memo, st->ms[id].r0, st->ms[id].r1, cp, &st->lv);
+	to = st->lv.nr ? intern(st, &st->lv, 0, st->lv.nr) : -1;
+	if (st->lv.nr && to < 0)
+		return -2;
+	if (sig != ~(uint64_t)0)
+		tr_put(st, id, sig, to);
+	return to;
+}
+
+/* Children [c, end) of a trie node, against memoized state id with the
  * unfinished sequence p. Every token under a prefix the grammar refuses
  * is skipped with its subtree. */
-static int walk(struct grammar_state *st, int32_t c, int32_t end, size_t a, size_t b,
-                struct u8p p, uint8_t *mask)
+static int walk(struct grammar_state *st, int32_t c, int32_t end, int32_t id, struct u8p p,
+                uint8_t *mask)
 {
 	const engine_grammar *g = st->g;
 	int count = 0;
@@ -1282,24 +1531,29 @@ static int walk(struct grammar_state *st, int32_t c, int32_t end, size_t a, size
 		int32_t cp = u8_step(&np, g->trie[c].byte);
 		if (cp == -2)
 			continue;
-		size_t mr = st->lv.nr, md = st->lv.nd, na = a, nb = b;
-		if (cp >= 0) {
-			na = accept_cp(st, a, b, (uint32_t)cp);
-			nb = st->lv.nr;
-			if (na == nb)
-				goto next;
-		} else if (!any_partial(st, a, b, np)) {
+		int32_t nid = id;
+		if (cp >= 0 && cp < 128) {
+			nid = st->asc[(size_t)id * 128 + (size_t)cp];
+			if (nid == -3) {
+				nid = step(st, id, (uint32_t)cp);
+				if (nid != -2)
+					st->asc[(size_t)id * 128 + (size_t)cp] = nid;
+			}
+			if (nid < 0)
+				continue;
+		} else if (cp >= 0) {
+			nid = step(st, id, (uint32_t)cp);
+			if (nid < 0)
+				continue;
+		} else if (!any_partial(st, &st->memo, st->ms[id].r0, st->ms[id].r1, np)) {
 			continue;
 		}
-		for (int32_t id = g->trie[c].tok; id >= 0; id = g->tok_next[id]) {
-			mask[id] = 1;
+		for (int32_t t = g->trie[c].tok; t >= 0; t = g->tok_next[t]) {
+			mask[t] = 1;
 			count++;
 		}
 		if (c + 1 < g->trie[c].end)
-			count += walk(st, c + 1, g->trie[c].end, na, nb, np, mask);
-	next:
-		st->lv.nr = mr;
-		st->lv.nd = md;
+			count += walk(st, c + 1, g->trie[c].end, nid, np, mask);
 	}
 	return count;
 }
@@ -1317,8 +1571,16 @@ int grammar_state_allowed(struct grammar_state *st, uint8_t *mask)
 			}
 	if (!g->trie)
 		return count;
-	lv_load_cur(st);
-	count += walk(st, 1, g->trie[0].end, 0, st->lv.nr, st->part, mask);
+	if (st->memo.nd > MEMO_MAX_DATA || st->n_ms > MEMO_MAX_STATES)
+		memo_reset(st);
+	int32_t id = intern(st, &st->cur, 0, st->cur.nr);
+	if (id < 0) {
+		/* out of memory: start over once, then give up (nothing allowed) */
+		memo_reset(st);
+		id = intern(st, &st->cur, 0, st->cur.nr);
+	}
+	if (id >= 0)
+		count += walk(st, 1, g->trie[0].end, id, st->part, mask);
 	st->oom = false;
 	return count;
 }

@@ -778,11 +778,13 @@ static double run_decode_sampled(struct bench *b, engine_sampler *s, int n_gen,
 	return cm_now() - t0;
 }
 
-/* (e): the two samplers alternate within each rep, so drift hits both. */
+/* (e): the two samplers alternate within each rep, so drift hits both,
+ * in ABBA order: whichever runs second in a pair ran faster here. */
 static int grammar_runs(const struct bench_opts *o, struct bench *b)
 {
 	for (int r = 0; r < o->reps; r++)
-		for (int k = 0; k < 2; k++) {
+		for (int j = 0; j < 2; j++) {
+			int k = j ^ (r & 1);
 			double ts;
 			int done;
 			double t = run_decode_sampled(b, b->gsmp[k], o->n_gen, &ts, &done);
