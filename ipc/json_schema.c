@@ -71,11 +71,25 @@ static void sb_printf(struct sb *b, const char *fmt, ...)
 	va_start(ap, fmt);
 	int n = vsnprintf(buf, sizeof(buf), fmt, ap);
 	va_end(ap);
-	if (n < 0 || (size_t)n >= sizeof(buf)) {
-		b->oom = true; /* callers print names and numbers only */
+	if (n < 0) {
+		b->oom = true;
 		return;
 	}
-	sb_putn(b, buf, (size_t)n);
+	if ((size_t)n < sizeof(buf)) {
+		sb_putn(b, buf, (size_t)n);
+		return;
+	}
+	/* longer: a property's literal can be any length */
+	char *big = cm_malloc((size_t)n + 1);
+	if (!big) {
+		b->oom = true;
+		return;
+	}
+	va_start(ap, fmt);
+	vsnprintf(big, (size_t)n + 1, fmt, ap);
+	va_end(ap);
+	sb_putn(b, big, (size_t)n);
+	cm_free(big);
 }
 
 /* A GBNF literal of n bytes: "..." with the escapes its parser reads. */

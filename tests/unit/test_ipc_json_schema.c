@@ -229,6 +229,18 @@ static void test_any_of_and_refs(void)
 	             (const char *[]){"root ::= a-b-1\n", "a-b-1 ::= null\n", NULL});
 }
 
+static void test_long_names(void)
+{
+	/* a property name of 600 bytes: its literal whole, in its optional tail */
+	char key[601], schema[1024], want[700];
+	memset(key, 'k', 600);
+	key[600] = '\0';
+	snprintf(schema, sizeof(schema), "{\"properties\":{\"a\":{},\"%s\":{}},\"required\":[\"a\"]}",
+	         key);
+	snprintf(want, sizeof(want), "( \",\" ws \"\\\"%s\\\"\" \":\" ws value )?", key);
+	expect_rules(schema, (const char *[]){want, NULL});
+}
+
 static void test_names_do_not_collide(void)
 {
 	/* properties named like the shared rules get numbered rules */
@@ -706,6 +718,7 @@ int main(void)
 	TEST_RUN(test_enum_const);
 	TEST_RUN(test_any_of_and_refs);
 	TEST_RUN(test_names_do_not_collide);
+	TEST_RUN(test_long_names);
 	TEST_RUN(test_refusals);
 	TEST_RUN(test_bounds);
 	TEST_RUN(test_out_of_memory);
