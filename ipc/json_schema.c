@@ -17,6 +17,7 @@
 #include "ipc/json_schema.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,6 +127,9 @@ enum {
 	NEED_BOOLEAN = 1u << 4,
 	NEED_NULL = 1u << 5,
 	NEED_VALUE = 1u << 6, /* any JSON value (and its object, array) */
+	NEED_INTEGER_NONNEG = 1u << 7,
+	NEED_INTEGER_POS = 1u << 8,
+	NEED_NUMBER_NONNEG = 1u << 9,
 };
 
 struct ref {
@@ -297,6 +301,8 @@ static int emit_shared(struct conv *c)
 		need |= NEED_WS | NEED_STRING | NEED_NUMBER | NEED_BOOLEAN | NEED_NULL;
 	if (need & NEED_NUMBER)
 		need |= NEED_INTEGER;
+	if (need & NEED_NUMBER_NONNEG)
+		need |= NEED_INTEGER_NONNEG;
 	if (need & NEED_VALUE) {
 		/* value-dN: a value nested N deep; the last level holds no
 		 * object or array, so a model cannot open brackets forever */
@@ -353,14 +359,30 @@ static int emit_shared(struct conv *c)
 		sb_puts(&b, " )");
 		rc = emit(c, "integer", &b);
 	}
-	if (!rc && (need & NEED_NUMBER)) {
+	/* minimum 0 and 1: the common bounds (a count, an id) without a sign */
+	if (!rc && (need & NEED_INTEGER_NONNEG)) {
 		b.n = 0;
-		sb_puts(&b, "integer ( \".\" [0-9]");
+		sb_puts(&b, "\"0\" | [1-9]");
+		rep(c, &b, "[0-9]", 0, INT_DIGITS - 1, "integer");
+		rc = emit(c, "integer-nonneg", &b);
+	}
+	if (!rc && (need & NEED_INTEGER_POS)) {
+		b.n = 0;
+		sb_puts(&b, "[1-9]");
+		rep(c, &b, "[0-9]", 0, INT_DIGITS - 1, "integer");
+		rc = emit(c, "integer-pos", &b);
+	}
+	for (int k = 0; k < 2 && !rc; k++) {
+		if (!(need & (k ? NEED_NUMBER_NONNEG : NEED_NUMBER)))
+			continue;
+		b.n = 0;
+		sb_puts(&b, k ? "integer-nonneg" : "integer");
+		sb_puts(&b, " ( \".\" [0-9]");
 		rep(c, &b, "[0-9]", 0, FRAC_DIGITS - 1, "number");
 		sb_puts(&b, " )? ( [eE] [-+]? [0-9]");
 		rep(c, &b, "[0-9]", 0, EXP_DIGITS - 1, "number");
 		sb_puts(&b, " )?");
-		rc = emit(c, "number", &b);
+		rc = emit(c, k ? "number-nonneg" : "number", &b);
 	}
 	if (!rc && (need & NEED_BOOLEAN)) {
 		b.n = 0;
@@ -386,7 +408,7 @@ static const char *const annotations[] = {
     "deprecated", "readOnly",    "writeOnly",   "$defs",  "definitions", "format",
 };
 
-enum kw_group { KW_ANY, KW_OBJECT, KW_ARRAY, KW_STRING };
+enum kw_group { KW_ANY, KW_OBJECT, KW_ARRAY, KW_STRING, KW_NUMERIC };
 
 static const struct {
 	const char *name;
@@ -397,6 +419,7 @@ static const struct {
     {"properties", KW_OBJECT}, {"required", KW_OBJECT},   {"additionalProperties", KW_OBJECT},
     {"items", KW_ARRAY},       {"minItems", KW_ARRAY},    {"maxItems", KW_ARRAY},
     {"minLength", KW_STRING},  {"maxLength", KW_STRING},
+    {"minimum", KW_NUMERIC},   {"exclusiveMinimum", KW_NUMERIC},
 };
 
 static bool is_annotation(const char *k)
@@ -973,6 +996,44 @@ static int gen_object(struct conv *c, json_t *s, const char *hint, char **ret_na
 	return 0;
 }
 
+/* integer and number, with the lower bounds the shared rules have:
+ * integers from 0 or from 1, numbers from 0; other bounds are refused. */
+static int gen_numeric(struct conv *c, json_t *s, int t, char **ret_name)
+{
+	json_t *mn = json_object_get(s, "minimum");
+	json_t *xm = json_object_get(s, "exclusiveMinimum");
+	const char *kw = mn ? "minimum" : "exclusiveMinimum";
+	json_t *v = mn ? mn : xm;
+	const char *name = t == T_INTEGER ? "integer" : "number";
+	unsigned need = t == T_INTEGER ? NEED_INTEGER : NEED_NUMBER;
+	if (v) {
+		size_t mark = path_push(c, kw, strlen(kw));
+		int rc = 0;
+		double x = json_is_number(v) ? json_number_value(v) : NAN;
+		/* the least integer allowed */
+		double lo = mn ? ceil(x) : floor(x) + 1;
+		if (mn && xm)
+			rc = fail(c, -ENOTSUP, "'minimum' beside 'exclusiveMinimum' is not supported");
+		else if (!json_is_number(v))
+			rc = fail(c, -EINVAL, "'%s' must be a number", kw);
+		else if (t == T_INTEGER && lo == 0)
+			name = "integer-nonneg", need = NEED_INTEGER_NONNEG;
+		else if (t == T_INTEGER && lo == 1)
+			name = "integer-pos", need = NEED_INTEGER_POS;
+		else if (t == T_NUMBER && mn && x == 0)
+			name = "number-nonneg", need = NEED_NUMBER_NONNEG;
+		else
+			rc = fail(c, -ENOTSUP, "'%s' %g is not supported (%s)", kw, x,
+			          t == T_INTEGER ? "integers: minimum 0 or 1" : "numbers: minimum 0");
+		path_pop(c, mark);
+		if (rc)
+			return rc;
+	}
+	c->need |= need;
+	*ret_name = cm_strdup(name);
+	return *ret_name ? 0 : conv_oom(c);
+}
+
 static int gen_type(struct conv *c, json_t *s, int t, const char *hint, char **ret_name)
 {
 	switch (t) {
@@ -983,11 +1044,8 @@ static int gen_type(struct conv *c, json_t *s, int t, const char *hint, char **r
 	case T_ARRAY:
 		return gen_array(c, s, hint, ret_name);
 	case T_INTEGER:
-		c->need |= NEED_INTEGER;
-		break;
 	case T_NUMBER:
-		c->need |= NEED_NUMBER;
-		break;
+		return gen_numeric(c, s, t, ret_name);
 	case T_BOOLEAN:
 		c->need |= NEED_BOOLEAN;
 		break;
@@ -1042,7 +1100,7 @@ static int gen(struct conv *c, json_t *s, const char *hint, char **ret_name)
 		            IPC_SCHEMA_MAX_DEPTH);
 
 	/* every keyword must be one we generate or an annotation */
-	bool group[4] = {false};
+	bool group[KW_NUMERIC + 1] = {false};
 	int n_struct = 0;
 	const char *key;
 	json_t *v;
@@ -1089,7 +1147,7 @@ static int gen(struct conv *c, json_t *s, const char *hint, char **ret_name)
 	if (has_type && (rc = read_types(c, json_object_get(s, "type"), types)))
 		goto out;
 	if (en || cn) {
-		if (group[KW_OBJECT] || group[KW_ARRAY] || group[KW_STRING]) {
+		if (group[KW_OBJECT] || group[KW_ARRAY] || group[KW_STRING] || group[KW_NUMERIC]) {
 			rc = fail(c, -ENOTSUP, "'%s' beside keywords of a type is not supported",
 			          en ? "enum" : "const");
 			goto out;
@@ -1099,7 +1157,7 @@ static int gen(struct conv *c, json_t *s, const char *hint, char **ret_name)
 	}
 	if (!has_type) {
 		/* the type its keywords imply */
-		int ng = group[KW_OBJECT] + group[KW_ARRAY] + group[KW_STRING];
+		int ng = group[KW_OBJECT] + group[KW_ARRAY] + group[KW_STRING] + group[KW_NUMERIC];
 		if (ng > 1) {
 			rc = fail(c, -ENOTSUP, "keywords of several types without 'type'");
 			goto out;
@@ -1110,7 +1168,10 @@ static int gen(struct conv *c, json_t *s, const char *hint, char **ret_name)
 			rc = *ret_name ? 0 : conv_oom(c);
 			goto out;
 		}
-		types[group[KW_OBJECT] ? T_OBJECT : group[KW_ARRAY] ? T_ARRAY : T_STRING] = true;
+		types[group[KW_OBJECT]   ? T_OBJECT
+		      : group[KW_ARRAY]  ? T_ARRAY
+		      : group[KW_STRING] ? T_STRING
+		                         : T_NUMBER] = true;
 	}
 	static const struct {
 		enum kw_group g;
@@ -1125,6 +1186,10 @@ static int gen(struct conv *c, json_t *s, const char *hint, char **ret_name)
 			          owner[i].what);
 			goto out;
 		}
+	if (group[KW_NUMERIC] && !types[T_INTEGER] && !types[T_NUMBER]) {
+		rc = fail(c, -ENOTSUP, "keywords of numbers on a schema of other types");
+		goto out;
+	}
 	if (types[T_NUMBER])
 		types[T_INTEGER] = false; /* an integer is a number already */
 	int nt = 0, first = -1;

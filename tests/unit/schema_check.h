@@ -1,7 +1,8 @@
 /* tests/unit/schema_check.h: a small JSON Schema validator for the subset
  * ipc/json_schema.c converts (type, enum, const, properties, required,
  * additionalProperties, items, minItems, maxItems, minLength, maxLength,
- * anyOf, oneOf, $ref into the document), written from the JSON Schema
+ * minimum, exclusiveMinimum, anyOf, oneOf, $ref into the document),
+ * written from the JSON Schema
  * spec rather than from the converter, so the tests that sample under a
  * converted grammar check the output against the schema itself. */
 #ifndef EDGELM_TESTS_SCHEMA_CHECK_H
@@ -155,6 +156,13 @@ static bool sc_valid(json_t *root, json_t *s, json_t *v, char *why, size_t cap, 
 			n += sc_valid(root, json_array_get(k, i), v, w, sizeof(w), depth + 1);
 		if (n != 1)
 			SC_FAIL("%d oneOf alternatives match", n);
+	}
+	if (json_is_number(v)) {
+		double x = json_number_value(v);
+		if ((k = json_object_get(s, "minimum")) && x < json_number_value(k))
+			SC_FAIL("below minimum");
+		if ((k = json_object_get(s, "exclusiveMinimum")) && x <= json_number_value(k))
+			SC_FAIL("not above exclusiveMinimum");
 	}
 	if (json_is_string(v)) {
 		size_t n = sc_utf8_len(json_string_value(v), json_string_length(v));

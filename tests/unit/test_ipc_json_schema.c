@@ -63,6 +63,20 @@ static void test_primitives(void)
 	             (const char *[]){"::= string | null\n", NULL});
 	expect_rules("{\"type\":[\"integer\",\"number\"]}",
 	             (const char *[]){"root ::= number\n", NULL});
+	/* lower bounds 0 and 1: no sign, no leading zero or no zero */
+	expect_rules("{\"type\":\"integer\",\"minimum\":0}",
+	             (const char *[]){"root ::= integer-nonneg\n", "integer-nonneg ::= \"0\" | [1-9]",
+	                              NULL});
+	expect_rules("{\"type\":\"integer\",\"minimum\":0.5}",
+	             (const char *[]){"root ::= integer-pos\n", "integer-pos ::= [1-9]", NULL});
+	expect_rules("{\"type\":\"integer\",\"exclusiveMinimum\":0}",
+	             (const char *[]){"root ::= integer-pos\n", NULL});
+	expect_rules("{\"type\":\"integer\",\"exclusiveMinimum\":-0.5}",
+	             (const char *[]){"root ::= integer-nonneg\n", NULL});
+	expect_rules("{\"type\":\"number\",\"minimum\":0.0}",
+	             (const char *[]){"root ::= number-nonneg\n",
+	                              "number-nonneg ::= integer-nonneg ( \".\"", NULL});
+	expect_rules("{\"minimum\":0}", (const char *[]){"root ::= number-nonneg\n", NULL});
 	/* annotations change nothing */
 	expect_rules("{\"type\":\"string\",\"title\":\"T\",\"description\":\"d\",\"format\":"
 	             "\"date-time\",\"default\":\"x\",\"examples\":[\"y\"]}",
@@ -258,8 +272,15 @@ struct refusal {
 
 static const struct refusal refusals[] = {
     {"{\"type\":\"string\",\"pattern\":\"a+\"}", -ENOTSUP, "#/pattern: "},
-    {"{\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":0}}}", -ENOTSUP,
-     "#/properties/n/minimum: "},
+    {"{\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":5}}}", -ENOTSUP,
+     "#/properties/n/minimum: 'minimum' 5 is not supported"},
+    {"{\"type\":\"integer\",\"minimum\":-1}", -ENOTSUP, "#/minimum: "},
+    {"{\"type\":\"number\",\"minimum\":1}", -ENOTSUP, "#/minimum: "},
+    {"{\"type\":\"number\",\"exclusiveMinimum\":0}", -ENOTSUP, "#/exclusiveMinimum: "},
+    {"{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":0}", -ENOTSUP, "#/minimum: "},
+    {"{\"type\":\"integer\",\"maximum\":9}", -ENOTSUP, "#/maximum: "},
+    {"{\"type\":\"string\",\"minimum\":0}", -ENOTSUP, "#: keywords of numbers"},
+    {"{\"type\":\"integer\",\"minimum\":\"0\"}", -EINVAL, "#/minimum: "},
     {"{\"allOf\":[{}]}", -ENOTSUP, "#/allOf: "},
     {"{\"if\":{},\"then\":{}}", -ENOTSUP, "#/if: "},
     {"{\"not\":{}}", -ENOTSUP, "#/not: "},
@@ -472,6 +493,18 @@ static void test_grammars_accept(void)
 	    {"01", -1}, {".5", -1}, {"1.", 0}, {"+1", -1}, {"1e", 0},
 	};
 	expect_accepts("{\"type\":\"number\"}", num, CM_ARRAY_LEN(num));
+	static const struct accept_case nonneg[] = {
+	    {"0", 2}, {"7", 1}, {"-1", -1}, {"-0", -1}, {"01", -1},
+	};
+	expect_accepts("{\"type\":\"integer\",\"minimum\":0}", nonneg, CM_ARRAY_LEN(nonneg));
+	static const struct accept_case pos[] = {
+	    {"1", 1}, {"10", 1}, {"0", -1}, {"-3", -1},
+	};
+	expect_accepts("{\"type\":\"integer\",\"exclusiveMinimum\":0}", pos, CM_ARRAY_LEN(pos));
+	static const struct accept_case nnum[] = {
+	    {"0.5", 1}, {"0", 1}, {"3e-2", 1}, {"-0.5", -1},
+	};
+	expect_accepts("{\"type\":\"number\",\"minimum\":0}", nnum, CM_ARRAY_LEN(nnum));
 	static const struct accept_case arr[] = {
 	    {"[\"a\"]", 2}, {"[\"ab\",\"c\",\"d\"]", 2}, {"[ \"a\" ]", 2}, {"[\n  \"a\",\n  \"b\"\n]", 2},
 	    {"[]", -1}, {"[\"a\",\"b\",\"c\",\"d\"]", -1}, {"[\"abc\"]", -1}, {"[\"\"]", 2},
@@ -518,11 +551,12 @@ static const char *sample_schema =
     "\"type\":\"object\",\"properties\":{"
     "\"name\":{\"type\":\"string\",\"maxLength\":12},"
     "\"kind\":{\"enum\":[\"cat\",\"dog\",\"bird\"]},"
-    "\"age\":{\"type\":\"integer\"},"
+    "\"age\":{\"type\":\"integer\",\"minimum\":0},"
     "\"score\":{\"type\":[\"number\",\"null\"]},"
     "\"tags\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/tag\"},\"maxItems\":3},"
     "\"owner\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"},"
-    "\"ok\":{\"type\":\"boolean\"}},\"required\":[\"id\"],\"additionalProperties\":false},"
+    "\"ok\":{\"type\":\"boolean\"},\"n\":{\"type\":\"integer\",\"exclusiveMinimum\":0}},"
+    "\"required\":[\"id\"],\"additionalProperties\":false},"
     "\"extra\":{\"anyOf\":[{\"const\":1},{\"type\":\"array\",\"items\":{\"type\":\"null\"},"
     "\"maxItems\":2}]}},"
     "\"required\":[\"name\",\"kind\",\"tags\",\"owner\"],\"additionalProperties\":false}";
@@ -696,6 +730,8 @@ static void test_validator(void)
 	    "{\"name\":\"0123456789abc\",\"kind\":\"cat\",\"tags\":[],\"owner\":{\"id\":1}}",
 	    "{\"kind\":\"cat\",\"tags\":[],\"owner\":{\"id\":1}}",
 	    "{\"name\":\"x\",\"kind\":\"cat\",\"tags\":[],\"owner\":{\"id\":1},\"more\":1}",
+	    "{\"name\":\"x\",\"kind\":\"cat\",\"age\":-1,\"tags\":[],\"owner\":{\"id\":1}}",
+	    "{\"name\":\"x\",\"kind\":\"cat\",\"tags\":[],\"owner\":{\"id\":1,\"n\":0}}",
 	    "{\"name\":\"x\",",
 	};
 	char why[128];

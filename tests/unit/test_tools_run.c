@@ -309,12 +309,12 @@ static void test_json_schema(void)
 	}
 	f = fopen(js, "w");
 	if (f) {
-		fputs("{\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":0}}}", f);
+		fputs("{\"properties\":{\"n\":{\"type\":\"integer\",\"maximum\":9}}}", f);
 		fclose(f);
 	}
 	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Once' --json-schema '%s' 2>&1", bin(), m, js);
 	CHECK_EQ_INT(test_run_capture(cmd, &out), 2);
-	CHECK_MSG(out && strstr(out, "json_schema: #/properties/n/minimum: keyword 'minimum' is not "
+	CHECK_MSG(out && strstr(out, "json_schema: #/properties/n/maximum: keyword 'maximum' is not "
 				     "supported"),
 		  "%s", out);
 	free(out);
