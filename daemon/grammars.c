@@ -2,7 +2,7 @@
  * the same text (serve.h: struct gcache).
  *
  * Compiling a grammar walks the model's whole vocabulary (58 ms for
- * Qwen2's 151669 tokens, docs/performance.md section 15), while clients
+ * Qwen2's 151669 tokens, docs/performance.md section 16), while clients
  * send the same json_schema request after request; a compiled grammar is
  * immutable and may be shared by several samplers on several threads
  * (engine.h), so one compile serves them all. Entries are counted

@@ -41,8 +41,7 @@ struct gel {
 #define MAX_NEST 512       /* parentheses */
 #define MAX_DEPTH 1024     /* stack entries: deeper parses are dropped */
 #define EXPAND_BUDGET 20000 /* rule expansions per code point */
-#define MAX_STACKS 1024    /* parses alive at once: more are dropped */
-#define DEDUP_CAP (2 * MAX_STACKS)
+#define MAX_STACKS 65536   /* parses alive at once: more are dropped */
 #define MAX_PIECE (1 << 16)
 
 struct tnode {
@@ -917,7 +916,8 @@ struct grammar_state {
 	long budget;
 	/* the stacks of the state being built, by hash: slot k holds record
 	 * dd[k] when dd_gen[k] is the current generation */
-	uint32_t dd[DEDUP_CAP], dd_gen[DEDUP_CAP], gen;
+	uint32_t *dd, *dd_gen, gen;
+	size_t dd_cap; /* a power of two, at least twice the state's stacks */
 	/* the walk's memo, kept across steps until it grows too big */
 	struct sset memo;
 	struct mstate *ms;
@@ -978,9 +978,45 @@ static void new_gen(struct grammar_state *st)
 {
 	st->budget = EXPAND_BUDGET;
 	if (++st->gen == 0) {
-		memset(st->dd_gen, 0, sizeof(st->dd_gen));
+		memset(st->dd_gen, 0, st->dd_cap * sizeof(*st->dd_gen));
 		st->gen = 1;
 	}
+}
+
+static size_t dd_slot(const struct sset *out, uint32_t rec, size_t mask)
+{
+	const int32_t *a = out->d + out->r[rec].off;
+	size_t n = out->r[rec].len;
+	uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ (uint32_t)a[i]) * 0x100000001b3ull;
+	return (h ^ (h >> 29)) & mask;
+}
+
+/* Double the dedupe table, re-adding the records [from, out->nr). */
+static bool dd_grow(struct grammar_state *st, const struct sset *out, size_t from)
+{
+	size_t cap = st->dd_cap * 2;
+	uint32_t *dd = cm_malloc(cap * sizeof(*dd)), *gen = cm_calloc(cap, sizeof(*gen));
+	if (!dd || !gen) {
+		cm_free(dd);
+		cm_free(gen);
+		return false;
+	}
+	cm_free(st->dd);
+	cm_free(st->dd_gen);
+	st->dd = dd;
+	st->dd_gen = gen;
+	st->dd_cap = cap;
+	st->gen = 1;
+	for (size_t i = from; i < out->nr; i++) {
+		size_t k = dd_slot(out, (uint32_t)i, cap - 1);
+		while (gen[k] == 1)
+			k = (k + 1) & (cap - 1);
+		dd[k] = (uint32_t)i;
+		gen[k] = 1;
+	}
+	return true;
 }
 
 /* Add a[0..n) to out's records from `from` on (the state being built),
@@ -990,11 +1026,15 @@ static void emit(struct grammar_state *st, struct sset *out, size_t from, const 
 {
 	if (out->nr - from >= MAX_STACKS)
 		return;
+	if ((out->nr - from + 1) * 2 > st->dd_cap && !dd_grow(st, out, from)) {
+		st->oom = true;
+		return;
+	}
 	uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
 	for (size_t i = 0; i < n; i++)
 		h = (h ^ (uint32_t)a[i]) * 0x100000001b3ull;
-	size_t k = (h ^ (h >> 29)) & (DEDUP_CAP - 1);
-	for (; st->dd_gen[k] == st->gen; k = (k + 1) & (DEDUP_CAP - 1)) {
+	size_t mask = st->dd_cap - 1, k = (h ^ (h >> 29)) & mask;
+	for (; st->dd_gen[k] == st->gen; k = (k + 1) & mask) {
 		struct srec r = out->r[st->dd[k]];
 		if (r.len == n && memcmp(out->d + r.off, a, n * sizeof(*a)) == 0)
 			return;
@@ -1207,6 +1247,10 @@ int grammar_state_new(const engine_grammar *g, struct grammar_state **ret_st, st
 		all[i]->r = cm_malloc(all[i]->capr * sizeof(*all[i]->r));
 		st->oom |= !all[i]->d || !all[i]->r;
 	}
+	st->dd_cap = 256;
+	st->dd = cm_malloc(st->dd_cap * sizeof(*st->dd));
+	st->dd_gen = cm_calloc(st->dd_cap, sizeof(*st->dd_gen));
+	st->oom |= !st->dd || !st->dd_gen;
 	if (!st->oom)
 		grammar_state_reset(st);
 	if (st->oom) {
@@ -1229,6 +1273,8 @@ void grammar_state_free(struct grammar_state *st)
 	cm_free(st->ms_hash);
 	cm_free(st->tr);
 	cm_free(st->asc);
+	cm_free(st->dd);
+	cm_free(st->dd_gen);
 	cm_free(st);
 }
 
@@ -1334,6 +1380,10 @@ bool grammar_state_allows(struct grammar_state *st, int32_t id)
 /* Past these the memo starts over (a pathological grammar's states). */
 #define MEMO_MAX_DATA (1u << 22)
 #define MEMO_MAX_STATES (1u << 14)
+/* States with an ASCII row (512 bytes each): a walk may intern a state
+ * per trie node (an enum of thousands of words does), and those rows
+ * would then cost more than the trie; later states go through the hash. */
+#define ASC_STATES 4096
 
 static void memo_reset(struct grammar_state *st)
 {
@@ -1417,14 +1467,17 @@ static int32_t intern(struct grammar_state *st, const struct sset *s, size_t a, 
 		if (!n)
 			return -1;
 		st->ms = n;
-		int32_t *asc = cm_realloc(st->asc, cap * 128 * sizeof(*asc));
-		if (!asc)
-			return -1;
-		st->asc = asc;
+		if (st->cap_ms < ASC_STATES) {
+			int32_t *asc = cm_realloc(st->asc, CM_MIN(cap, ASC_STATES) * 128 * sizeof(*asc));
+			if (!asc)
+				return -1;
+			st->asc = asc;
+		}
 		st->cap_ms = cap;
 	}
-	for (size_t i = 0; i < 128; i++)
-		st->asc[st->n_ms * 128 + i] = -3;
+	if (st->n_ms < ASC_STATES)
+		for (size_t i = 0; i < 128; i++)
+			st->asc[st->n_ms * 128 + i] = -3;
 	uint32_t r0 = (uint32_t)st->memo.nr;
 	for (size_t i = a; i < b; i++)
 		if (!sset_push(st, &st->memo, s->d + s->r[i].off, s->r[i].len, -1, -1))
@@ -1532,7 +1585,7 @@ static int walk(struct grammar_state *st, int32_t c, int32_t end, int32_t id, st
 		if (cp == -2)
 			continue;
 		int32_t nid = id;
-		if (cp >= 0 && cp < 128) {
+		if (cp >= 0 && cp < 128 && id < ASC_STATES) {
 			nid = st->asc[(size_t)id * 128 + (size_t)cp];
 			if (nid == -3) {
 				nid = step(st, id, (uint32_t)cp);

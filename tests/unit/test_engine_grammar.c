@@ -167,6 +167,26 @@ static void test_partial_utf8(void)
 	}
 }
 
+/* Many alternatives alive at once (a JSON enum of thousands of values):
+ * none is dropped. */
+static void test_wide_alternation(void)
+{
+	enum { N = 5000 };
+	char *g = malloc((size_t)N * 16 + 32), w[16];
+	size_t k = (size_t)sprintf(g, "root ::= ");
+	for (int i = 0; i < N; i++)
+		k += (size_t)sprintf(g + k, "%s\"w%d\"", i ? " | " : "", i);
+	g[k] = '\0';
+	static const int picks[] = {0, 1, 999, 1024, 2500, N - 1};
+	for (size_t i = 0; i < CM_ARRAY_LEN(picks); i++) {
+		snprintf(w, sizeof(w), "w%d", picks[i]);
+		CHECK_MSG(match(g, w, strlen(w)) == 1, "%s", w);
+	}
+	CHECK_EQ_INT(match(g, "w5000", 5), -1);
+	CHECK_EQ_INT(match(g, "w49", 3), 1);
+	free(g);
+}
+
 struct ecase {
 	const char *gbnf, *msg;
 };
@@ -488,6 +508,7 @@ int main(void)
 {
 	TEST_RUN(test_constructs);
 	TEST_RUN(test_partial_utf8);
+	TEST_RUN(test_wide_alternation);
 	TEST_RUN(test_errors);
 	TEST_RUN(test_vocab_llama_spm);
 	TEST_RUN(test_vocab_qwen2);
