@@ -1,7 +1,7 @@
 /* daemon/grammars.c: compiled grammars, shared by the requests that ask for
  * the same text (serve.h: struct gcache).
  *
- * Compiling a grammar walks the model's whole vocabulary (58 ms for
+ * Compiling a grammar walks the model's whole vocabulary (18-58 ms for
  * Qwen2's 151669 tokens, docs/performance.md section 16), while clients
  * send the same json_schema request after request; a compiled grammar is
  * immutable and may be shared by several samplers on several threads

@@ -133,6 +133,8 @@ int engine_sampler_new(const struct engine_sampler_params *p, int n_vocab, engin
 			                  (int)p->bias_ids[i]);
 	}
 
+	if (p->grammar && grammar_n_vocab(p->grammar) == 0)
+		return cm_err_set(err, -EINVAL, "sampler: the grammar was compiled without a vocabulary");
 	if (p->grammar && grammar_n_vocab(p->grammar) != n_vocab)
 		return cm_err_set(err, -EINVAL,
 		                  "sampler: the grammar is for a vocabulary of %d tokens, not %d",

@@ -144,6 +144,14 @@ static void test_partial_utf8(void)
 	CHECK_EQ_INT(grammar_state_feed(st, "\xa9", 1), -EINVAL);     /* a stray continuation */
 	CHECK_EQ_INT(grammar_state_feed(st, "a", 1), -EINVAL);
 	grammar_state_free(st);
+	/* compiled without a vocabulary: no sampler takes it */
+	struct engine_sampler_params sp;
+	engine_sampler_params_default(&sp);
+	sp.grammar = g;
+	engine_sampler *s = NULL;
+	struct cm_err err = {0};
+	CHECK_EQ_INT(engine_sampler_new(&sp, 100, &s, &err), -EINVAL);
+	CHECK(s == NULL && strstr(err.msg, "without a vocabulary") != NULL);
 	engine_grammar_free(g);
 
 	/* invalid UTF-8 is refused even where the code point would fit: the
