@@ -123,7 +123,7 @@ static const struct opt options[] = {
 	  "group of the ipc:// socket files; \"\": leave as created" },
 	{ "socket_mode", OPT_OCTAL, FIELD(socket_mode), "0660", 0, 0777, 0, NULL, NULL, 0, NULL,
 	  "mode of the ipc:// socket files (clients need write permission)" },
-	{ "max_msg_kib", OPT_UINT, FIELD(max_msg_kib), "1152", 1, 1048576, 0, NULL, NULL, 0, NULL,
+	{ "max_msg_kib", OPT_UINT, FIELD(max_msg_kib), "1216", 1, 1048576, 0, NULL, NULL, 0, NULL,
 	  "largest request message in KiB; the default fits the protocol's largest prompt (1 MiB) with its envelope" },
 
 	{ "http_listen", OPT_LIST, LISTF(http_listen), "", 0, 0, 0, NULL, check_http_listen, 0,

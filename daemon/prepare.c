@@ -1,10 +1,12 @@
 /* daemon/prepare.c: a generation's prompt, made on a text worker before the
  * request is queued (serve.h): the chat rendered with the model's template,
- * tokenized, checked against the context, the sampler made. Called by the
+ * tokenized, checked against the context, the grammar (a json_schema
+ * converted first) compiled for its tokenizer, the sampler made. Called by the
  * handlers (ops.c) and again by the scheduler (sched.c) for a prompt that
  * was tokenized for a model since swapped out. */
 #include "daemon/log.h"
 #include "daemon/serve.h"
+#include "ipc/json_schema.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -123,6 +125,44 @@ static int prepare_chat(struct daemon *d, const struct ipc_request *q, struct da
 	return rc;
 }
 
+/* The GBNF of a request's grammar or json_schema (the call is alive). A
+ * schema the converter refuses is the request's fault: invalid_field. */
+static int take_grammar(const struct ipc_request *q, struct daemon_request *r, struct cm_err *err)
+{
+	if (q->grammar) {
+		r->gbnf = cm_strndup(q->grammar, q->grammar_len);
+		r->gbnf_len = q->grammar_len;
+		return r->gbnf ? 0 : cm_err_set(err, -ENOMEM, "out of memory");
+	}
+	if (!q->json_schema)
+		return 0;
+	int rc = ipc_json_schema_to_gbnf(q->json_schema, q->json_schema_len, &r->gbnf, err);
+	if (rc == 0)
+		r->gbnf_len = strlen(r->gbnf);
+	else if (rc != -ENOMEM)
+		rc = err->code = -EINVAL;
+	return rc;
+}
+
+/* Compile r's grammar for the model's tokenizer, or take the one compiled
+ * for an earlier request (model_lock held), again after a swap: a syntax
+ * error is invalid_field, with its line and column. */
+static int compile_grammar(struct sched *s, const engine_tokenizer *tok, struct daemon_request *r,
+			   struct cm_err *err)
+{
+	gcache_put(&s->grammars, r->grammar); /* its sampler is gone already */
+	r->grammar = NULL;
+	r->sp.grammar = NULL;
+	if (!r->gbnf)
+		return 0;
+	int rc = gcache_get(&s->grammars, tok, s->model_gen, r->gbnf, r->gbnf_len, &r->grammar,
+			    err);
+	if (rc && rc != -EINVAL && rc != -ENOMEM)
+		rc = err->code = -EIO; /* the model's side (its vocabulary), not the request's */
+	r->sp.grammar = gcache_grammar(r->grammar);
+	return rc;
+}
+
 /* Check r's tokens against the context (model_lock held); the sampler is
  * made here too, so admission only places it. */
 static int tokenize_prompt(struct daemon *d, struct daemon_request *r, struct cm_err *err)
@@ -136,6 +176,9 @@ static int tokenize_prompt(struct daemon *d, struct daemon_request *r, struct cm
 				  d->cfg.ctx_size);
 	engine_sampler_free(r->smp);
 	r->smp = NULL;
+	int rc = compile_grammar(d->sched, engine_model_tokenizer(d->model), r, err);
+	if (rc)
+		return rc;
 	struct engine_model_info mi;
 	engine_model_get_info(d->model, &mi);
 	return engine_sampler_new(&r->sp, (int)mi.n_vocab, &r->smp, err);
@@ -159,15 +202,17 @@ void ops_prepare(void *arg)
 	} else if (!r->prompt_text) {
 		/* the call is alive: nobody completes it while the request prepares */
 		const struct ipc_request *q = ipc_call_request(r->call);
-		if (q->op == IPC_OP_CHAT) {
+		rc = take_grammar(q, r, &err);
+		if (rc == 0 && q->op == IPC_OP_CHAT) {
 			r->parse_special = true;
 			n_msgs = q->n_messages;
 			rc = prepare_chat(d, q, r, &n_dropped, &err);
 			tokenized = true;
-		} else if (!(r->prompt_text = cm_strndup(q->prompt ? q->prompt : "", q->prompt_len))) {
-			rc = cm_err_set(&err, -ENOMEM, "out of memory");
-		} else {
+		} else if (rc == 0) {
+			r->prompt_text = cm_strndup(q->prompt ? q->prompt : "", q->prompt_len);
 			r->prompt_text_len = q->prompt_len;
+			if (!r->prompt_text)
+				rc = cm_err_set(&err, -ENOMEM, "out of memory");
 		}
 		if (rc == 0 && d->cfg.watchdog_stall_ms &&
 		    strstr(r->prompt_text, "__edgelm_test_stall__"))

@@ -102,6 +102,8 @@ static void admit(struct sched *s, struct outbox_list *out)
 		r->admit_ns = now;
 		cm_free(r->prompt_text); /* tokenized for the model in use: not needed again */
 		r->prompt_text = NULL;
+		cm_free(r->gbnf); /* compiled for it too */
+		r->gbnf = NULL;
 		engine_detok_init(&r->detok, engine_model_tokenizer(d->model));
 		for (int i = 0; r->smp && i < r->n_prompt; i++)
 			engine_sampler_accept(r->smp, r->prompt[i]);
@@ -140,6 +142,8 @@ static void release_slot(struct sched *s, struct daemon_request *r)
 	}
 	engine_sampler_free(r->smp);
 	r->smp = NULL;
+	gcache_put(&s->grammars, r->grammar);
+	r->grammar = NULL;
 	r->in_slot = false;
 	store_maybe_free(s, r);
 }
@@ -229,6 +233,14 @@ static void on_logits(struct sched *s, struct daemon_request *r, const float *lo
 	char piece[512];
 	int n = 0;
 	bool eog = engine_tokenizer_is_eog(tok, id);
+	/* a grammar ends the text once it allows nothing more ("stop"); the
+	 * sampler offers only tokens it takes, so a refusal is a bug to log */
+	bool gdone = false;
+	if (r->grammar && !eog) {
+		if (engine_sampler_advance(r->smp, id) != 0)
+			daemon_log(LOG_WARNING, r->id, "grammar refused sampled token %d", (int)id);
+		gdone = engine_sampler_grammar_done(r->smp);
+	}
 	if (!eog)
 		n = engine_detok_push(&r->detok, tok, id, piece, sizeof(piece));
 	/* logprobs: the softmax and the pieces before the lock */
@@ -275,13 +287,13 @@ static void on_logits(struct sched *s, struct daemon_request *r, const float *lo
 	}
 	if (eog || stopped) {
 		store_finish(s, r, IPC_FINISH_STOP, out);
-	} else if (r->n_gen >= r->max_tokens ||
+	} else if (gdone || r->n_gen >= r->max_tokens ||
 		   ((uint32_t)(r->n_prompt + r->n_gen - r->n_shifted) >= d->cfg.ctx_size &&
 		    !(d->cfg.context_shift && r->n_keep < (int)d->cfg.ctx_size - 2))) {
 		int m = engine_detok_flush(&r->detok, piece, sizeof(piece));
 		if (m > 0 && store_gen_append(r, piece, (size_t)m) == 0)
 			store_lp_settle(r);
-		if (m > 0 && r->gen_len > 0 && store_check_stops(r))
+		if (gdone || (m > 0 && r->gen_len > 0 && store_check_stops(r)))
 			store_finish(s, r, IPC_FINISH_STOP, out);
 		else
 			store_finish(s, r, IPC_FINISH_LENGTH, out);
@@ -634,6 +646,7 @@ int sched_new(struct daemon *d, struct sched **ret, struct cm_err *err)
 	pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
 	pthread_rwlock_init(&s->model_lock, &ra);
 	pthread_rwlockattr_destroy(&ra);
+	gcache_init(&s->grammars);
 	if (policy_init(&s->pol, err) != 0) {
 		sched_free(s);
 		return err->code;
@@ -750,6 +763,7 @@ void sched_free(struct sched *s)
 	engine_ctx_free(s->swap_ctx);
 	engine_model_free(s->swap_model);
 	policy_fini(&s->pol);
+	gcache_fini(&s->grammars);
 	pthread_cond_destroy(&s->cv);
 	pthread_rwlock_destroy(&s->model_lock);
 	cm_free(s);

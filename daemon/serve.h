@@ -70,6 +70,14 @@ struct daemon_request {
 	int n_stop;
 	int32_t *bias_ids; /* logit_bias, the request's copy (sp points here) */
 	float *bias;
+	/* structured output: the GBNF (the request's grammar, or its
+	 * json_schema converted), kept until admission in case a model swap
+	 * needs it compiled again; the compiled grammar (a reference into
+	 * s->grammars), which sp and the sampler borrow, is held until the
+	 * sampler is freed */
+	char *gbnf;
+	size_t gbnf_len;
+	struct gcache_entry *grammar;
 	struct policy_item qi;
 	uint64_t arrival_ns, deadline_ns, admit_ns, first_ns, prefill_end_ns, end_ns;
 	bool stall;             /* test hook: stall the scheduler before its steps */
@@ -120,6 +128,30 @@ struct daemon_request {
 	int64_t emb_tokens; /* all inputs' */
 };
 
+/* grammars.c: compiled grammars shared by the requests that send the same
+ * text, for the model generation they were compiled for. */
+struct gcache_entry;
+struct gcache {
+	pthread_mutex_t mu;
+	struct gcache_entry *head;
+	int n;
+	uint64_t model_gen; /* the newest seen: older entries go once unheld */
+	uint64_t compiles, hits;
+};
+struct gcache_stats {
+	int entries;
+	uint64_t compiles, hits;
+};
+void gcache_init(struct gcache *c);
+void gcache_fini(struct gcache *c); /* nothing may be held */
+/* A reference to the grammar of `text` compiled for tok (the model of
+ * model_gen): a kept one, or compiled now (engine_grammar_new's errors). */
+int gcache_get(struct gcache *c, const engine_tokenizer *tok, uint64_t model_gen, const char *text,
+	       size_t len, struct gcache_entry **ret, struct cm_err *err);
+const engine_grammar *gcache_grammar(const struct gcache_entry *e); /* NULL: NULL */
+void gcache_put(struct gcache *c, struct gcache_entry *e);          /* NULL-safe */
+void gcache_stats(struct gcache *c, struct gcache_stats *ret);
+
 struct slot {
 	struct daemon_request *req;
 	int32_t *tokens; /* what the KV of this sequence holds */
@@ -149,6 +181,7 @@ struct sched {
 	engine_ctx *swap_ctx;
 	struct textpool text;
 	struct outbox out;
+	struct gcache grammars;
 	/* batch scratch (scheduler thread) */
 	int32_t *b_tok, *b_pos, *b_seq;
 	bool *b_want;

@@ -24,6 +24,9 @@ void req_free(struct daemon_request *r)
 	cm_free(r->lp);
 	cm_free(r->lp_pool);
 	engine_sampler_free(r->smp);
+	if (r->grammar) /* after the sampler that borrows it */
+		gcache_put(&r->s->grammars, r->grammar);
+	cm_free(r->gbnf);
 	cm_free(r->gen);
 	cm_free(r->fail_msg);
 	cm_free(r->emb_tok);

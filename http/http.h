@@ -31,7 +31,7 @@ typedef int (*http_submit_fn)(void *core, const char *json, size_t len, const ch
 #define HTTP_MAX_LISTEN 8
 #define HTTP_DEFAULT_MAX_CONNECTIONS 64
 #define HTTP_DEFAULT_TIMEOUT_S 30
-#define HTTP_DEFAULT_MAX_BODY ((size_t)1216 * 1024) /* the socket's 1152 KiB and room */
+#define HTTP_DEFAULT_MAX_BODY ((size_t)1280 * 1024) /* the socket's 1216 KiB and room */
 
 struct http_params {
 	const char *const *listen; /* "ADDR:PORT", "[ADDR6]:PORT", "localhost:PORT" */

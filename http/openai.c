@@ -109,6 +109,70 @@ static bool is_null(const json_t *v)
 	return !v || json_is_null(v);
 }
 
+/* Structured output: OpenAI's response_format, or llama.cpp's grammar and
+ * json_schema fields, become the protocol's grammar or json_schema (the
+ * daemon converts a schema and checks both). json_object is the schema
+ * {"type":"object"}: any object, the grammar ipc_json_object_gbnf makes. */
+static int copy_structured(const json_t *b, json_t *out, struct oai_err *e)
+{
+	const json_t *rf = json_object_get(b, "response_format");
+	const json_t *gr = json_object_get(b, "grammar");
+	const json_t *js = json_object_get(b, "json_schema");
+	json_t *schema = NULL; /* borrowed, or made here (owned) */
+	bool owned = false;
+	if (!is_null(rf)) {
+		const char *t = json_string_value(json_object_get(rf, "type"));
+		if (!json_is_object(rf) || !t)
+			return BAD(e, "response_format", "response_format: an object with a type is required");
+		if (strcmp(t, "json_object") == 0) {
+			/* llama-server's extension: a schema beside the type */
+			schema = json_object_get(rf, "schema");
+			if (!schema) {
+				schema = json_pack("{s:s}", "type", "object");
+				owned = true;
+			}
+		} else if (strcmp(t, "json_schema") == 0) {
+			const json_t *w = json_object_get(rf, "json_schema");
+			if (!json_is_object(w))
+				return BAD(e, "response_format",
+					   "response_format: type json_schema needs a json_schema object");
+			/* name and strict: the schema is always enforced; no schema is
+			 * any JSON value */
+			schema = json_object_get(w, "schema");
+			if (!schema) {
+				schema = json_object();
+				owned = true;
+			}
+		} else if (strcmp(t, "text") != 0) {
+			return BAD(e, "response_format",
+				   "response_format: type %s is not supported (text, json_object, "
+				   "json_schema)", t);
+		}
+	}
+	if (schema && (!is_null(gr) || !is_null(js))) {
+		if (owned)
+			json_decref(schema);
+		return BAD(e, "response_format", "response_format: not with %s",
+			   !is_null(gr) ? "grammar" : "json_schema");
+	}
+	if (!schema && !is_null(js))
+		schema = (json_t *)js;
+	if (schema) {
+		const char *from = is_null(rf) ? "json_schema" : "response_format";
+		if (!json_is_object(schema)) {
+			if (owned)
+				json_decref(schema);
+			return BAD(e, from, "%s: the schema must be an object", from);
+		}
+		json_object_set(out, "json_schema", schema);
+	}
+	if (owned)
+		json_decref(schema);
+	if (!is_null(gr))
+		json_object_set(out, "grammar", (json_t *)gr); /* the parser checks it */
+	return 0;
+}
+
 static int copy_sampling(const json_t *b, json_t *out, struct oai_err *e)
 {
 	for (size_t i = 0; i < CM_ARRAY_LEN(pass_fields); i++) {
@@ -163,16 +227,9 @@ static int copy_sampling(const json_t *b, json_t *out, struct oai_err *e)
 			return BAD(e, "top_logprobs", "top_logprobs: needs logprobs true");
 		json_object_set(out, "top_logprobs", (json_t *)tlp);
 	}
-	const json_t *rf = json_object_get(b, "response_format");
-	if (!is_null(rf)) {
-		const char *t = json_string_value(json_object_get(rf, "type"));
-		if (!t)
-			return BAD(e, "response_format", "response_format: an object with a type is required");
-		if (strcmp(t, "text") != 0)
-			return BAD(e, "response_format",
-				   "response_format: type %s is not supported by this server yet "
-				   "(only text)", t);
-	}
+	int rc = copy_structured(b, out, e);
+	if (rc)
+		return rc;
 	const json_t *tools = json_object_get(b, "tools");
 	if (json_is_array(tools) && json_array_size(tools) > 0)
 		return BAD(e, "tools", "tools: tool calls are not supported by this server");

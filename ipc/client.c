@@ -15,6 +15,7 @@
 #include "ipc/ipc.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -644,6 +645,29 @@ static int build_gen(struct ipc_request *req, enum ipc_op op, const struct edgel
 	}
 	req->stop = p->stop;
 	req->n_stop = p->stop ? p->n_stop : 0;
+	if (p->grammar && p->json_schema)
+		return set_err(err, EDGELM_E_INVALID_ARG, "grammar and json_schema exclude each other");
+	if (p->grammar) {
+		req->grammar = p->grammar;
+		req->grammar_len = strlen(p->grammar);
+	}
+	if (p->json_schema) {
+		/* the codec writes it as a JSON value: refuse bad text here, with
+		 * jansson's word on where */
+		json_error_t je;
+		json_t *v = json_loads(p->json_schema, JSON_REJECT_DUPLICATES, &je);
+		bool obj = json_is_object(v);
+		json_decref(v);
+		if (!v)
+			return set_err(err, EDGELM_E_INVALID_ARG,
+			               "json_schema: invalid JSON at line %d column %d: %s", je.line,
+			               je.column, je.text);
+		if (!obj)
+			return set_err(err, EDGELM_E_INVALID_ARG,
+			               "json_schema must be a JSON object");
+		req->json_schema = p->json_schema;
+		req->json_schema_len = strlen(p->json_schema);
+	}
 	req->deadline_ms = p->deadline_ms;
 	req->priority = p->priority;
 	return 0;

@@ -117,7 +117,7 @@ EDGELM_API void edgelm_set_timeout(edgelm_client *c, int timeout_ms);
 EDGELM_API void edgelm_set_max_msg(edgelm_client *c, size_t bytes);
 /* The daemon's default message limit: room for any request within the
  * protocol's other limits, e.g. a prompt of 1 MiB (docs/protocol.md). */
-#define EDGELM_DEFAULT_MAX_MSG 1179648 /* 1152 KiB */
+#define EDGELM_DEFAULT_MAX_MSG 1245184 /* 1216 KiB */
 
 /* ---- generation ----------------------------------------------------------- */
 
@@ -142,7 +142,13 @@ struct edgelm_params {
 	int32_t priority;     /* -10 .. 10 */
 	const char *id;       /* NULL: the library makes a unique one */
 	int32_t poll_wait_ms; /* streaming long-poll wait; 0: 2000 */
-	uint64_t reserved_[4];
+	/* structured output, at most one (docs/protocol.md): the text must
+	 * match a GBNF grammar, or be JSON valid under a JSON Schema, given
+	 * as the text of a JSON object; NULL: none. They take the place of
+	 * two reserved_ words, so the struct keeps its size on LP64 */
+	const char *grammar;
+	const char *json_schema;
+	uint64_t reserved_[2];
 };
 EDGELM_API void edgelm_params_init(struct edgelm_params *p);
 

@@ -65,18 +65,22 @@ enum ipc_errcode ipc_errcode_from_errno(int neg_errno);
 #define IPC_MAX_LOGIT_BIAS 1024 /* tokens in one logit_bias */
 /* a logit_bias entry as written compactly: "2147483647":-1.2345678901234567e-05, */
 #define IPC_LOGIT_BIAS_ROOM (IPC_MAX_LOGIT_BIAS * 40)
+/* bytes of a grammar as JSON, or of a json_schema as compact JSON; the
+ * two are exclusive, so the message room grows by one of them */
+#define IPC_MAX_GRAMMAR_BYTES ((size_t)64 << 10)
+#define IPC_GRAMMAR_ROOM (IPC_MAX_GRAMMAR_BYTES + 32)
 
 /* The smallest message limit, rounded up to 64 KiB, that holds any request
  * within the other limits as libedgelm writes it: the longest text, stop
  * strings of control characters (6 bytes a byte), 48 bytes of frame a chat
- * message, the longest logit_bias and 4 KiB for the other fields; or
- * max_ids ids of 12 bytes. The
+ * message, the longest logit_bias, the longest grammar and 4 KiB for the
+ * other fields; or max_ids ids of 12 bytes. The
  * client's and the server's defaults both come from it. */
 #define IPC_JSON_ESCAPE_MAX 6 /* \u001f */
 #define IPC_MSG_ROOM(messages, stop, stop_bytes)                                                   \
 	((size_t)4096 + IPC_ID_MAX + (size_t)48 * (messages) +                                      \
 	 (size_t)(stop) * (IPC_JSON_ESCAPE_MAX * (size_t)(stop_bytes) + 3) +                        \
-	 (size_t)IPC_LOGIT_BIAS_ROOM)
+	 (size_t)IPC_LOGIT_BIAS_ROOM + IPC_GRAMMAR_ROOM)
 #define IPC_MSG_BYTES(prompt, messages, stop, stop_bytes, ids)                                     \
 	((CM_MAX((size_t)(prompt) + IPC_MSG_ROOM(messages, stop, stop_bytes),                      \
 	         (size_t)12 * (ids) + 4096) +                                                      \
@@ -84,7 +88,7 @@ enum ipc_errcode ipc_errcode_from_errno(int neg_errno);
 	 ~(size_t)0xffff)
 #define IPC_DEFAULT_MAX_MSG_BYTES                                                                  \
 	IPC_MSG_BYTES(IPC_DEFAULT_MAX_PROMPT_BYTES, IPC_DEFAULT_MAX_MESSAGES, IPC_DEFAULT_MAX_STOP, \
-	              IPC_DEFAULT_MAX_STOP_BYTES, IPC_DEFAULT_MAX_IDS) /* 1152 KiB */
+	              IPC_DEFAULT_MAX_STOP_BYTES, IPC_DEFAULT_MAX_IDS) /* 1216 KiB */
 
 /* Bounds checked before and while parsing. A zero field means its default.
  *
@@ -94,7 +98,7 @@ enum ipc_errcode ipc_errcode_from_errno(int neg_errno);
  * the same however a client escapes, and the message limit follows from it. */
 struct ipc_limits {
 	size_t max_msg_bytes;    /* whole message (also NNG_OPT_RECVMAXSZ); default
-	                          * IPC_MSG_BYTES of the other limits: 1152 KiB */
+	                          * IPC_MSG_BYTES of the other limits: 1216 KiB */
 	unsigned max_depth;      /* JSON nesting; default 32, checked before parsing */
 	size_t max_values;       /* JSON values in one message; default 262144 */
 	size_t max_prompt_bytes; /* prompt, chat contents summed, tokenize text, as
@@ -209,6 +213,12 @@ struct ipc_request {
 	bool stream;
 	bool logprobs;        /* return each generated token's log-probability */
 	int32_t top_logprobs; /* and the most likely alternatives, 0..IPC_MAX_TOP_LOGPROBS */
+	/* structured output, at most one of them: GBNF text, or a JSON
+	 * Schema object as compact JSON text (the daemon converts it) */
+	const char *grammar;
+	size_t grammar_len;
+	const char *json_schema;
+	size_t json_schema_len;
 	int64_t deadline_ms; /* 0: none; else relative to arrival */
 	int32_t priority;    /* -10..10, higher first; default 0 */
 

@@ -10,7 +10,7 @@
  *     a field at its default unless flagged set (protocol_request.c),
  *   - the per-op field tables of docs/protocol.md (protocol_doc.c, through
  *     `make docs`; tests/integration/protocol_doc.sh checks them).
- * Fields of a special shape (id, messages, stop, logit_bias, ids) have small handlers
+ * Fields of a special shape (id, messages, stop, logit_bias, json_schema, ids) have small handlers
  * below, referenced from their rows; their name, ops and docs are rows too.
  *
  * To add a field: a member in struct ipc_request (ipc.h), a row here, and
@@ -336,6 +336,61 @@ static void bias_range_doc(const struct ipc_limits *lim, char *buf, size_t cap)
 static const struct ipc_field_kind kind_bias = {"object of token id to number", bias_parse,
                                                 bias_encode, bias_range_doc};
 
+/* ---- json_schema ---------------------------------------------------------- */
+
+/* Kept as compact JSON text: the daemon converts it to GBNF (ipc/json_schema.c)
+ * off the transport's threads, and the limit counts what libedgelm sends. */
+static int schema_parse(struct ipc_pctx *c, const struct ipc_field *f, json_t *v,
+                        struct ipc_request *r)
+{
+	if (!json_is_object(v))
+		return ipc_perr(c->err, IPC_ERR_INVALID_FIELD, "field '%s' must be an object",
+		                f->name);
+	if (r->grammar) /* its row comes first */
+		return ipc_perr(c->err, IPC_ERR_INVALID_FIELD,
+		                "fields 'grammar' and '%s' exclude each other", f->name);
+	char *t = json_dumps(v, JSON_COMPACT);
+	if (!t)
+		return ipc_parse_oom(c);
+	size_t n = strlen(t);
+	if (n > IPC_MAX_GRAMMAR_BYTES) {
+		free(t);
+		return ipc_perr(c->err, IPC_ERR_TOO_LARGE,
+		                "field '%s' is %zu bytes as compact JSON, more than %zu", f->name, n,
+		                IPC_MAX_GRAMMAR_BYTES);
+	}
+	r->json_schema = ipc_arena_strndup(c->arena, t, n);
+	free(t);
+	if (!r->json_schema)
+		return ipc_parse_oom(c);
+	r->json_schema_len = n;
+	return 0;
+}
+
+static int schema_encode(const struct ipc_field *f, const struct ipc_request *r, json_t **ret)
+{
+	if (!r->json_schema)
+		return 0;
+	json_t *v = json_loadb(r->json_schema, r->json_schema_len, JSON_REJECT_DUPLICATES, NULL);
+	if (!json_is_object(v)) {
+		json_decref(v);
+		return -EINVAL; /* libedgelm checks the text before it gets here */
+	}
+	*ret = v;
+	return 0;
+}
+
+static void schema_range_doc(const struct ipc_limits *lim, char *buf, size_t cap)
+{
+	char b[32];
+	(void)lim;
+	snprintf(buf, cap, "≤ %s as compact JSON; not with `grammar`",
+	         ipc_doc_bytes(IPC_MAX_GRAMMAR_BYTES, b, sizeof(b)));
+}
+
+static const struct ipc_field_kind kind_schema = {"object (a JSON Schema)", schema_parse,
+                                                  schema_encode, schema_range_doc};
+
 /* ---- ids ------------------------------------------------------------------ */
 
 static int ids_parse(struct ipc_pctx *c, const struct ipc_field *f, json_t *arr,
@@ -567,6 +622,12 @@ const struct ipc_field ipc_fields[] = {
 	  .def_doc = "none", .doc = "generation stops before the first match, which is not returned" },
 	{ "logit_bias", IPC_FT_CUSTOM, IPC_OPS_GEN, 0, .kind = &kind_bias,
 	  .def_doc = "none", .doc = "added to the token's logit before sampling (OpenAI's `logit_bias`); -100 bans the token; an id outside the vocabulary is `invalid_field`" },
+	{ "grammar", IPC_FT_TEXT, IPC_OPS_GEN, 0, TEXT_MEMBER(grammar, grammar_len),
+	  .max = IPC_MAX_GRAMMAR_BYTES, .too_long = IPC_ERR_TOO_LARGE, .def_doc = "none",
+	  .doc = "a GBNF grammar (llama.cpp's format, start symbol `root`) the generated text must match; generation ends with `stop` once it is complete; see [Structured output](#structured-output)" },
+	{ "json_schema", IPC_FT_CUSTOM, IPC_OPS_GEN, 0, .kind = &kind_schema,
+	  .def_doc = "none",
+	  .doc = "the generated text is a JSON value valid under this schema (the subset in docs/grammar.md); see [Structured output](#structured-output)" },
 	{ "stream", IPC_FT_BOOL, IPC_OPS_GEN, 0, MEMBER(stream),
 	  .def = 0, .doc = "see [Streaming](#streaming)" },
 	{ "logprobs", IPC_FT_BOOL, IPC_OPS_GEN, 0, MEMBER(logprobs),

@@ -24,6 +24,7 @@
  * {"n_tokens":…, "pooling":…, "embedding":[…]}.
  * Exit codes: 0 ok, 1 usage, 2 bad model or input, 3 runtime failure. */
 #include "engine/engine.h"
+#include "ipc/json_schema.h"
 #include "tools/lib/tools.h"
 
 #include <getopt.h>
@@ -92,6 +93,8 @@ static void usage(FILE *o)
 		"                         model's, else mean)\n"
 		"      --grammar-file FILE  constrain the output to a GBNF grammar (docs/grammar.md);\n"
 		"                         generation stops when it is complete\n"
+		"      --json-schema FILE the output is a JSON value valid under the JSON Schema\n"
+		"                         in FILE (the subset of docs/grammar.md)\n"
 		"  -q, --quiet            no timings on stderr\n"
 		"  -h, --help\n",
 		DEFAULT_BATCH, engine_kv_type_list(), engine_kv_type_name(ENGINE_KV_DEFAULT));
@@ -126,6 +129,7 @@ enum {
 	OPT_EMBED,
 	OPT_POOLING,
 	OPT_GRAMMAR_FILE,
+	OPT_JSON_SCHEMA,
 };
 
 static const struct option long_opts[] = {
@@ -154,6 +158,7 @@ static const struct option long_opts[] = {
 	{"keep", required_argument, NULL, OPT_KEEP},
 	{"quantize", required_argument, NULL, OPT_QUANTIZE},
 	{"grammar-file", required_argument, NULL, OPT_GRAMMAR_FILE},
+	{"json-schema", required_argument, NULL, OPT_JSON_SCHEMA},
 	{"json", no_argument, NULL, OPT_JSON},
 	{"top-logits", required_argument, NULL, OPT_TOPL},
 	{"tokenize", no_argument, NULL, OPT_TOKENIZE},
@@ -367,7 +372,7 @@ static bool out_push(struct out_text *o, const char *s, size_t n)
 
 struct run_opts {
 	const char *model_path, *prompt, *prompt_file, *chat_file, *chat_tmpl;
-	const char *isa, *repack, *repack_cache, *quantize, *grammar_file;
+	const char *isa, *repack, *repack_cache, *quantize, *grammar_file, *schema_file;
 	const char *stop[MAX_STOP];
 	int n_stop;
 	int32_t bias_ids[MAX_BIAS];
@@ -467,6 +472,7 @@ static int run_opts_parse(int argc, char **argv, struct run_opts *o)
 			break;
 		}
 		case OPT_GRAMMAR_FILE: o->grammar_file = optarg; break;
+		case OPT_JSON_SCHEMA: o->schema_file = optarg; break;
 		case OPT_JSON: o->json = true; break;
 		case OPT_EMBED: o->embed = true; break;
 		case OPT_POOLING:
@@ -528,7 +534,7 @@ static int run_opts_parse(int argc, char **argv, struct run_opts *o)
 	o->sp.bias = o->bias;
 	o->sp.n_bias = o->n_bias;
 	if (optind < argc || !o->model_path || (o->prompt && o->prompt_file) ||
-	    (o->chat_file && (o->prompt || o->prompt_file))) {
+	    (o->chat_file && (o->prompt || o->prompt_file)) || (o->grammar_file && o->schema_file)) {
 		usage(stderr);
 		return EXIT_USAGE;
 	}
@@ -618,24 +624,29 @@ static int run_load(const struct run_opts *o, struct run *r)
 			return EXIT_INPUT;
 		r->prompt = r->pbuf;
 	}
-	if (o->grammar_file && !o->tokenize_only) {
+	const char *gfile = o->grammar_file ? o->grammar_file : o->schema_file;
+	if (gfile && !o->tokenize_only) {
 		size_t len;
-		char *text = read_file(o->grammar_file, &len);
+		char *text = read_file(gfile, &len);
 		if (!text) {
-			fprintf(stderr, "edgelm-run: cannot read %s: %s\n", o->grammar_file,
-				strerror(errno));
+			fprintf(stderr, "edgelm-run: cannot read %s: %s\n", gfile, strerror(errno));
 			return EXIT_INPUT;
 		}
 		t0 = cm_now();
-		int rc = engine_grammar_new(r->tok, text, len, &r->grammar, &err);
+		char *gbnf = NULL; /* --json-schema: the schema's grammar (ipc/json_schema.c) */
+		int rc = o->schema_file ? ipc_json_schema_to_gbnf(text, len, &gbnf, &err) : 0;
+		if (rc == 0)
+			rc = engine_grammar_new(r->tok, gbnf ? gbnf : text, gbnf ? strlen(gbnf) : len,
+						&r->grammar, &err);
 		free(text);
+		cm_free(gbnf);
 		if (rc) {
-			fprintf(stderr, "edgelm-run: %s: %s\n", o->grammar_file, err.msg);
+			fprintf(stderr, "edgelm-run: %s: %s\n", gfile, err.msg);
 			return EXIT_INPUT;
 		}
 		if (!o->quiet)
-			fprintf(stderr, "edgelm-run: grammar %s compiled in %.1f ms\n",
-				o->grammar_file, (cm_now() - t0) * 1e3);
+			fprintf(stderr, "edgelm-run: grammar %s compiled in %.1f ms\n", gfile,
+				(cm_now() - t0) * 1e3);
 	}
 	return 0;
 }

@@ -160,6 +160,28 @@ check(typeof ex.choices[0].text === "string", "llama-server extras refused");
   await expectError("embeddings: token ids", () => client.embeddings.create({ model, input: [[1, 2, 3]] }), 400, "input");
 }
 
+// ---- structured output: the reply parses as JSON and holds to the schema
+{
+  const schema = { type: "object", properties: { name: { type: "string", maxLength: 12 }, n: { type: "integer" },
+    kind: { enum: ["cat", "dog"] } }, required: ["name", "n", "kind"], additionalProperties: false };
+  for (const seed of [1, 2, 3]) {
+    const r = await client.chat.completions.create({ model, messages, max_tokens: 200, temperature: 1, seed,
+      response_format: { type: "json_schema", json_schema: { name: "thing", schema, strict: true } } });
+    const text = r.choices[0].message.content;
+    let v = null;
+    try { v = JSON.parse(text); } catch { /* checked below */ }
+    check(v && typeof v.name === "string" && [...v.name].length <= 12 && Number.isInteger(v.n) &&
+      ["cat", "dog"].includes(v.kind) && Object.keys(v).length === 3,
+      `json_schema seed ${seed}: ${JSON.stringify(text)}`);
+    check(r.choices[0].finish_reason === "stop", `json_schema seed ${seed}: finish ${r.choices[0].finish_reason}`);
+  }
+  const o = await client.completions.create({ model, prompt, max_tokens: 200, temperature: 0,
+    response_format: { type: "json_object" } });
+  let v = null;
+  try { v = JSON.parse(o.choices[0].text); } catch { /* checked below */ }
+  check(v !== null && typeof v === "object" && !Array.isArray(v), `json_object: ${JSON.stringify(o.choices[0].text)}`);
+}
+
 // ---- errors in OpenAI's shape
 await expectError("n 2", () => client.completions.create({ model, prompt, n: 2 }), 400, "n");
 await expectError("top_p 5", () => client.completions.create({ model, prompt, top_p: 5 }), 400, "top_p");
@@ -167,7 +189,9 @@ await expectError("max_tokens string", () => client.completions.create({ model, 
 await expectError("no messages", () => client.chat.completions.create({ model, messages: [] }), 400, "messages");
 await expectError("tool role", () => client.chat.completions.create({ model, messages: [{ role: "tool", content: "x", tool_call_id: "a" }] }), 400);
 await expectError("top_logprobs 21", () => client.chat.completions.create({ model, messages, logprobs: true, top_logprobs: 21 }), 400, "top_logprobs");
-await expectError("json_schema", () => client.chat.completions.create({ model, messages, response_format: { type: "json_schema", json_schema: { name: "x", schema: {} } } }), 400, "response_format");
+await expectError("json_schema outside the subset", () => client.chat.completions.create({ model, messages,
+  response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "string", pattern: "a+" } } } }), 400, "json_schema");
+await expectError("response_format xml", () => client.chat.completions.create({ model, messages, response_format: { type: "xml" } }), 400, "response_format");
 await expectError("max_tokens over the limit", () => client.completions.create({ model, prompt, max_tokens: 1000000 }), 400, "max_tokens");
 const bad = new OpenAI({ baseURL: base + "/v1", apiKey: "not-a-valid-key", maxRetries: 0 });
 await expectError("wrong key", () => bad.models.list(), 401);

@@ -100,7 +100,7 @@ static void test_defaults(void)
 	CHECK_STREQ(c.listen[0], "ipc:///run/edgelm/edgelm.sock");
 	CHECK_STREQ(c.socket_group, "edgelm");
 	CHECK_EQ_INT(c.socket_mode, 0660);
-	CHECK_EQ_INT(c.max_msg_kib, 1152);
+	CHECK_EQ_INT(c.max_msg_kib, 1216);
 	/* the protocol's derived default: a 1 MiB prompt fits with its envelope */
 	CHECK_EQ_INT((uint64_t)c.max_msg_kib * 1024, IPC_DEFAULT_MAX_MSG_BYTES);
 	CHECK_STREQ(c.metrics_listen, "127.0.0.1:9477");

@@ -4,7 +4,9 @@
  *   parser accepts, with the fields mapped (max_completion_tokens, stop as
  *   a string, text parts, developer -> system, stream);
  * - what is not served is refused by name (n, logprobs, logit_bias,
- *   response_format, tools, token prompts, roles);
+ *   response_format's other types, tools, token prompts, roles);
+ * - response_format json_object and json_schema, and llama.cpp's grammar
+ *   and json_schema, become the protocol's grammar or json_schema;
  * - protocol errors become OpenAI's shape with the right status, param and
  *   Retry-After; finish reasons and usage map;
  * - embeddings: input a string or strings becomes an embed request the
@@ -119,6 +121,63 @@ static void test_completion_fields(void)
 	ipc_request_free(r);
 }
 
+static void test_structured_output(void)
+{
+	struct ipc_request *r;
+	struct oai_opts o;
+	struct oai_err e;
+	/* json_object: any object */
+	CHECK_OK(translate("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+			   "\"response_format\":{\"type\":\"json_object\"}}",
+			   OAI_CHAT, &r, &o, &e));
+	if (r)
+		CHECK(r->json_schema && strcmp(r->json_schema, "{\"type\":\"object\"}") == 0 &&
+		      !r->grammar);
+	ipc_request_free(r);
+	/* json_schema: its schema; name and strict need nothing */
+	CHECK_OK(translate("{\"prompt\":\"a\",\"response_format\":{\"type\":\"json_schema\","
+			   "\"json_schema\":{\"name\":\"pet\",\"strict\":true,\"schema\":"
+			   "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"string\"}}}}}}",
+			   OAI_COMPLETIONS, &r, &o, &e));
+	if (r)
+		CHECK(r->json_schema &&
+		      strcmp(r->json_schema,
+			     "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"string\"}}}") == 0);
+	ipc_request_free(r);
+	/* no schema: any JSON value */
+	CHECK_OK(translate("{\"prompt\":\"a\",\"response_format\":{\"type\":\"json_schema\","
+			   "\"json_schema\":{\"name\":\"x\"}}}",
+			   OAI_COMPLETIONS, &r, &o, &e));
+	if (r)
+		CHECK(r->json_schema && strcmp(r->json_schema, "{}") == 0);
+	ipc_request_free(r);
+	/* llama-server's schema beside json_object, and its own fields */
+	CHECK_OK(translate("{\"prompt\":\"a\",\"response_format\":{\"type\":\"json_object\","
+			   "\"schema\":{\"type\":\"array\"}}}",
+			   OAI_COMPLETIONS, &r, &o, &e));
+	if (r)
+		CHECK(r->json_schema && strcmp(r->json_schema, "{\"type\":\"array\"}") == 0);
+	ipc_request_free(r);
+	CHECK_OK(translate("{\"prompt\":\"a\",\"json_schema\":{\"type\":\"integer\"}}",
+			   OAI_COMPLETIONS, &r, &o, &e));
+	if (r)
+		CHECK(r->json_schema && strcmp(r->json_schema, "{\"type\":\"integer\"}") == 0);
+	ipc_request_free(r);
+	CHECK_OK(translate("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+			   "\"grammar\":\"root ::= \\\"a\\\"\",\"response_format\":{\"type\":\"text\"}}",
+			   OAI_CHAT, &r, &o, &e));
+	if (r)
+		CHECK(r->grammar && strcmp(r->grammar, "root ::= \"a\"") == 0 && !r->json_schema);
+	ipc_request_free(r);
+	/* null is absent */
+	CHECK_OK(translate("{\"prompt\":\"a\",\"response_format\":null,\"grammar\":null,"
+			   "\"json_schema\":null}",
+			   OAI_COMPLETIONS, &r, &o, &e));
+	if (r)
+		CHECK(!r->grammar && !r->json_schema);
+	ipc_request_free(r);
+}
+
 static void test_chat_messages(void)
 {
 	struct ipc_request *r;
@@ -178,8 +237,21 @@ static void test_refusals(void)
 		 OAI_CHAT, "top_logprobs"},
 		{"{\"prompt\":\"a\",\"logprobs\":-1}", OAI_COMPLETIONS, "top_logprobs"},
 		{"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":"
-		 "\"json_object\"}}",
+		 "\"xml\"}}",
 		 OAI_CHAT, "response_format"},
+		{"{\"prompt\":\"a\",\"response_format\":\"json\"}", OAI_COMPLETIONS, "response_format"},
+		{"{\"prompt\":\"a\",\"response_format\":{\"type\":\"json_schema\"}}", OAI_COMPLETIONS,
+		 "response_format"},
+		{"{\"prompt\":\"a\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+		 "{\"schema\":[]}}}",
+		 OAI_COMPLETIONS, "response_format"},
+		{"{\"prompt\":\"a\",\"response_format\":{\"type\":\"json_object\"},\"grammar\":\"x\"}",
+		 OAI_COMPLETIONS, "response_format"},
+		{"{\"prompt\":\"a\",\"json_schema\":5}", OAI_COMPLETIONS, "json_schema"},
+		/* the protocol's own checks */
+		{"{\"prompt\":\"a\",\"grammar\":5}", OAI_COMPLETIONS, "grammar"},
+		{"{\"prompt\":\"a\",\"grammar\":\"root ::= x\",\"json_schema\":{}}", OAI_COMPLETIONS,
+		 ""},
 		{"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{}]}", OAI_CHAT,
 		 "tools"},
 		/* the socket's parser, through the protocol's error */
@@ -435,6 +507,7 @@ int main(void)
 {
 	TEST_RUN(test_completion_fields);
 	TEST_RUN(test_chat_messages);
+	TEST_RUN(test_structured_output);
 	TEST_RUN(test_refusals);
 	TEST_RUN(test_errors_from_replies);
 	TEST_RUN(test_responses);

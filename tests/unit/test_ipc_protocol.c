@@ -289,7 +289,7 @@ static void test_bad_built(void)
 	CHECK_EQ_INT(parse_code(b.p, b.len, NULL, NULL, 0), IPC_ERR_TOO_LARGE);
 	b.len = 0, n++;
 
-	/* a 2 MiB prompt: over the default message limit (1152 KiB) */
+	/* a 2 MiB prompt: over the default message limit (1216 KiB) */
 	sb_str(&b, "{\"op\":\"generate\",\"prompt\":\"");
 	sb_rep(&b, "x", 2u << 20);
 	sb_str(&b, "\"}");
@@ -1039,18 +1039,77 @@ static enum ipc_errcode encode_parse(const struct ipc_request *r, size_t *ret_le
 	return code;
 }
 
+/* grammar and json_schema: one or the other, the schema kept as compact
+ * JSON, both bounded by IPC_MAX_GRAMMAR_BYTES, which the default message
+ * limit holds beside the largest prompt. */
+static void test_structured_output(void)
+{
+	char m[256];
+	const char *both[] = {
+	    GEN(",\"grammar\":\"root ::= \\\"a\\\"\",\"json_schema\":{}"),
+	    GEN(",\"json_schema\":{},\"grammar\":\"root ::= \\\"a\\\"\""),
+	    "{\"op\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+	    "\"json_schema\":{\"type\":\"object\"},\"grammar\":\"root ::= \\\"{}\\\"\"}",
+	};
+	for (size_t i = 0; i < CM_ARRAY_LEN(both); i++) {
+		CHECK_EQ_INT(parse_code(both[i], strlen(both[i]), NULL, m, sizeof(m)),
+		             IPC_ERR_INVALID_FIELD);
+		CHECK_STREQ(m, "fields 'grammar' and 'json_schema' exclude each other");
+	}
+
+	const char *j = GEN(",\"json_schema\": { \"type\" : \"object\", \"properties\": {\"z\":{}, "
+	                    "\"a\": {\"const\": 1.5}}}");
+	struct ipc_request *r = NULL;
+	struct cm_err err = {0};
+	CHECK_OK(ipc_request_parse(j, strlen(j), NULL, &r, &err));
+	if (r) {
+		CHECK_STREQ(r->json_schema,
+		            "{\"type\":\"object\",\"properties\":{\"z\":{},\"a\":{\"const\":1.5}}}");
+		CHECK_EQ_INT(r->json_schema_len, strlen(r->json_schema));
+		CHECK(r->grammar == NULL);
+		ipc_request_free(r);
+	}
+
+	/* a schema of 64 KiB as compact JSON passes, one byte more does not;
+	 * so does a grammar, next to a prompt of the full 1 MiB */
+	size_t room = IPC_MAX_GRAMMAR_BYTES - strlen("{\"description\":\"\"}");
+	size_t cap = IPC_MAX_GRAMMAR_BYTES + (2u << 20);
+	char *big = malloc(cap);
+	CHECK(big != NULL);
+	if (!big)
+		return;
+	for (int extra = 0; extra <= 1; extra++) {
+		int n = snprintf(big, cap, "{\"op\":\"generate\",\"prompt\":\"\",\"json_schema\":"
+		                           "{\"description\":\"%0*d\"}}",
+		                 (int)(room + (size_t)extra), 0);
+		CHECK_EQ_INT(parse_code(big, (size_t)n, NULL, m, sizeof(m)),
+		             extra ? IPC_ERR_TOO_LARGE : IPC_ERR_NONE);
+	}
+	CHECK(strstr(m, "json_schema") != NULL);
+	size_t n = (size_t)snprintf(big, cap, "{\"op\":\"generate\",\"prompt\":\"");
+	memset(big + n, 'p', 1u << 20);
+	n += 1u << 20;
+	n += (size_t)snprintf(big + n, cap - n, "\",\"grammar\":\"");
+	memset(big + n, 'g', IPC_MAX_GRAMMAR_BYTES);
+	n += IPC_MAX_GRAMMAR_BYTES;
+	n += (size_t)snprintf(big + n, cap - n, "\",\"max_tokens\":1}");
+	CHECK(n <= IPC_DEFAULT_MAX_MSG_BYTES);
+	CHECK_EQ_INT(parse_code(big, n, NULL, m, sizeof(m)), IPC_ERR_NONE);
+	free(big);
+}
+
 static void test_limits_default(void)
 {
 	struct ipc_limits lim = {0};
 	ipc_limits_fill(&lim);
 	CHECK_EQ_INT(lim.max_prompt_bytes, 1u << 20);
 	CHECK_EQ_INT(lim.max_msg_bytes, IPC_DEFAULT_MAX_MSG_BYTES);
-	CHECK_EQ_INT(IPC_DEFAULT_MAX_MSG_BYTES, 1152u << 10);
+	CHECK_EQ_INT(IPC_DEFAULT_MAX_MSG_BYTES, 1216u << 10);
 	CHECK(lim.max_msg_bytes > lim.max_prompt_bytes);
 	/* derived from the other limits as set, unless set itself */
 	lim = (struct ipc_limits){.max_prompt_bytes = 4u << 20};
 	ipc_limits_fill(&lim);
-	CHECK_EQ_INT(lim.max_msg_bytes, (4u << 20) + (128u << 10));
+	CHECK_EQ_INT(lim.max_msg_bytes, (4u << 20) + (192u << 10));
 	lim = (struct ipc_limits){.max_msg_bytes = 12345, .max_prompt_bytes = 4u << 20};
 	ipc_limits_fill(&lim);
 	CHECK_EQ_INT(lim.max_msg_bytes, 12345);
@@ -1408,8 +1467,8 @@ static void test_numbers_not_narrowed(void)
  * and a bounds case here. */
 static bool custom_known(const struct ipc_field *f)
 {
-	static const char *const known[] = {"id",  "messages", "stop",   "logit_bias",
-	                                    "ids", "input",    "pooling"};
+	static const char *const known[] = {"id", "messages", "stop", "logit_bias", "json_schema",
+	                                    "ids", "input", "pooling"};
 	for (size_t i = 0; i < CM_ARRAY_LEN(known); i++)
 		if (strcmp(f->name, known[i]) == 0)
 			return true;
@@ -1427,6 +1486,7 @@ static const int32_t sample_bias_ids[] = {0, 15043, INT32_MAX};
 static const float sample_bias[] = {-100.0f, 2.5f, 100.0f};
 static const char *const sample_input[] = {"Hello \"world\"", "caf\xc3\xa9\n"};
 static const size_t sample_input_len[] = {13, 6};
+static const char sample_schema[] = "{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,\"\xc3\xa9\"]}}}";
 
 /* Give field `f` of `r` a sample value other than its default (variant 0),
  * or its lower (1) or upper (2) bound; sampling.set flagged as a parser
@@ -1487,6 +1547,9 @@ static void field_sample(const struct ipc_field *f, struct ipc_request *r, int v
 			r->bias_ids = sample_bias_ids;
 			r->bias = sample_bias;
 			r->n_bias = CM_ARRAY_LEN(sample_bias);
+		} else if (strcmp(f->name, "json_schema") == 0) {
+			r->json_schema = sample_schema;
+			r->json_schema_len = strlen(sample_schema);
 		}
 		break;
 	case IPC_FT_ENVELOPE:
@@ -1549,6 +1612,9 @@ static bool request_same(const struct ipc_request *a, const struct ipc_request *
 			return false;
 	*why = "ids";
 	if (a->n_ids != b->n_ids || (a->n_ids && memcmp(a->ids, b->ids, a->n_ids * 4) != 0))
+		return false;
+	*why = "json_schema"; /* compact JSON, as the parser keeps it */
+	if (!bytes_same(a->json_schema, a->json_schema_len, b->json_schema, b->json_schema_len))
 		return false;
 	for (size_t i = 0; i < ipc_n_fields; i++) {
 		const struct ipc_field *f = &ipc_fields[i];
@@ -1813,10 +1879,13 @@ static char *jtext(size_t n, char c)
 static void bounds_text(const struct ipc_field *f, const char *base)
 {
 	char m[256];
-	struct ipc_limits lim = {.max_prompt_bytes = 8};
+	/* a constant bound (grammar) under the default limits: its text must
+	 * fit the message they make */
+	bool by_prompt = f->limit == IPC_FLIM_MAX_PROMPT_BYTES;
+	struct ipc_limits lim = {.max_prompt_bytes = by_prompt ? 8 : 0};
 	ipc_limits_fill(&lim);
 	size_t max = ipc_field_text_max(f, &lim);
-	CHECK_EQ_INT(max, 8);
+	CHECK_EQ_INT(max, by_prompt ? 8 : f->max);
 	char *t = jtext(max, 'a'), *j = json_with(base, f->name, t);
 	CHECK_MSG(PARSE(j, &lim) == IPC_ERR_NONE, "%s: %s", j, m);
 	free(t);
@@ -1893,6 +1962,11 @@ static void bounds_custom(const struct ipc_field *f, const char *base)
 	    {"pooling", "\"rank\"", IPC_ERR_INVALID_FIELD},
 	    {"pooling", "\"none\"", IPC_ERR_INVALID_FIELD},
 	    {"pooling", "1", IPC_ERR_INVALID_FIELD},
+	    {"json_schema", "{}", IPC_ERR_NONE},
+	    {"json_schema", "{\"type\":\"string\",\"x\":[1,{\"y\":null}]}", IPC_ERR_NONE},
+	    {"json_schema", "[]", IPC_ERR_INVALID_FIELD},
+	    {"json_schema", "\"{}\"", IPC_ERR_INVALID_FIELD},
+	    {"json_schema", "true", IPC_ERR_INVALID_FIELD},
 	    {"ids", "[0,2147483647]", IPC_ERR_NONE},
 	    {"ids", "[]", IPC_ERR_NONE},
 	    {"ids", "[1,2,3]", IPC_ERR_TOO_LARGE},
@@ -2086,6 +2160,7 @@ int main(int argc, char **argv)
 	TEST_RUN(test_reply_roundtrip);
 	TEST_RUN(test_reply_decode_hostile);
 	TEST_RUN(test_limits_default);
+	TEST_RUN(test_structured_output);
 	TEST_RUN(test_prompt_at_limit);
 	TEST_RUN(test_text_bytes_as_encoded);
 	TEST_RUN(test_float_fields_as_stored);

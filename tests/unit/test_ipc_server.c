@@ -267,7 +267,10 @@ static void handle_gen(struct tdaemon *d, ipc_call *c, const struct ipc_request 
 		return;
 	}
 	char text[256];
-	snprintf(text, sizeof(text), "echo: %s", prompt);
+	/* structured output: the echo shows what arrived */
+	snprintf(text, sizeof(text), "echo: %s%s%s", prompt,
+	         q->json_schema ? " schema=" : q->grammar ? " grammar=" : "",
+	         q->json_schema ? q->json_schema : q->grammar ? q->grammar : "");
 	r.u.gen.text = text;
 	r.u.gen.text_len = strlen(text);
 	r.u.gen.finish = IPC_FINISH_STOP;
@@ -548,6 +551,30 @@ static void test_ops_and_socket_file(void)
 	edgelm_result_free(&res);
 	const struct edgelm_message badrole[] = {{"robot", "x"}};
 	CHECK_EQ_INT(edgelm_chat(c, badrole, 1, NULL, NULL, NULL, &res, &e), EDGELM_E_INVALID_ARG);
+
+	/* grammar and json_schema reach the daemon, the schema as compact JSON;
+	 * bad schema text and both at once are refused here */
+	struct edgelm_params sp;
+	edgelm_params_init(&sp);
+	sp.json_schema = "{ \"type\": \"object\",\n  \"required\": [] }";
+	CHECK_OK(edgelm_generate(c, "hello", &sp, &res, &e));
+	CHECK_STREQ(res.text, "echo: hello schema={\"type\":\"object\",\"required\":[]}");
+	edgelm_result_free(&res);
+	sp.json_schema = NULL;
+	sp.grammar = "root ::= \"a\"";
+	CHECK_OK(edgelm_chat(c, msgs, 2, &sp, NULL, NULL, &res, &e));
+	CHECK_STREQ(res.text, "echo: hi there grammar=root ::= \"a\"");
+	edgelm_result_free(&res);
+	sp.json_schema = "{}";
+	CHECK_EQ_INT(edgelm_generate(c, "x", &sp, &res, &e), EDGELM_E_INVALID_ARG);
+	CHECK(strstr(e.message, "exclude") != NULL);
+	sp.grammar = NULL;
+	sp.json_schema = "{\"type\":";
+	CHECK_EQ_INT(edgelm_generate(c, "x", &sp, &res, &e), EDGELM_E_INVALID_ARG);
+	CHECK(strstr(e.message, "json_schema: invalid JSON") != NULL);
+	sp.json_schema = "[{}]";
+	CHECK_EQ_INT(edgelm_generate(c, "x", &sp, &res, &e), EDGELM_E_INVALID_ARG);
+	CHECK(strstr(e.message, "object") != NULL);
 
 	bool cancelled = true;
 	CHECK_EQ_INT(edgelm_cancel(c, "no-such-id", &cancelled, &e), EDGELM_E_NOT_FOUND);

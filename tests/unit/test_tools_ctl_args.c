@@ -45,9 +45,49 @@ static void test_good_numbers(void)
 	run("--timeout 100 health", 3, NULL);
 }
 
+/* --grammar-file and --json-schema: read before connecting, one or the
+ * other; what the files hold is the daemon's to judge */
+static void test_structured_output_files(void)
+{
+	const char *tmp = getenv("TEST_TMPDIR");
+	if (!tmp) {
+		TEST_SKIP("TEST_TMPDIR is not set");
+		return;
+	}
+	char path[512], big[512], args[2048];
+	snprintf(path, sizeof(path), "%s/ctl-schema.json", tmp);
+	snprintf(big, sizeof(big), "%s/ctl-big.gbnf", tmp);
+	FILE *f = fopen(path, "w");
+	CHECK(f != NULL);
+	if (!f)
+		return;
+	fputs("{\"type\":\"object\"}\n", f);
+	fclose(f);
+	f = fopen(big, "w");
+	CHECK(f != NULL);
+	if (!f)
+		return;
+	for (int i = 0; i < (64 << 10) + 1; i++)
+		fputc('a', f);
+	fclose(f);
+	snprintf(args, sizeof(args), "generate --json-schema %s hi", path);
+	run(args, 3, NULL);
+	snprintf(args, sizeof(args), "chat --grammar-file %s </dev/null", path);
+	run(args, 3, NULL);
+	run("generate --json-schema /nonexistent/s.json hi", 1,
+	    "/nonexistent/s.json: No such file or directory");
+	snprintf(args, sizeof(args), "generate --grammar-file %s hi", big);
+	run(args, 1, "more than 65536 bytes");
+	snprintf(args, sizeof(args), "generate --grammar-file %s --json-schema %s hi", path, path);
+	run(args, 1, "--grammar-file and --json-schema exclude each other");
+	remove(path);
+	remove(big);
+}
+
 int main(void)
 {
 	TEST_RUN(test_bad_numbers);
 	TEST_RUN(test_good_numbers);
+	TEST_RUN(test_structured_output_files);
 	return test_finish();
 }

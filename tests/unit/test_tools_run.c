@@ -10,6 +10,11 @@
  *   TYPE, and says what it cost;
  * - --embed prints a unit vector of n_embd values, --json the same as
  *   JSON; --pooling changes it, and an unknown pooling is a usage error;
+ * - --grammar-file: the output matches the grammar and ends with it; a bad
+ *   grammar exits 2 with its line and column;
+ * - --json-schema: the output is JSON of the schema's shape; a schema
+ *   outside the subset exits 2 naming the JSON pointer; not with
+ *   --grammar-file;
  * - usage errors exit 1. */
 #include "common/common.h"
 #include "tests/test.h"
@@ -402,6 +407,53 @@ static void test_grammar_file(void)
 	free(out);
 }
 
+static void test_json_schema(void)
+{
+	const char *m = test_data_path("models/stories260K-f32.gguf");
+	if (!test_file_exists(m)) {
+		TEST_SKIP_DATA("no %s", m);
+		return;
+	}
+	char js[4096], cmd[16384], *out = NULL;
+	snprintf(js, sizeof(js), "%s/s.json", test_tmpdir());
+	FILE *f = fopen(js, "w");
+	CHECK(f != NULL);
+	if (!f)
+		return;
+	fputs("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\","
+	      "\"maxLength\":8},\"ok\":{\"type\":\"boolean\"}},\"required\":[\"name\",\"ok\"],"
+	      "\"additionalProperties\":false}\n",
+	      f);
+	fclose(f);
+	for (int seed = 1; seed <= 3; seed++) {
+		snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Once upon' -n 200 -q --temp 1 --seed %d "
+			 "--json-schema '%s'", bin(), m, seed, js);
+		CHECK_EQ_INT(test_run_capture(cmd, &out), 0);
+		json_t *v = out ? json_loads(out, 0, NULL) : NULL;
+		json_t *name = json_object_get(v, "name");
+		CHECK_MSG(json_is_object(v) && json_object_size(v) == 2 && json_is_string(name) &&
+				  json_is_boolean(json_object_get(v, "ok")),
+			  "seed %d: \"%s\"", seed, out ? out : "");
+		json_decref(v);
+		free(out);
+	}
+	f = fopen(js, "w");
+	if (f) {
+		fputs("{\"properties\":{\"n\":{\"type\":\"integer\",\"maximum\":9}}}", f);
+		fclose(f);
+	}
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Once' --json-schema '%s' 2>&1", bin(), m, js);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 2);
+	CHECK_MSG(out && strstr(out, "json_schema: #/properties/n/maximum: keyword 'maximum' is not "
+				     "supported"),
+		  "%s", out);
+	free(out);
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' -p 'Once' --json-schema '%s' --grammar-file '%s' "
+		 "2>/dev/null", bin(), m, js, js);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
+	free(out);
+}
+
 static void test_usage_errors(void)
 {
 	char cmd[16384], *out = NULL;
@@ -455,6 +507,7 @@ int main(void)
 	TEST_RUN(test_quantize);
 	TEST_RUN(test_embed_mode);
 	TEST_RUN(test_grammar_file);
+	TEST_RUN(test_json_schema);
 	TEST_RUN(test_usage_errors);
 	json_decref(ref);
 	return test_finish();

@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #define MAX_STOP 16
+/* the protocol's bound of a grammar and of a schema (IPC_MAX_GRAMMAR_BYTES) */
+#define MAX_GRAMMAR_FILE ((size_t)64 << 10)
 
 static volatile sig_atomic_t interrupted;
 
@@ -21,6 +23,8 @@ struct gen_opts {
 	int stream; /* -1: decide by isatty */
 	bool stats;
 	const char *system;
+	const char *grammar_file, *schema_file;
+	char *grammar, *schema; /* their text, once read (gen_opts_load) */
 };
 
 enum {
@@ -38,6 +42,8 @@ enum {
 	OPT_PRIORITY,
 	OPT_STATS,
 	OPT_SYSTEM,
+	OPT_GRAMMAR_FILE,
+	OPT_JSON_SCHEMA,
 };
 
 static const struct option gen_longopts[] = {
@@ -56,6 +62,8 @@ static const struct option gen_longopts[] = {
     {"priority", required_argument, NULL, OPT_PRIORITY},
     {"stats", no_argument, NULL, OPT_STATS},
     {"system", required_argument, NULL, OPT_SYSTEM},
+    {"grammar-file", required_argument, NULL, OPT_GRAMMAR_FILE},
+    {"json-schema", required_argument, NULL, OPT_JSON_SCHEMA},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -137,6 +145,12 @@ static int gen_opts_parse(const char *cmd, int argc, char **argv, struct gen_opt
 		case OPT_SYSTEM:
 			o->system = optarg;
 			break;
+		case OPT_GRAMMAR_FILE:
+			o->grammar_file = optarg;
+			break;
+		case OPT_JSON_SCHEMA:
+			o->schema_file = optarg;
+			break;
 		case 'h':
 			ctl_usage_command(cmd, stdout);
 			return EXIT_OK;
@@ -144,7 +158,32 @@ static int gen_opts_parse(const char *cmd, int argc, char **argv, struct gen_opt
 			return ctl_usage_error(cmd, "bad option");
 		}
 	}
+	if (o->grammar_file && o->schema_file)
+		return ctl_usage_error(cmd, "--grammar-file and --json-schema exclude each other");
 	return -1;
+}
+
+/* Read the files the options name: -1 to go on, else the exit code after
+ * saying why. The daemon checks what they hold. */
+static int gen_opts_load(const char *cmd, struct gen_opts *o)
+{
+	struct cm_err err = {0};
+	if ((o->grammar_file && tools_read_file(o->grammar_file, MAX_GRAMMAR_FILE, &o->grammar,
+	                                        NULL, &err) != 0) ||
+	    (o->schema_file &&
+	     tools_read_file(o->schema_file, MAX_GRAMMAR_FILE, &o->schema, NULL, &err) != 0)) {
+		fprintf(stderr, "edgelmctl %s: %s\n", cmd, err.msg);
+		return EXIT_USAGE;
+	}
+	o->p.grammar = o->grammar;
+	o->p.json_schema = o->schema;
+	return -1;
+}
+
+static void gen_opts_free(struct gen_opts *o)
+{
+	cm_free(o->grammar);
+	cm_free(o->schema);
 }
 
 /* ---- streaming ------------------------------------------------------------ */
@@ -201,9 +240,12 @@ int ctl_cmd_generate(int argc, char **argv)
 		return ctl_usage_error("generate", "generate needs a TEXT");
 	if (o.system)
 		return ctl_usage_error("generate", "--system is for chat");
+	if ((r = gen_opts_load("generate", &o)) >= 0)
+		return r;
 	char *prompt = ctl_text_arg(argc, argv, optind);
 	if (!prompt) {
 		fprintf(stderr, "edgelmctl: cannot read the prompt\n");
+		gen_opts_free(&o);
 		return EXIT_USAGE;
 	}
 	bool stream = o.stream >= 0 ? o.stream : isatty(STDOUT_FILENO) && !ctl_g.json;
@@ -211,6 +253,7 @@ int ctl_cmd_generate(int argc, char **argv)
 	int rc = ctl_connect(&c);
 	if (rc) {
 		free(prompt);
+		gen_opts_free(&o);
 		return rc;
 	}
 	struct edgelm_result res;
@@ -243,6 +286,7 @@ int ctl_cmd_generate(int argc, char **argv)
 	edgelm_result_free(&res);
 	edgelm_close(c);
 	free(prompt);
+	gen_opts_free(&o);
 	return code;
 }
 
@@ -338,12 +382,16 @@ int ctl_cmd_chat(int argc, char **argv)
 		return r;
 	if (optind < argc)
 		return ctl_usage_error("chat", "chat reads its messages from stdin");
+	if ((r = gen_opts_load("chat", &o)) >= 0)
+		return r;
 	bool tty = isatty(STDIN_FILENO);
 	bool stream = o.stream >= 0 ? o.stream : true;
 	edgelm_client *c = NULL;
 	int code = ctl_connect(&c);
-	if (code)
+	if (code) {
+		gen_opts_free(&o);
 		return code;
+	}
 	struct history h = {0};
 	size_t base = 0;
 	if (o.system) {
@@ -386,5 +434,6 @@ int ctl_cmd_chat(int argc, char **argv)
 	free(h.m);
 	free(h.owned);
 	edgelm_close(c);
+	gen_opts_free(&o);
 	return code;
 }

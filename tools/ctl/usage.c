@@ -28,6 +28,8 @@ static const struct command_help {
      "      --id ID            name the generation (for cancel ID)\n"
      "      --deadline MS      give up after MS milliseconds\n"
      "      --priority P       -10..10, higher first\n"
+     "      --grammar-file FILE  the text must match this GBNF grammar\n"
+     "      --json-schema FILE   the text is JSON valid under this JSON Schema\n"
      "      --stats            print token counts and speed to stderr\n"
      "With --json, prints one JSON object with the text and the statistics\n"
      "(streaming: one {\"text\":...} line per piece, then the object).\n"},
@@ -38,7 +40,8 @@ static const struct command_help {
      "Works with a pipe too (one message per line).\n"
      "      --system TEXT      a system message first\n"
      "  and the sampling options of generate (-n, --temp, --top-k, --top-p,\n"
-     "  --min-p, --repeat-penalty, --seed, --stop, --stats)\n"},
+     "  --min-p, --repeat-penalty, --seed, --stop, --grammar-file, --json-schema,\n"
+     "  --stats)\n"},
     {"info", "info",
      "Model, architecture, quant types, context, ISA and kernels, threads,\n"
      "tuning state and version of the daemon.\n"},

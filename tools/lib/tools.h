@@ -98,6 +98,14 @@ int tools_mem_read(struct tools_mem *ret);
  * in err (no clear_refs, not writable, or accepted but VmHWM stayed). */
 int tools_mem_hwm_reset(struct cm_err *err);
 
+/* ---- readfile.c ---------------------------------------------------------- */
+
+/* The whole of a text file ("-": stdin) of at most `max` bytes, without NUL,
+ * NUL-terminated in *ret_text (cm_free it); its length in *ret_len (may be
+ * NULL). 0, or -errno with a message naming the path. */
+int tools_read_file(const char *path, size_t max, char **ret_text, size_t *ret_len,
+		    struct cm_err *err);
+
 /* ---- numeric arguments (args.c) ----------------------------------------- */
 
 /* All of s as a base-10 number within [lo, hi]: 0, else -1 (*ret unset). */
