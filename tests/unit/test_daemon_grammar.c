@@ -170,11 +170,13 @@ static void test_stream_json_schema(void)
 		json_t *p = call(poll);
 		const char *t = json_string_value(json_object_get(p, "text"));
 		size_t tl = json_string_length(json_object_get(p, "text"));
-		if (t && n + tl < sizeof(text)) {
-			memcpy(text + n, t, tl);
-			n += tl;
-			text[n] = '\0';
+		size_t len = strlen(text);
+		if (t && len + tl < sizeof(text)) {
+			memcpy(text + len, t, tl);
+			text[len + tl] = '\0';
 		}
+		/* rule 3: the next ack is the daemon's `next` */
+		n = (size_t)json_integer_value(json_object_get(p, "next"));
 		done = json_is_true(json_object_get(p, "done"));
 		if (done)
 			CHECK_STREQ(json_string_value(json_object_get(p, "finish_reason")), "stop");
@@ -184,6 +186,14 @@ static void test_stream_json_schema(void)
 	}
 	CHECK(done);
 	text_valid(text, "stream");
+	/* release the finished stream (rule 6), or the daemon's shutdown
+	 * waits its drain out for a client that never comes back */
+	if (done) {
+		char poll[256];
+		snprintf(poll, sizeof(poll), "{\"op\":\"poll\",\"id\":\"%s\",\"ack\":%zu,\"wait_ms\":0}",
+		         sid, n);
+		json_decref(call(poll));
+	}
 }
 
 static void test_chat_grammar(void)
