@@ -83,6 +83,7 @@ check: check-deps tests
 
 check-san: tests
 	@BUILD=$(BUILD) TEST_PASS=asan+ubsan EDGELM_AGREE_STORIES=$${EDGELM_AGREE_STORIES:-24} \
+		EDGELM_AGREE_3M=$${EDGELM_AGREE_3M:-0} \
 		TEST_TOTALS=$(TEST_TOTALS) tests/run-tests.sh
 
 test: check
