@@ -25,7 +25,8 @@
  *     just before and just after it, the median over reps (on a VM whose
  *     bandwidth drifts by 2x within a minute, the run's best read sample
  *     can come from a moment no decode saw);
- * (e) with --grammar-file: decode with each token sampled and fed back,
+ * (e) with --grammar-file (or --json-schema, converted as the daemon does):
+ *     decode with each token sampled and fed back,
  *     once with the sampler alone and once with the grammar in it, side by
  *     side in each rep (the grammar starts over whenever a value is
  *     complete), and the sampling time per token of each;
@@ -48,6 +49,7 @@
  *
  * Token ids are random (fixed seed): speed depends on shapes, not values. */
 #include "engine/engine.h"
+#include "ipc/json_schema.h"
 #include "tools/lib/tools.h"
 #include "engine/kernels/kern.h"
 #include "tuning/tuning.h"
@@ -98,6 +100,8 @@ static void usage(FILE *o)
 		"      --json           one JSON object instead of a table\n"
 		"      --grammar-file FILE  also decode with sampling, with and without this GBNF\n"
 		"                       grammar in the sampler (-n tokens per run, from context 0)\n"
+		"      --json-schema FILE   the same with the grammar of this JSON Schema (as a\n"
+		"                       request's json_schema; docs/grammar.md)\n"
 		"\n"
 		"tuning (as edgelmd applies it; the report says what applied and what failed):\n"
 		"      --tuning on|off  on: what edgelmd does by default (pin, prefault, mlock);\n"
@@ -331,7 +335,7 @@ static int parse_on_off(const char *s, bool *ret)
 }
 
 struct bench_opts {
-	const char *model, *isa, *repack, *repack_cache, *quantize, *grammar_file;
+	const char *model, *isa, *repack, *repack_cache, *quantize, *grammar_file, *schema_file;
 	int threads, n_gen, reps, bw_mib, n_batch, segment;
 	enum engine_kv_type kv_type;
 	int prompts[8], n_prompts, ctxs[8], n_ctxs;
@@ -347,7 +351,7 @@ static int bench_opts_parse(int argc, char **argv, struct bench_opts *o)
 {
 	enum { OPT_TUNING = 256, OPT_PIN, OPT_HUGEPAGES, OPT_PREFAULT, OPT_MLOCK, OPT_TOKENIZE,
 	       OPT_TEXT_MB, OPT_SEGMENT, OPT_REPACK_CACHE,
-	       OPT_QUANTIZE, OPT_GRAMMAR_FILE };
+	       OPT_QUANTIZE, OPT_GRAMMAR_FILE, OPT_JSON_SCHEMA };
 	static const struct option opts[] = {
 		{"model", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
 		{"isa", required_argument, NULL, 'I'},   {"prompts", required_argument, NULL, 'P'},
@@ -367,6 +371,7 @@ static int bench_opts_parse(int argc, char **argv, struct bench_opts *o)
 		{"tokenize", no_argument, NULL, OPT_TOKENIZE},
 		{"text-mb", required_argument, NULL, OPT_TEXT_MB},
 		{"grammar-file", required_argument, NULL, OPT_GRAMMAR_FILE},
+		{"json-schema", required_argument, NULL, OPT_JSON_SCHEMA},
 		{NULL, 0, NULL, 0},
 	};
 	static const char P[] = "edgelm-bench";
@@ -436,6 +441,7 @@ static int bench_opts_parse(int argc, char **argv, struct bench_opts *o)
 		case OPT_MLOCK: o->add.mlock = true; break;
 		case OPT_TOKENIZE: o->tokenize = true; break;
 		case OPT_GRAMMAR_FILE: o->grammar_file = optarg; break;
+		case OPT_JSON_SCHEMA: o->schema_file = optarg; break;
 		case OPT_TEXT_MB: {
 			char *end;
 			o->text_mb = strtod(optarg, &end);
@@ -446,7 +452,7 @@ static int bench_opts_parse(int argc, char **argv, struct bench_opts *o)
 		default: usage(stderr); return EXIT_USAGE;
 		}
 	}
-	o->bad = bad;
+	o->bad = bad || (o->grammar_file && o->schema_file); /* one grammar at a time */
 	return -1;
 }
 
@@ -526,12 +532,20 @@ static void bench_free(struct bench *b)
 	tools_tuning_free(b->tt); /* after the model: it may hold the weights */
 }
 
+/* --grammar-file or --json-schema: the file named */
+static const char *grammar_src(const struct bench_opts *o)
+{
+	return o->grammar_file ? o->grammar_file : o->schema_file;
+}
+
 /* --grammar-file: the grammar compiled (timed) for the model's vocabulary,
- * and two samplers of the default chain, without and with it. */
+ * and two samplers of the default chain, without and with it. A
+ * --json-schema is converted first (ipc/json_schema.c, as the daemon does
+ * for a request's json_schema); the conversion is not in the compile time. */
 static int grammar_setup(const struct bench_opts *o, struct bench *b,
 			 const struct engine_sampler_params *sp)
 {
-	FILE *f = fopen(o->grammar_file, "rb");
+	FILE *f = fopen(grammar_src(o), "rb");
 	char *text = NULL;
 	size_t len = 0;
 	if (f) {
@@ -540,16 +554,27 @@ static int grammar_setup(const struct bench_opts *o, struct bench *b,
 		fclose(f);
 	}
 	if (!text || len == 0) {
-		fprintf(stderr, "edgelm-bench: cannot read %s (or it is empty)\n", o->grammar_file);
+		fprintf(stderr, "edgelm-bench: cannot read %s (or it is empty)\n", grammar_src(o));
 		free(text);
 		return EXIT_INPUT;
+	}
+	if (o->schema_file) {
+		char *gbnf = NULL;
+		if (ipc_json_schema_to_gbnf(text, len, &gbnf, &b->err) != 0) {
+			fprintf(stderr, "edgelm-bench: %s: %s\n", o->schema_file, b->err.msg);
+			free(text);
+			return EXIT_INPUT;
+		}
+		free(text);
+		text = gbnf;
+		len = strlen(gbnf);
 	}
 	double t0 = cm_now();
 	int rc = engine_grammar_new(engine_model_tokenizer(b->m), text, len, &b->gram, &b->err);
 	b->g_compile_ms = (cm_now() - t0) * 1e3;
 	free(text);
 	if (rc) {
-		fprintf(stderr, "edgelm-bench: %s: %s\n", o->grammar_file, b->err.msg);
+		fprintf(stderr, "edgelm-bench: %s: %s\n", grammar_src(o), b->err.msg);
 		return EXIT_INPUT;
 	}
 	for (int k = 0; k < 2; k++) {
@@ -623,7 +648,7 @@ static int bench_setup(const struct bench_opts *o, int repack, struct bench *b)
 		fprintf(stderr, "edgelm-bench: %s\n", b->err.msg);
 		return EXIT_RUNTIME;
 	}
-	if (o->grammar_file) {
+	if (grammar_src(o)) {
 		int rc = grammar_setup(o, b, &sp);
 		if (rc)
 			return rc;
@@ -912,7 +937,8 @@ static void report_json(const struct bench_opts *o, const struct bench *b)
 	json_mib("process_peak_rss_mib", b->process_peak);
 	if (b->gram) {
 		printf(",\"grammar\":{\"file\":");
-		tools_json_str(stdout, o->grammar_file);
+		tools_json_str(stdout, grammar_src(o));
+		printf(",\"json_schema\":%s", o->schema_file ? "true" : "false");
 		printf(",\"compile_ms\":%.2f,\"tokens\":%d,\"completed\":%d,"
 		       "\"plain_tok_s\":%.2f,\"plain_sample_ms\":%.3f,"
 		       "\"tok_s\":%.2f,\"sample_ms\":%.3f,\"overhead\":%.4f}",
@@ -974,7 +1000,8 @@ static void report_text(const struct bench_opts *o, const struct bench *b)
 		       o->ctxs[i], b->dec[i], b->dec[i] * wb / 1e9, 100 * b->dec[i] * wb / bw,
 		       100 * b->paired[i]);
 	if (b->gram) {
-		printf("grammar      %s compiled in %.1f ms\n", o->grammar_file, b->g_compile_ms);
+		printf("grammar      %s%s compiled in %.1f ms\n", grammar_src(o),
+		       o->schema_file ? " (JSON Schema)" : "", b->g_compile_ms);
 		printf("decode+samp  %.2f tok/s, sampling %.3f ms/token (the sampler alone)\n",
 		       b->g_tok_s[0], b->g_sample_ms[0]);
 		printf("decode+gram  %.2f tok/s, sampling %.3f ms/token (with the grammar; %d values "

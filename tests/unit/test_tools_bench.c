@@ -20,7 +20,10 @@
  *   the difference and the model's not at all). Relations that hold
  *   whatever the box's speed, no timings;
  * - --grammar-file: the side-by-side decode with and without the grammar
- *   is reported, and a bad grammar exits 2 naming its line. */
+ *   is reported, and a bad grammar exits 2 naming its line;
+ * - --json-schema: the same with a schema's grammar; a schema outside the
+ *   subset exits 2 naming its JSON pointer, and both options at once are a
+ *   usage error. */
 #include "common/common.h"
 #include "tests/test.h"
 
@@ -540,6 +543,56 @@ static void test_grammar_file(void)
 	free(out);
 }
 
+static void test_json_schema(void)
+{
+	if (!setup())
+		return;
+	char sch[2048], g[2048], args[4400];
+	snprintf(sch, sizeof(sch), "%s/s.json", tmp);
+	snprintf(g, sizeof(g), "%s/s.gbnf", tmp);
+	FILE *f = fopen(sch, "w");
+	CHECK(f != NULL);
+	if (!f)
+		return;
+	fputs("{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":[\"cat\",\"dog\"]},"
+	      "\"n\":{\"type\":\"integer\"}},\"required\":[\"kind\",\"n\"]}\n", f);
+	fclose(f);
+	snprintf(args, sizeof(args), "--json-schema '%s'", sch);
+	json_t *j = bench("", args, NULL);
+	if (!j)
+		return;
+	json_t *gr = json_object_get(j, "grammar");
+	CHECK(json_is_object(gr));
+	CHECK(json_is_true(json_object_get(gr, "json_schema")));
+	CHECK_EQ_INT(json_integer_value(json_object_get(gr, "tokens")), 4);
+	CHECK(json_number_value(json_object_get(gr, "tok_s")) > 0);
+	CHECK(json_number_value(json_object_get(gr, "plain_tok_s")) > 0);
+	json_decref(j);
+	f = fopen(sch, "w");
+	if (f) {
+		fputs("{\"type\":\"string\",\"pattern\":\"^a+$\"}\n", f);
+		fclose(f);
+	}
+	char cmd[8192], *out = NULL;
+	snprintf(cmd, sizeof(cmd), "%s -m '%s' --bw-mib 16 --contexts 0 -n 4 --json-schema '%s' 2>&1",
+	         bin("edgelm-bench"), model, sch);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 2);
+	CHECK_MSG(out && strstr(out, "#/pattern"), "%s", out);
+	free(out);
+	out = NULL;
+	f = fopen(g, "w");
+	if (f) {
+		fputs("root ::= \"a\"\n", f);
+		fclose(f);
+	}
+	snprintf(cmd, sizeof(cmd),
+	         "%s -m '%s' --bw-mib 16 --contexts 0 -n 4 --json-schema '%s' --grammar-file '%s' "
+	         ">/dev/null 2>&1",
+	         bin("edgelm-bench"), model, sch, g);
+	CHECK_EQ_INT(test_run_capture(cmd, &out), 1);
+	free(out);
+}
+
 static void test_table(void)
 {
 	if (!setup())
@@ -716,6 +769,7 @@ int main(void)
 	TEST_RUN(test_quantize);
 	TEST_RUN(test_table);
 	TEST_RUN(test_grammar_file);
+	TEST_RUN(test_json_schema);
 	TEST_RUN(test_tokenize);
 	if (tmp[0]) {
 		char cmd[8192];
