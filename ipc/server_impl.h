@@ -132,10 +132,14 @@ int ipc_listener_create(struct ipc_server *srv, struct listener *L, const char *
                         struct cm_err *err);
 int ipc_listener_start(struct ipc_server *srv, struct listener *L, struct cm_err *warn,
                        struct cm_err *err);
-/* tls.c: the listeners' TLS configuration from the PEM files, and the
- * verified subject CN of a TLS pipe's peer ("" when none) */
+/* tls.c: the listeners' TLS configuration from the PEM files (it
+ * registers the engine below first) */
 int ipc_tls_config_new(const char *cert_file, const char *key_file, const char *ca_file,
                        nng_tls_config **ret_cfg, struct cm_err *err);
+/* tls_engine.c: our TLS engine, to be registered once nng is initialised
+ * (nng's init registers its own); the verified subject CN of a TLS pipe's
+ * peer ("" when none) */
+int ipc_tls_engine_register(void);
 void ipc_tls_peer_cn(nng_pipe p, char *buf, size_t cap);
 /* selfcheck.c */
 int ipc_selfcheck_start(struct ipc_server *srv);

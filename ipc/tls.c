@@ -5,6 +5,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <mbedtls/error.h>
+#include <mbedtls/pk.h>
+#include <mbedtls/x509_crt.h>
 
 #define PEM_MAX (1u << 20) /* a certificate chain or key file, at most */
 
@@ -54,6 +57,53 @@ out:
 	return buf;
 }
 
+static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
+static int engine_rv;
+
+static void engine_register(void)
+{
+	engine_rv = ipc_tls_engine_register();
+}
+
+/* Parse the files as the engine will, for a message naming the file at
+ * fault (nng would only say "cryptographic error"). */
+static int pem_check(const char *cert, const char *cert_file, const char *key,
+                     const char *key_file, const char *ca, const char *ca_file,
+                     struct cm_err *err)
+{
+	mbedtls_x509_crt crt, cacrt;
+	mbedtls_pk_context pk;
+	char why[128];
+	int rc = 0, rv;
+	mbedtls_x509_crt_init(&crt);
+	mbedtls_x509_crt_init(&cacrt);
+	mbedtls_pk_init(&pk);
+	if ((rv = mbedtls_x509_crt_parse(&crt, (const unsigned char *)cert, strlen(cert) + 1))) {
+		mbedtls_strerror(rv, why, sizeof(why));
+		rc = cm_err_set(err, -EINVAL, "ipc: tls_cert_file %s: not a valid certificate (%s)",
+		                cert_file, why);
+	} else if ((rv = mbedtls_pk_parse_key(&pk, (const unsigned char *)key, strlen(key) + 1,
+	                                      NULL, 0))) {
+		mbedtls_strerror(rv, why, sizeof(why));
+		rc = cm_err_set(err, -EINVAL,
+		                "ipc: tls_key_file %s: not a valid unencrypted private key (%s)",
+		                key_file, why);
+	} else if (mbedtls_pk_check_pair(&crt.pk, &pk) != 0) {
+		rc = cm_err_set(err, -EINVAL,
+		                "ipc: tls_key_file %s is not the key of tls_cert_file %s", key_file,
+		                cert_file);
+	} else if (ca && (rv = mbedtls_x509_crt_parse(&cacrt, (const unsigned char *)ca,
+	                                              strlen(ca) + 1))) {
+		mbedtls_strerror(rv, why, sizeof(why));
+		rc = cm_err_set(err, -EINVAL, "ipc: tls_ca_file %s: not valid certificates (%s)",
+		                ca_file, why);
+	}
+	mbedtls_pk_free(&pk);
+	mbedtls_x509_crt_free(&cacrt);
+	mbedtls_x509_crt_free(&crt);
+	return rc;
+}
+
 int ipc_tls_config_new(const char *cert_file, const char *key_file, const char *ca_file,
                        nng_tls_config **ret_cfg, struct cm_err *err)
 {
@@ -65,6 +115,15 @@ int ipc_tls_config_new(const char *cert_file, const char *key_file, const char *
 	    !(key = pem_read("tls_key_file", key_file, err)) ||
 	    (ca_file && *ca_file && !(ca = pem_read("tls_ca_file", ca_file, err)))) {
 		rc = err ? err->code : -EINVAL;
+		goto out;
+	}
+	if ((rc = pem_check(cert, cert_file, key, key_file, ca, ca_file, err)))
+		goto out;
+	/* before the first configuration: each keeps the engine it was made by */
+	pthread_once(&engine_once, engine_register);
+	if (engine_rv != 0) {
+		rc = cm_err_set(err, ipc_nng_to_errno(engine_rv), "ipc: TLS engine: %s",
+		                nng_strerror(engine_rv));
 		goto out;
 	}
 	if ((rv = nng_tls_config_alloc(&cfg, NNG_TLS_MODE_SERVER)) != 0) {
@@ -103,11 +162,4 @@ out:
 	cm_free(cert);
 	cm_free(ca);
 	return rc;
-}
-
-void ipc_tls_peer_cn(nng_pipe p, char *buf, size_t cap)
-{
-	(void)p;
-	if (cap)
-		buf[0] = '\0';
 }

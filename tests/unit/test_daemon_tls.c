@@ -5,8 +5,10 @@
  *   are refused during the handshake;
  * - the certificate's CN is the caller's identity (tls:CN): bob cannot poll
  *   or cancel alice's generation (not_found), and both may use one id;
+ *   tenant_weights takes tls:NAME entries;
  * - a tls+tcp:// listener without a certificate and key, or with a file that
- *   is missing or not PEM, stops the start with a message naming it;
+ *   is missing or not PEM, or a key not the certificate's, stops the start
+ *   with a message naming it;
  * - plain tcp:// and TLS without a CA log that clients are not
  *   authenticated.
  * The certificates are made here with the openssl CLI, in TEST_TMPDIR. The
@@ -148,6 +150,11 @@ static json_t *tls_call(const char *who, const char *req)
 	return tls_call_url(tls_url, path_of(name), req);
 }
 
+static const char *err_code(json_t *j)
+{
+	return json_string_value(json_object_get(json_object_get(j, "error"), "code"));
+}
+
 static bool is_ok(json_t *j)
 {
 	return json_is_true(json_object_get(j, "ok"));
@@ -280,6 +287,54 @@ static void test_tls_refused(void)
 	json_decref(j);
 }
 
+/* The certificate's CN is the identity: bob sees alice's generation as
+ * absent, carol (a CN no one configured) too, and alice still owns it. */
+static void test_tls_identity(void)
+{
+	json_t *j = tls_call("alice", "{\"op\":\"generate\",\"prompt\":\"__edgelm_test_stall__ Once\","
+	                              "\"max_tokens\":200,\"temperature\":1,\"stream\":true}");
+	CHECK_MSG(is_ok(j), "alice's stream: %s", j ? json_dumps(j, JSON_COMPACT) : "(none)");
+	char rid[128];
+	const char *id = json_string_value(json_object_get(j, "id"));
+	snprintf(rid, sizeof(rid), "%s", id ? id : "");
+	json_decref(j);
+	static const char *const fmts[] = {"{\"op\":\"poll\",\"id\":\"%s\",\"ack\":0,\"wait_ms\":0}",
+	                                   "{\"op\":\"cancel\",\"id\":\"%s\"}"};
+	static const char *const others[] = {"bob", "carol"};
+	char req[512];
+	for (size_t w = 0; w < CM_ARRAY_LEN(others); w++)
+		for (size_t i = 0; i < CM_ARRAY_LEN(fmts); i++) {
+			snprintf(req, sizeof(req), fmts[i], rid);
+			json_t *o = tls_call(others[w], req);
+			CHECK_MSG(err_code(o) && strcmp(err_code(o), "not_found") == 0, "%s %s: %s",
+			          others[w], req, o ? json_dumps(o, JSON_COMPACT) : "(none)");
+			json_decref(o);
+		}
+	snprintf(req, sizeof(req), fmts[0], rid);
+	j = tls_call("alice", req);
+	CHECK_MSG(is_ok(j), "alice's poll: %s", j ? json_dumps(j, JSON_COMPACT) : "(none)");
+	json_decref(j);
+	snprintf(req, sizeof(req), fmts[1], rid);
+	j = tls_call("alice", req);
+	CHECK(is_ok(j) && json_is_true(json_object_get(j, "cancelled")));
+	json_decref(j);
+
+	/* client-chosen ids are per identity: alice and bob both have "mine" */
+	const char *gen = "{\"op\":\"generate\",\"id\":\"mine\",\"prompt\":\"Once\","
+	                  "\"max_tokens\":4,\"temperature\":0,\"stream\":true}";
+	json_t *a = tls_call("alice", gen), *b = tls_call("bob", gen);
+	CHECK_MSG(is_ok(a) && is_ok(b), "alice: %s, bob: %s", a ? json_dumps(a, JSON_COMPACT) : "-",
+	          b ? json_dumps(b, JSON_COMPACT) : "-");
+	json_decref(a);
+	json_decref(b);
+	j = tls_call("alice", "{\"op\":\"cancel\",\"id\":\"mine\"}");
+	CHECK(is_ok(j));
+	json_decref(j);
+	j = tls_call("bob", "{\"op\":\"poll\",\"id\":\"mine\",\"ack\":0,\"wait_ms\":2000}");
+	CHECK_MSG(is_ok(j), "bob's own stream: %s", j ? json_dumps(j, JSON_COMPACT) : "-");
+	json_decref(j);
+}
+
 /* ---- configuration errors ----------------------------------------------------- */
 
 /* edgelmd with `sets` stops at start, and its log has `needle`. */
@@ -309,6 +364,13 @@ static void test_tls_config_errors(void)
 	const char *not_pem[] = {junk, key};
 	snprintf(needle, sizeof(needle), "tls_cert_file %s: not a PEM file", path_of("junk.crt"));
 	expect_start_error(not_pem, 2, needle);
+	/* a key that is not the certificate's */
+	char bob_key[4300];
+	snprintf(bob_key, sizeof(bob_key), "tls_key_file=%s", path_of("bob.key"));
+	const char *mismatch[] = {cert, bob_key};
+	snprintf(needle, sizeof(needle), "tls_key_file %s is not the key of tls_cert_file",
+	         path_of("bob.key"));
+	expect_start_error(mismatch, 2, needle);
 }
 
 /* Without tls_ca_file a TLS client needs no certificate, and the log says
@@ -356,8 +418,10 @@ int main(void)
 	snprintf(cert, sizeof(cert), "tls_cert_file=%s", path_of("server.crt"));
 	snprintf(key, sizeof(key), "tls_key_file=%s", path_of("server.key"));
 	snprintf(ca, sizeof(ca), "tls_ca_file=%s", path_of("ca.crt"));
-	const char *sets[] = {cert, key, ca, "stream_idle_ms=5000"};
-	if (start(sets, 4, true) != 0) {
+	/* tls:NAME in tenant_weights is an identity like the others */
+	const char *sets[] = {cert, key, ca, "stream_idle_ms=5000", "watchdog_stall_ms=20",
+	                      "tenant_weights=tls:alice=2,tls:bob=1"};
+	if (start(sets, 6, true) != 0) {
 		test_cur_name = "start";
 		CHECK(!"edgelmd did not become ready over tls+tcp://");
 		stop(true);
@@ -365,6 +429,7 @@ int main(void)
 	}
 	TEST_RUN(test_tls_served);
 	TEST_RUN(test_tls_refused);
+	TEST_RUN(test_tls_identity);
 	test_cur_name = "stop";
 	CHECK_EQ_INT(stop(true), 0);
 	TEST_RUN(test_tls_config_errors);
