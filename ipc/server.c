@@ -203,7 +203,7 @@ static void call_peer_read(struct ipc_call *c, nng_msg *m)
 		return;
 	if (c->srv->tls && nng_pipe_get_bool(p, NNG_OPT_TLS_VERIFIED, &verified) == 0) {
 		/* a TLS pipe; with a CA nng let none in unverified */
-		char cn[IPC_IDENTITY_MAX + 1] = "";
+		char cn[IPC_IDENTITY_MAX + 1 - 4] = ""; /* room for "tls:" */
 		if (verified && atomic_load(&c->srv->tls_verify))
 			ipc_tls_peer_cn(p, cn, sizeof(cn));
 		snprintf(c->identity, sizeof(c->identity), "tls:%s", cn[0] ? cn : "anonymous");
