@@ -58,6 +58,8 @@ static const char gen_script[] =
     "sign server ca '-extfile san.ext'\n"
     "for n in alice bob carol; do csr $n $n; sign $n ca; done\n"
     "csr mallory alice; sign mallory other\n"
+    "csr odd1 'eve smith'; sign odd1 ca\n"
+    "csr odd2 'x,y=z'; sign odd2 ca\n"
     "printf '[ca]\\ndefault_ca=d\\n[d]\\ndatabase=index.txt\\nnew_certs_dir=.\\n"
     "serial=serial\\ndefault_md=sha256\\npolicy=p\\nunique_subject=no\\n"
     "[p]\\ncommonName=supplied\\n' > ca.cnf\n"
@@ -338,6 +340,23 @@ static void test_tls_identity(void)
 	json_decref(j);
 }
 
+/* A CN that could not be written in tenant_weights (a space, a comma)
+ * is served as tls:anonymous: two such certificates share it. */
+static void test_tls_odd_cn(void)
+{
+	json_t *j = tls_call("odd1", "{\"op\":\"generate\",\"id\":\"odd\",\"prompt\":\"Once\","
+	                             "\"max_tokens\":2,\"temperature\":0,\"stream\":true}");
+	CHECK_MSG(is_ok(j), "odd1: %s", j ? json_dumps(j, JSON_COMPACT) : "(refused)");
+	json_decref(j);
+	j = tls_call("odd2", "{\"op\":\"cancel\",\"id\":\"odd\"}");
+	CHECK_MSG(is_ok(j), "odd2 is not odd1's identity: %s",
+	          j ? json_dumps(j, JSON_COMPACT) : "(refused)");
+	json_decref(j);
+	j = tls_call("alice", "{\"op\":\"cancel\",\"id\":\"odd\"}");
+	CHECK(err_code(j) && strcmp(err_code(j), "not_found") == 0);
+	json_decref(j);
+}
+
 /* ---- reload ------------------------------------------------------------------- */
 
 static int copy_file(const char *from, const char *to)
@@ -504,6 +523,7 @@ int main(void)
 	TEST_RUN(test_tls_served);
 	TEST_RUN(test_tls_refused);
 	TEST_RUN(test_tls_identity);
+	TEST_RUN(test_tls_odd_cn);
 	test_cur_name = "stop";
 	CHECK_EQ_INT(stop(true), 0);
 	TEST_RUN(test_tls_config_errors);
