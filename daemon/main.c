@@ -44,7 +44,7 @@ static void usage(FILE *o)
 		"\n"
 		"  --config FILE          configuration file (default " DAEMON_CONFIG_PATH ")\n"
 		"  --model FILE           GGUF model (overrides `model`)\n"
-		"  --listen URL           nng URL to serve, repeatable (ipc:// or tcp://)\n"
+		"  --listen URL           nng URL to serve, repeatable (ipc://, tcp://, tls+tcp://)\n"
 		"  --metrics-listen A:P   Prometheus endpoint, or `off`\n"
 		"  --threads N, --ctx N, --parallel N, --isa NAME\n"
 		"  --set KEY=VALUE        any configuration key (repeatable)\n"
@@ -914,6 +914,9 @@ static int start_socket(struct daemon *d)
 		.selfcheck_ms = IPC_SELFCHECK_DEFAULT_MS,
 		.on_event = on_ipc_event,
 		.on_reply = daemon_count_reply,
+		.tls_cert_file = d->cfg.tls_cert_file,
+		.tls_key_file = d->cfg.tls_key_file,
+		.tls_ca_file = d->cfg.tls_ca_file,
 	};
 	sp.limits.max_msg_bytes = (size_t)d->cfg.max_msg_kib * 1024;
 	ipc_server *srv = NULL;
@@ -928,8 +931,19 @@ static int start_socket(struct daemon *d)
 	if (err.code)
 		log_warning("%s; ignoring", err.msg);
 	add_ipc_metrics(d);
-	for (int i = 0; i < d->cfg.n_listen; i++)
-		log_notice("serving %s on %s", d->model_name, d->cfg.listen[i]);
+	for (int i = 0; i < d->cfg.n_listen; i++) {
+		const char *u = d->cfg.listen[i];
+		log_notice("serving %s on %s", d->model_name, u);
+		/* network listeners anyone on the network may reach: say so */
+		if (strncmp(u, "tcp://", 6) == 0)
+			log_warning("%s: tcp:// clients are not authenticated (anyone who reaches "
+			            "it can generate); use tls+tcp:// with tls_ca_file",
+			            u);
+		else if (strncmp(u, "tls+tcp://", 10) == 0 && !d->cfg.tls_ca_file[0])
+			log_warning("%s: no tls_ca_file: TLS clients are not authenticated "
+			            "(identity tls:anonymous)",
+			            u);
+	}
 	return 0;
 }
 
