@@ -361,6 +361,24 @@ static int dial_ep(struct edgelm_client *c, struct endpoint *ep, nng_socket s, b
 	return 0;
 }
 
+/* order[0..n): 0..n-1 in a random order (Fisher-Yates; getrandom, else
+ * the clock: any order will do, it need not be unpredictable). */
+static void shuffle_order(size_t *order, size_t n)
+{
+	uint64_t x = 0;
+	if (getrandom(&x, sizeof(x), GRND_NONBLOCK) != (ssize_t)sizeof(x))
+		x = cm_now_ns() ^ ((uint64_t)getpid() << 32);
+	for (size_t i = 0; i < n; i++)
+		order[i] = i;
+	for (size_t i = n; i > 1; i--) {
+		x = x * 6364136223846793005ull + 1442695040888963407ull; /* an LCG step */
+		size_t j = (size_t)((x >> 33) % i);
+		size_t t = order[i - 1];
+		order[i - 1] = order[j];
+		order[j] = t;
+	}
+}
+
 static int dial_fail(struct edgelm_error *err, const char *url, int rv)
 {
 	const char *hint = rv == NNG_ENOENT || rv == NNG_ECONNREFUSED ? " (is edgelmd running?)"
@@ -421,11 +439,23 @@ EDGELM_API int edgelm_connect_ex(const struct edgelm_connect_opts *o, edgelm_cli
 	/* Blocking dials: fail now, with the reason, when no daemon listens.
 	 * With several endpoints one is enough; the others are dialled in the
 	 * background and join as they come up. A bad URL or TLS file fails
-	 * the whole connect: that is a mistake, not a box that is down. */
-	size_t n_up = 0;
+	 * the whole connect: that is a mistake, not a box that is down.
+	 * The dials go in a random order: nng's req0 hands a request to the
+	 * first ready pipe, in the order they connected, so a short-lived
+	 * client (one edgelmctl call) would otherwise always load the first
+	 * URL of the list, and every client with the same list the same box. */
+	size_t *order = cm_malloc(c->n_eps * sizeof(*order));
+	if (!order) {
+		nng_close(c->sock);
+		client_free(c);
+		return set_err(err, EDGELM_E_NOMEM, "out of memory");
+	}
+	shuffle_order(order, c->n_eps);
+	size_t n_up = 0, first_i = 0;
 	int first_rv = 0;
 	const char *first_url = NULL;
-	for (size_t i = 0; i < c->n_eps; i++) {
+	for (size_t k = 0; k < c->n_eps; k++) {
+		size_t i = order[k];
 		struct endpoint *ep = &c->eps[i];
 		nng_dialer d;
 		rv = dial_ep(c, ep, c->sock, true, &d, err);
@@ -433,9 +463,10 @@ EDGELM_API int edgelm_connect_ex(const struct edgelm_connect_opts *o, edgelm_cli
 			n_up++;
 		} else if (rv != -1 && rv != NNG_EINVAL && rv != NNG_EADDRINVAL &&
 		           rv != NNG_ENOTSUP && rv != NNG_ENOMEM) {
-			if (!first_url) {
+			if (!first_url || i < first_i) { /* the earliest in the list */
 				first_url = ep->url;
 				first_rv = rv;
+				first_i = i;
 			}
 			if (c->n_eps == 1)
 				continue;
@@ -451,6 +482,7 @@ EDGELM_API int edgelm_connect_ex(const struct edgelm_connect_opts *o, edgelm_cli
 		if (i == 0)
 			c->dialer = d;
 	}
+	cm_free(order);
 	if (rc == 0 && n_up == 0) {
 		if (c->n_eps > 1)
 			rc = set_err(err, EDGELM_E_CONNECT,
