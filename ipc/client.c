@@ -166,7 +166,8 @@ static int nng_err(struct edgelm_error *err, int rv, int timeout_ms, const char 
 	case NNG_ECONNRESET:
 	case NNG_ECONNSHUT:
 		return set_err(err, EDGELM_E_CONNECTION,
-		               "%s: the connection to the daemon was lost (edgelmd stopped?)", what);
+		               "%s: the connection to the daemon was lost (edgelmd stopped?)",
+		               what);
 	default:
 		return set_err(err, EDGELM_E_CONNECTION, "%s: %s", what, nng_strerror(rv));
 	}
@@ -364,13 +365,13 @@ static int dial_ep(struct edgelm_client *c, struct endpoint *ep, nng_socket s, b
 static int dial_fail(struct edgelm_error *err, const char *url, int rv)
 {
 	const char *hint = rv == NNG_ENOENT || rv == NNG_ECONNREFUSED ? " (is edgelmd running?)"
-	                   : rv == NNG_EPERM                          ? " (are you in the socket's group?)"
+	                   : rv == NNG_EPERM ? " (are you in the socket's group?)"
 	                   : rv == NNG_EPEERAUTH || rv == NNG_ECRYPTO
 	                       ? " (the daemon's certificate is not signed by the CA or not "
 	                         "for this host name, or it refused ours)"
 	                       : "";
-	return set_err(err, EDGELM_E_CONNECT, "cannot connect to %s: %s%s", url,
-	               nng_strerror(rv), hint);
+	return set_err(err, EDGELM_E_CONNECT, "cannot connect to %s: %s%s", url, nng_strerror(rv),
+	               hint);
 }
 
 EDGELM_API int edgelm_connect_ex(const struct edgelm_connect_opts *o, edgelm_client **ret_client,
@@ -443,8 +444,8 @@ EDGELM_API int edgelm_connect_ex(const struct edgelm_connect_opts *o, edgelm_cli
 		}
 		if (rv != 0) {
 			rc = rv != -1 ? dial_fail(err, ep->url, rv)
-			     : err   ? err->code
-			             : EDGELM_E_CONNECT;
+			     : err    ? err->code
+			              : EDGELM_E_CONNECT;
 			break;
 		}
 		ep->dialer_ids[ep->n_dialers++] = nng_dialer_id(d);
@@ -543,7 +544,7 @@ static bool closer_start(struct closer *k)
 	if (pthread_condattr_init(&ca) != 0)
 		return false;
 	bool cv = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
-		  pthread_cond_init(&k->cv, &ca) == 0;
+	          pthread_cond_init(&k->cv, &ca) == 0;
 	pthread_condattr_destroy(&ca);
 	bool mu = cv && pthread_mutex_init(&k->mu, NULL) == 0;
 	if (mu && pthread_attr_init(&ta) == 0) {
@@ -755,9 +756,10 @@ again:
 	if ((rv = nng_aio_result(aio)) != 0) {
 		nng_msg_free(nng_aio_get_msg(aio));
 		if (rv == NNG_ETIMEDOUT)
-			rc = set_err(err, EDGELM_E_CONNECTION,
-			             "no connection to the daemon within %d ms (is edgelmd running?)",
-			             send_to);
+			rc = set_err(
+			    err, EDGELM_E_CONNECTION,
+			    "no connection to the daemon within %d ms (is edgelmd running?)",
+			    send_to);
 		else
 			rc = nng_err(err, rv, send_to, "sending the request");
 		goto out;
@@ -855,8 +857,8 @@ EDGELM_API int edgelm_call_json(edgelm_client *c, const char *request, size_t le
 		return set_err(err, EDGELM_E_INVALID_ARG, "edgelm_call_json: NULL argument");
 	char *raw;
 	size_t rlen;
-	int rc = xfer(c, -1, false, request, len, atomic_load(&c->timeout_ms), &raw, &rlen, NULL,
-	              err);
+	int rc =
+	    xfer(c, -1, false, request, len, atomic_load(&c->timeout_ms), &raw, &rlen, NULL, err);
 	if (rc) {
 		*ret_reply = NULL;
 		return rc;
@@ -1011,7 +1013,8 @@ static int build_gen(struct ipc_request *req, enum ipc_op op, const struct edgel
 	req->stop = p->stop;
 	req->n_stop = p->stop ? p->n_stop : 0;
 	if (p->grammar && p->json_schema)
-		return set_err(err, EDGELM_E_INVALID_ARG, "grammar and json_schema exclude each other");
+		return set_err(err, EDGELM_E_INVALID_ARG,
+		               "grammar and json_schema exclude each other");
 	if (p->grammar) {
 		req->grammar = p->grammar;
 		req->grammar_len = strlen(p->grammar);
@@ -1025,8 +1028,8 @@ static int build_gen(struct ipc_request *req, enum ipc_op op, const struct edgel
 		json_decref(v);
 		if (!v)
 			return set_err(err, EDGELM_E_INVALID_ARG,
-			               "json_schema: invalid JSON at line %d column %d: %s", je.line,
-			               je.column, je.text);
+			               "json_schema: invalid JSON at line %d column %d: %s",
+			               je.line, je.column, je.text);
 		if (!obj)
 			return set_err(err, EDGELM_E_INVALID_ARG,
 			               "json_schema must be a JSON object");
@@ -1352,8 +1355,8 @@ EDGELM_API int edgelm_tokenize(edgelm_client *c, const char *text, bool add_spec
 }
 
 EDGELM_API int edgelm_embed(edgelm_client *c, const char *const *texts, size_t n,
-                            const char *pooling, bool truncate, float **ret_values,
-                            size_t *ret_dim, int64_t **ret_tokens, struct edgelm_error *err)
+                            const char *pooling, bool truncate, float **ret_values, size_t *ret_dim,
+                            int64_t **ret_tokens, struct edgelm_error *err)
 {
 	clear_err(err);
 	if (!c || !texts || !ret_values || !ret_dim)
@@ -1402,7 +1405,8 @@ EDGELM_API int edgelm_embed(edgelm_client *c, const char *const *texts, size_t n
 		float *v = same ? cm_malloc(CM_MAX(n * dim, (size_t)1) * sizeof(*v)) : NULL;
 		int64_t *t = same && ret_tokens ? cm_malloc((n ? n : 1) * sizeof(*t)) : NULL;
 		if (!same) {
-			rc = set_err(err, EDGELM_E_PROTOCOL, "embed reply does not match the request");
+			rc = set_err(err, EDGELM_E_PROTOCOL,
+			             "embed reply does not match the request");
 		} else if (!v || (ret_tokens && !t)) {
 			cm_free(v);
 			cm_free(t);

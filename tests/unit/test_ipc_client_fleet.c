@@ -164,7 +164,8 @@ static struct fake *fake_start(const char *url, nng_tls_config *tls)
 		rv = nng_listener_start(l, 0);
 	snprintf(f->url, sizeof(f->url), "%s", url);
 	int port = 0;
-	if (rv == 0 && strstr(url, "tcp://") && nng_listener_get_int(l, NNG_OPT_TCP_BOUND_PORT, &port) == 0) {
+	if (rv == 0 && strstr(url, "tcp://") &&
+	    nng_listener_get_int(l, NNG_OPT_TCP_BOUND_PORT, &port) == 0) {
 		/* the URL the client dials: same host, the port it got */
 		char *colon = strrchr(f->url, ':');
 		if (colon)
@@ -261,8 +262,8 @@ static void test_spread(void)
 	for (int i = 0; c && i < 30; i++)
 		CHECK_OK(tokenize(c, "a", &e));
 	for (int i = 0; i < N_FAKES; i++)
-		CHECK_MSG(atomic_load(&f[i]->n_tokenize) > before[i], "env list: daemon %d got none",
-		          i);
+		CHECK_MSG(atomic_load(&f[i]->n_tokenize) > before[i],
+		          "env list: daemon %d got none", i);
 	edgelm_close(c);
 	c = NULL;
 
@@ -282,8 +283,8 @@ static void test_spread(void)
 	for (int i = 0; c && i < 30; i++)
 		CHECK_OK(tokenize(c, "a", &e));
 	for (int i = 0; i < N_FAKES; i++)
-		CHECK_MSG(atomic_load(&f[i]->n_tokenize) > before[i], "connect_ex: daemon %d got none",
-		          i);
+		CHECK_MSG(atomic_load(&f[i]->n_tokenize) > before[i],
+		          "connect_ex: daemon %d got none", i);
 out:
 	edgelm_close(c);
 	stop_fakes(f);
