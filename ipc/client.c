@@ -426,7 +426,14 @@ EDGELM_API int edgelm_connect_ex(const struct edgelm_connect_opts *o, edgelm_cli
 	size_t n_up = 0;
 	int first_rv = 0;
 	const char *first_url = NULL;
-	for (size_t i = 0; i < c->n_eps; i++) {
+	/* nng gives a request to the first ready pipe, so a client that sends
+	 * one request and exits (edgelmctl) would always reach the first
+	 * daemon listed: start the dials at a random one */
+	uint32_t start = 0;
+	if (getrandom(&start, sizeof(start), GRND_NONBLOCK) != (ssize_t)sizeof(start))
+		start = (uint32_t)cm_now_ns();
+	for (size_t k = 0; k < c->n_eps; k++) {
+		size_t i = (start + k) % c->n_eps;
 		struct endpoint *ep = &c->eps[i];
 		nng_dialer d;
 		rv = dial_ep(c, ep, c->sock, true, &d, err);
@@ -449,7 +456,7 @@ EDGELM_API int edgelm_connect_ex(const struct edgelm_connect_opts *o, edgelm_cli
 			break;
 		}
 		ep->dialer_ids[ep->n_dialers++] = nng_dialer_id(d);
-		if (i == 0)
+		if (k == 0)
 			c->dialer = d;
 	}
 	if (rc == 0 && n_up == 0) {
