@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define N_FAKES 3
@@ -437,11 +438,143 @@ out:
 	stop_fakes(f);
 }
 
+/* ---- TLS -------------------------------------------------------------------- */
+
+/* Makes in dir: ca (the CA the client trusts), other-ca, and signed by ca
+ * a server certificate for localhost, one for otherhost and a client's
+ * (CN client1); each X as X.crt and X.key, servers also as X.pem (both,
+ * as nng's server config wants them). False when openssl is missing. */
+static bool make_certs(const char *dir)
+{
+	char cmd[4096];
+	snprintf(
+	    cmd, sizeof(cmd),
+	    "set -e; cd '%s'; "
+	    "key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out $1.key; "
+	    "}; "
+	    "ca() { key $1; openssl req -x509 -new -key $1.key -out $1.crt -subj /CN=$1 -days 2; "
+	    "}; "
+	    "leaf() { key $1; openssl req -new -key $1.key -out $1.csr -subj /CN=$2; "
+	    "  printf 'subjectAltName=DNS:%%s\\n' $2 >$1.ext; "
+	    "  openssl x509 -req -in $1.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out $1.crt "
+	    "  -days 2 -extfile $1.ext; cat $1.crt $1.key >$1.pem; }; "
+	    "{ ca ca; ca other-ca; leaf srv localhost; leaf wrong otherhost; "
+	    "leaf client client1; } >/dev/null 2>&1",
+	    dir);
+	return system("command -v openssl >/dev/null") == 0 && system(cmd) == 0;
+}
+
+/* A server TLS config: its certificate `name`.pem, and (require_client)
+ * client certificates must be signed by ca. */
+static nng_tls_config *server_tls(const char *dir, const char *name, bool require_client)
+{
+	char pem[1024], ca[1024];
+	snprintf(pem, sizeof(pem), "%s/%s.pem", dir, name);
+	snprintf(ca, sizeof(ca), "%s/ca.crt", dir);
+	nng_tls_config *cfg;
+	int rv = nng_tls_config_alloc(&cfg, NNG_TLS_MODE_SERVER);
+	if (rv == 0)
+		rv = nng_tls_config_cert_key_file(cfg, pem, NULL);
+	if (rv == 0 && require_client) {
+		rv = nng_tls_config_ca_file(cfg, ca);
+		if (rv == 0)
+			rv = nng_tls_config_auth_mode(cfg, NNG_TLS_AUTH_MODE_REQUIRED);
+	}
+	CHECK_MSG(rv == 0, "server TLS config %s: %s", name, nng_strerror(rv));
+	return rv == 0 ? cfg : NULL;
+}
+
+static int tls_connect(const struct fake *f, const char *dir, const char *ca, bool cert,
+                       edgelm_client **c, struct edgelm_error *e)
+{
+	/* the fake listens on 127.0.0.1; the client dials it by name */
+	char url[600], caf[1024], crt[1024], key[1024];
+	snprintf(url, sizeof(url), "tls+tcp://localhost:%s", strrchr(f->url, ':') + 1);
+	snprintf(caf, sizeof(caf), "%s/%s.crt", dir, ca);
+	snprintf(crt, sizeof(crt), "%s/client.crt", dir);
+	snprintf(key, sizeof(key), "%s/client.key", dir);
+	const char *urls[1] = {url};
+	struct edgelm_connect_opts o;
+	edgelm_connect_opts_init(&o);
+	o.urls = urls;
+	o.n_urls = 1;
+	o.tls_ca_file = caf;
+	o.tls_cert_file = cert ? crt : NULL;
+	o.tls_key_file = cert ? key : NULL;
+	*c = NULL;
+	int rc = edgelm_connect_ex(&o, c, e);
+	if (rc == 0) {
+		edgelm_set_timeout(*c, 5000);
+		rc = tokenize(*c, "a", e);
+	}
+	edgelm_close(*c);
+	*c = NULL;
+	return rc;
+}
+
+/* Over tls+tcp:// the client verifies the daemon's certificate against its
+ * CA and the URL's host name, and presents its own: a daemon whose
+ * certificate names another host, or that an untrusted CA signed, is
+ * refused at connect; a daemon that wants a client certificate gets one. */
+static void test_tls(void)
+{
+	char dir[512];
+	snprintf(dir, sizeof(dir), "%s/fleet-tls-%d", test_tmpdir(), (int)getpid());
+	if (mkdir(dir, 0700) != 0 || !make_certs(dir)) {
+		TEST_SKIP("no openssl to make test certificates");
+		return;
+	}
+	struct edgelm_error e;
+	edgelm_client *c = NULL;
+	nng_tls_config *good = server_tls(dir, "srv", true);
+	nng_tls_config *wrong = server_tls(dir, "wrong", false);
+	struct fake *f = good ? fake_start("tls+tcp://127.0.0.1:0", good) : NULL;
+	struct fake *w = wrong ? fake_start("tls+tcp://127.0.0.1:0", wrong) : NULL;
+	if (!f || !w)
+		goto out;
+
+	int rc = tls_connect(f, dir, "ca", true, &c, &e);
+	CHECK_MSG(rc == 0, "TLS with the right CA, name and client cert: %d (%s)", rc, e.message);
+	CHECK_EQ_INT(atomic_load(&f->n_tokenize), 1);
+
+	rc = tls_connect(w, dir, "ca", true, &c, &e);
+	CHECK_MSG(rc == EDGELM_E_CONNECT, "server cert for otherhost: %d (%s)", rc, e.message);
+	if (getenv("TEST_VERBOSE"))
+		fprintf(stderr, "wrong name: %s\n", e.message);
+	CHECK_MSG(strstr(e.message, "certificate") != NULL, "message: %s", e.message);
+	rc = tls_connect(f, dir, "other-ca", true, &c, &e);
+	CHECK_MSG(rc == EDGELM_E_CONNECT, "untrusted CA: %d (%s)", rc, e.message);
+	CHECK_MSG(strstr(e.message, "certificate") != NULL, "message: %s", e.message);
+	rc = tls_connect(f, dir, "ca", false, &c, &e);
+	CHECK_MSG(rc != 0, "no client certificate for a server that requires one: accepted");
+	CHECK_EQ_INT(atomic_load(&f->n_tokenize), 1);
+	CHECK_EQ_INT(atomic_load(&w->n_tokenize), 0);
+
+	/* no CA: refused before dialling */
+	const char *urls[1] = {"tls+tcp://localhost:1"};
+	struct edgelm_connect_opts o;
+	edgelm_connect_opts_init(&o);
+	o.urls = urls;
+	o.n_urls = 1;
+	unsetenv("EDGELM_TLS_CA");
+	rc = edgelm_connect_ex(&o, &c, &e);
+	CHECK_EQ_INT(rc, EDGELM_E_INVALID_ARG);
+	CHECK_MSG(strstr(e.message, "CA") != NULL, "message: %s", e.message);
+out:
+	fake_stop(f);
+	fake_stop(w);
+	if (good)
+		nng_tls_config_free(good);
+	if (wrong)
+		nng_tls_config_free(wrong);
+}
+
 int main(void)
 {
 	TEST_RUN(test_spread);
 	TEST_RUN(test_connect_some_down);
 	TEST_RUN(test_failover);
 	TEST_RUN(test_stream_sticks);
+	TEST_RUN(test_tls);
 	return test_finish();
 }
