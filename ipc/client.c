@@ -166,7 +166,8 @@ static int nng_err(struct edgelm_error *err, int rv, int timeout_ms, const char 
 	case NNG_ECONNRESET:
 	case NNG_ECONNSHUT:
 		return set_err(err, EDGELM_E_CONNECTION,
-		               "%s: the connection to the daemon was lost (edgelmd stopped?)", what);
+		               "%s: the connection to the daemon was lost (edgelmd stopped?)",
+		               what);
 	default:
 		return set_err(err, EDGELM_E_CONNECTION, "%s: %s", what, nng_strerror(rv));
 	}
@@ -361,34 +362,16 @@ static int dial_ep(struct edgelm_client *c, struct endpoint *ep, nng_socket s, b
 	return 0;
 }
 
-/* order[0..n): 0..n-1 in a random order (Fisher-Yates; getrandom, else
- * the clock: any order will do, it need not be unpredictable). */
-static void shuffle_order(size_t *order, size_t n)
-{
-	uint64_t x = 0;
-	if (getrandom(&x, sizeof(x), GRND_NONBLOCK) != (ssize_t)sizeof(x))
-		x = cm_now_ns() ^ ((uint64_t)getpid() << 32);
-	for (size_t i = 0; i < n; i++)
-		order[i] = i;
-	for (size_t i = n; i > 1; i--) {
-		x = x * 6364136223846793005ull + 1442695040888963407ull; /* an LCG step */
-		size_t j = (size_t)((x >> 33) % i);
-		size_t t = order[i - 1];
-		order[i - 1] = order[j];
-		order[j] = t;
-	}
-}
-
 static int dial_fail(struct edgelm_error *err, const char *url, int rv)
 {
 	const char *hint = rv == NNG_ENOENT || rv == NNG_ECONNREFUSED ? " (is edgelmd running?)"
-	                   : rv == NNG_EPERM                          ? " (are you in the socket's group?)"
+	                   : rv == NNG_EPERM ? " (are you in the socket's group?)"
 	                   : rv == NNG_EPEERAUTH || rv == NNG_ECRYPTO
 	                       ? " (the daemon's certificate is not signed by the CA or not "
 	                         "for this host name, or it refused ours)"
 	                       : "";
-	return set_err(err, EDGELM_E_CONNECT, "cannot connect to %s: %s%s", url,
-	               nng_strerror(rv), hint);
+	return set_err(err, EDGELM_E_CONNECT, "cannot connect to %s: %s%s", url, nng_strerror(rv),
+	               hint);
 }
 
 EDGELM_API int edgelm_connect_ex(const struct edgelm_connect_opts *o, edgelm_client **ret_client,
@@ -439,23 +422,18 @@ EDGELM_API int edgelm_connect_ex(const struct edgelm_connect_opts *o, edgelm_cli
 	/* Blocking dials: fail now, with the reason, when no daemon listens.
 	 * With several endpoints one is enough; the others are dialled in the
 	 * background and join as they come up. A bad URL or TLS file fails
-	 * the whole connect: that is a mistake, not a box that is down.
-	 * The dials go in a random order: nng's req0 hands a request to the
-	 * first ready pipe, in the order they connected, so a short-lived
-	 * client (one edgelmctl call) would otherwise always load the first
-	 * URL of the list, and every client with the same list the same box. */
-	size_t *order = cm_malloc(c->n_eps * sizeof(*order));
-	if (!order) {
-		nng_close(c->sock);
-		client_free(c);
-		return set_err(err, EDGELM_E_NOMEM, "out of memory");
-	}
-	shuffle_order(order, c->n_eps);
-	size_t n_up = 0, first_i = 0;
+	 * the whole connect: that is a mistake, not a box that is down. */
+	size_t n_up = 0;
 	int first_rv = 0;
 	const char *first_url = NULL;
+	/* nng gives a request to the first ready pipe, so a client that sends
+	 * one request and exits (edgelmctl) would always reach the first
+	 * daemon listed: start the dials at a random one */
+	uint32_t start = 0;
+	if (getrandom(&start, sizeof(start), GRND_NONBLOCK) != (ssize_t)sizeof(start))
+		start = (uint32_t)cm_now_ns();
 	for (size_t k = 0; k < c->n_eps; k++) {
-		size_t i = order[k];
+		size_t i = (start + k) % c->n_eps;
 		struct endpoint *ep = &c->eps[i];
 		nng_dialer d;
 		rv = dial_ep(c, ep, c->sock, true, &d, err);
@@ -463,10 +441,9 @@ EDGELM_API int edgelm_connect_ex(const struct edgelm_connect_opts *o, edgelm_cli
 			n_up++;
 		} else if (rv != -1 && rv != NNG_EINVAL && rv != NNG_EADDRINVAL &&
 		           rv != NNG_ENOTSUP && rv != NNG_ENOMEM) {
-			if (!first_url || i < first_i) { /* the earliest in the list */
+			if (!first_url) {
 				first_url = ep->url;
 				first_rv = rv;
-				first_i = i;
 			}
 			if (c->n_eps == 1)
 				continue;
@@ -474,15 +451,14 @@ EDGELM_API int edgelm_connect_ex(const struct edgelm_connect_opts *o, edgelm_cli
 		}
 		if (rv != 0) {
 			rc = rv != -1 ? dial_fail(err, ep->url, rv)
-			     : err   ? err->code
-			             : EDGELM_E_CONNECT;
+			     : err    ? err->code
+			              : EDGELM_E_CONNECT;
 			break;
 		}
 		ep->dialer_ids[ep->n_dialers++] = nng_dialer_id(d);
-		if (i == 0)
+		if (k == 0)
 			c->dialer = d;
 	}
-	cm_free(order);
 	if (rc == 0 && n_up == 0) {
 		if (c->n_eps > 1)
 			rc = set_err(err, EDGELM_E_CONNECT,
@@ -575,7 +551,7 @@ static bool closer_start(struct closer *k)
 	if (pthread_condattr_init(&ca) != 0)
 		return false;
 	bool cv = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
-		  pthread_cond_init(&k->cv, &ca) == 0;
+	          pthread_cond_init(&k->cv, &ca) == 0;
 	pthread_condattr_destroy(&ca);
 	bool mu = cv && pthread_mutex_init(&k->mu, NULL) == 0;
 	if (mu && pthread_attr_init(&ta) == 0) {
@@ -787,9 +763,10 @@ again:
 	if ((rv = nng_aio_result(aio)) != 0) {
 		nng_msg_free(nng_aio_get_msg(aio));
 		if (rv == NNG_ETIMEDOUT)
-			rc = set_err(err, EDGELM_E_CONNECTION,
-			             "no connection to the daemon within %d ms (is edgelmd running?)",
-			             send_to);
+			rc = set_err(
+			    err, EDGELM_E_CONNECTION,
+			    "no connection to the daemon within %d ms (is edgelmd running?)",
+			    send_to);
 		else
 			rc = nng_err(err, rv, send_to, "sending the request");
 		goto out;
@@ -887,8 +864,8 @@ EDGELM_API int edgelm_call_json(edgelm_client *c, const char *request, size_t le
 		return set_err(err, EDGELM_E_INVALID_ARG, "edgelm_call_json: NULL argument");
 	char *raw;
 	size_t rlen;
-	int rc = xfer(c, -1, false, request, len, atomic_load(&c->timeout_ms), &raw, &rlen, NULL,
-	              err);
+	int rc =
+	    xfer(c, -1, false, request, len, atomic_load(&c->timeout_ms), &raw, &rlen, NULL, err);
 	if (rc) {
 		*ret_reply = NULL;
 		return rc;
@@ -1043,7 +1020,8 @@ static int build_gen(struct ipc_request *req, enum ipc_op op, const struct edgel
 	req->stop = p->stop;
 	req->n_stop = p->stop ? p->n_stop : 0;
 	if (p->grammar && p->json_schema)
-		return set_err(err, EDGELM_E_INVALID_ARG, "grammar and json_schema exclude each other");
+		return set_err(err, EDGELM_E_INVALID_ARG,
+		               "grammar and json_schema exclude each other");
 	if (p->grammar) {
 		req->grammar = p->grammar;
 		req->grammar_len = strlen(p->grammar);
@@ -1057,8 +1035,8 @@ static int build_gen(struct ipc_request *req, enum ipc_op op, const struct edgel
 		json_decref(v);
 		if (!v)
 			return set_err(err, EDGELM_E_INVALID_ARG,
-			               "json_schema: invalid JSON at line %d column %d: %s", je.line,
-			               je.column, je.text);
+			               "json_schema: invalid JSON at line %d column %d: %s",
+			               je.line, je.column, je.text);
 		if (!obj)
 			return set_err(err, EDGELM_E_INVALID_ARG,
 			               "json_schema must be a JSON object");
@@ -1384,8 +1362,8 @@ EDGELM_API int edgelm_tokenize(edgelm_client *c, const char *text, bool add_spec
 }
 
 EDGELM_API int edgelm_embed(edgelm_client *c, const char *const *texts, size_t n,
-                            const char *pooling, bool truncate, float **ret_values,
-                            size_t *ret_dim, int64_t **ret_tokens, struct edgelm_error *err)
+                            const char *pooling, bool truncate, float **ret_values, size_t *ret_dim,
+                            int64_t **ret_tokens, struct edgelm_error *err)
 {
 	clear_err(err);
 	if (!c || !texts || !ret_values || !ret_dim)
@@ -1434,7 +1412,8 @@ EDGELM_API int edgelm_embed(edgelm_client *c, const char *const *texts, size_t n
 		float *v = same ? cm_malloc(CM_MAX(n * dim, (size_t)1) * sizeof(*v)) : NULL;
 		int64_t *t = same && ret_tokens ? cm_malloc((n ? n : 1) * sizeof(*t)) : NULL;
 		if (!same) {
-			rc = set_err(err, EDGELM_E_PROTOCOL, "embed reply does not match the request");
+			rc = set_err(err, EDGELM_E_PROTOCOL,
+			             "embed reply does not match the request");
 		} else if (!v || (ret_tokens && !t)) {
 			cm_free(v);
 			cm_free(t);
