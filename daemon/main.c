@@ -364,6 +364,23 @@ static int config_build(struct daemon_config *c, const char *path, bool must_exi
 static struct overrides g_ov;
 static bool g_config_given;
 
+/* Certificates are rotated in place (same paths) as often as not: read
+ * the files at every reload, not only when their keys changed. */
+static void reload_tls(struct daemon *d)
+{
+	bool tls = false;
+	for (int i = 0; i < d->cfg.n_listen; i++)
+		tls |= strncmp(d->cfg.listen[i], "tls+tcp://", 10) == 0;
+	if (!tls || !d->srv)
+		return;
+	struct cm_err err = {0};
+	if (ipc_server_tls_reload(d->srv, d->cfg.tls_cert_file, d->cfg.tls_key_file,
+	                          d->cfg.tls_ca_file, &err) != 0)
+		log_err("reload: %s; new TLS connections keep the previous certificates", err.msg);
+	else
+		log_notice("reload: TLS certificates read again; new connections use them");
+}
+
 static void reload(struct daemon *d)
 {
 	daemon_notify_reloading();
@@ -392,6 +409,7 @@ static void reload(struct daemon *d)
 		log_err("reload: %s", err.msg); /* checked when parsed: not expected */
 	pthread_mutex_unlock(&d->mu);
 	daemon_log_set_level(d->cfg.log_level);
+	reload_tls(d);
 	if (what & 2)
 		log_warning("reload: %s changed, which needs a restart; ignoring %s", keys,
 			    strchr(keys, ',') ? "them" : "it");

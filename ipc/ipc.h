@@ -530,8 +530,8 @@ struct ipc_server_params {
 	 * both required) and, optionally, the CA file that client certificates
 	 * must chain to. With a CA a client must present a valid certificate
 	 * and its subject CN is its identity ("tls:CN"); without one, clients
-	 * are not authenticated ("tls:anonymous"). The files are read once, in
-	 * ipc_server_new. */
+	 * are not authenticated ("tls:anonymous"). The files are read in
+	 * ipc_server_new, and again by ipc_server_tls_reload. */
 	const char *tls_cert_file, *tls_key_file, *tls_ca_file;
 };
 
@@ -560,6 +560,13 @@ int ipc_server_new(const struct ipc_server_params *p, ipc_handler_fn handler, vo
  * fatal: the server serves, the return is 0 and `err` holds the failure
  * (err->code != 0) for the caller to log. */
 int ipc_server_start(ipc_server *srv, struct cm_err *err);
+
+/* Read the TLS files again (the same checks as ipc_server_new): the
+ * connections made from now on use them, connected clients keep what they
+ * were accepted with. On failure nothing changes. 0 without a tls+tcp://
+ * listener. */
+int ipc_server_tls_reload(ipc_server *srv, const char *cert_file, const char *key_file,
+                          const char *ca_file, struct cm_err *err);
 
 /* From now on answer shutting_down to new requests; calls already handed to
  * the handler are still completed normally. */

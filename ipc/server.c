@@ -203,8 +203,8 @@ static void call_peer_read(struct ipc_call *c, nng_msg *m)
 		return;
 	if (c->srv->tls && nng_pipe_get_bool(p, NNG_OPT_TLS_VERIFIED, &verified) == 0) {
 		/* a TLS pipe; with a CA nng let none in unverified */
-		char cn[IPC_IDENTITY_MAX + 1] = "";
-		if (verified && c->srv->tls_verify)
+		char cn[IPC_IDENTITY_MAX + 1 - 4] = ""; /* room for "tls:" */
+		if (verified && atomic_load(&c->srv->tls_verify))
 			ipc_tls_peer_cn(p, cn, sizeof(cn));
 		snprintf(c->identity, sizeof(c->identity), "tls:%s", cn[0] ? cn : "anonymous");
 		return;
@@ -675,6 +675,7 @@ int ipc_server_new(const struct ipc_server_params *p, ipc_handler_fn handler, vo
 	pthread_cond_init(&srv->cv, NULL);
 	pthread_rwlock_init(&srv->io, NULL);
 	pthread_mutex_init(&srv->sc_mu, NULL);
+	pthread_mutex_init(&srv->tls_mu, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -741,9 +742,10 @@ int ipc_server_new(const struct ipc_server_params *p, ipc_handler_fn handler, vo
 		if (!srv->tls && strncmp(urls[i], "tls+tcp://", 10) == 0 && p->tls_cert_file &&
 		    *p->tls_cert_file && p->tls_key_file && *p->tls_key_file) {
 			if ((rc = ipc_tls_config_new(p->tls_cert_file, p->tls_key_file,
-			                             p->tls_ca_file, &srv->tls, err)))
+			                             p->tls_ca_file, &srv->tls, &srv->tls_ecfg,
+			                             err)))
 				goto fail;
-			srv->tls_verify = p->tls_ca_file && *p->tls_ca_file;
+			atomic_store(&srv->tls_verify, p->tls_ca_file && *p->tls_ca_file);
 		}
 		if ((rc = listener_add(srv, urls[i], err)))
 			goto fail;
@@ -844,6 +846,7 @@ void ipc_server_free(ipc_server *srv)
 		nng_tls_config_free(srv->tls);
 	pthread_cond_destroy(&srv->sc_cv);
 	pthread_mutex_destroy(&srv->sc_mu);
+	pthread_mutex_destroy(&srv->tls_mu);
 	pthread_rwlock_destroy(&srv->io);
 	pthread_cond_destroy(&srv->cv);
 	pthread_mutex_destroy(&srv->mu);

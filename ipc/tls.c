@@ -105,12 +105,14 @@ static int pem_check(const char *cert, const char *cert_file, const char *key,
 }
 
 int ipc_tls_config_new(const char *cert_file, const char *key_file, const char *ca_file,
-                       nng_tls_config **ret_cfg, struct cm_err *err)
+                       nng_tls_config **ret_cfg, nng_tls_engine_config **ret_ecfg,
+                       struct cm_err *err)
 {
 	nng_tls_config *cfg = NULL;
 	char *cert = NULL, *key = NULL, *ca = NULL;
 	int rc = 0, rv;
 	*ret_cfg = NULL;
+	*ret_ecfg = NULL;
 	if (!(cert = pem_read("tls_cert_file", cert_file, err)) ||
 	    !(key = pem_read("tls_key_file", key_file, err)) ||
 	    (ca_file && *ca_file && !(ca = pem_read("tls_ca_file", ca_file, err)))) {
@@ -130,6 +132,7 @@ int ipc_tls_config_new(const char *cert_file, const char *key_file, const char *
 		rc = cm_err_set(err, ipc_nng_to_errno(rv), "ipc: TLS: %s", nng_strerror(rv));
 		goto out;
 	}
+	nng_tls_engine_config *ecfg = ipc_tls_engine_last_config();
 	if ((rv = nng_tls_config_own_cert(cfg, cert, key, NULL)) != 0) {
 		rc = cm_err_set(err, -EINVAL,
 		                "ipc: tls_cert_file %s, tls_key_file %s: not a valid certificate "
@@ -151,6 +154,7 @@ int ipc_tls_config_new(const char *cert_file, const char *key_file, const char *
 		goto out;
 	}
 	*ret_cfg = cfg;
+	*ret_ecfg = ecfg;
 	cfg = NULL;
 out:
 	if (cfg)
@@ -161,5 +165,26 @@ out:
 	}
 	cm_free(cert);
 	cm_free(ca);
+	return rc;
+}
+
+int ipc_server_tls_reload(ipc_server *srv, const char *cert_file, const char *key_file,
+                          const char *ca_file, struct cm_err *err)
+{
+	if (!srv || !srv->tls)
+		return 0;
+	if (!cert_file || !*cert_file || !key_file || !*key_file)
+		return cm_err_set(err, -EINVAL,
+		                  "ipc: tls+tcp:// needs tls_cert_file and tls_key_file");
+	pthread_mutex_lock(&srv->tls_mu);
+	nng_tls_config *fresh = NULL;
+	nng_tls_engine_config *ecfg = NULL;
+	int rc = ipc_tls_config_new(cert_file, key_file, ca_file, &fresh, &ecfg, err);
+	if (rc == 0) {
+		ipc_tls_engine_swap(srv->tls_ecfg, ecfg);
+		atomic_store(&srv->tls_verify, ca_file && *ca_file);
+		nng_tls_config_free(fresh); /* its bundle lives on in srv->tls */
+	}
+	pthread_mutex_unlock(&srv->tls_mu);
 	return rc;
 }

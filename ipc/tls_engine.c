@@ -9,6 +9,11 @@
  * for ipc_tls_peer_cn to copy. (It relies on nng calling the engine on
  * the getter's thread, which 1.5.2's tls_get_verified does.)
  *
+ * It also lets a reload change the certificates of a listener in use,
+ * which nng's configuration objects refuse once used: a configuration
+ * holds its mbedTLS state in a counted bundle that
+ * ipc_tls_engine_swap replaces for the connections made after it.
+ *
  * Otherwise it does what nng's own mbedTLS engine does (TLS 1.2, buffers
  * and I/O are nng's): only the server's listeners use it, but every TLS
  * configuration this process allocates once it is registered does. */
@@ -24,21 +29,35 @@
 
 #define OWN_CERTS_MAX 4 /* own_cert calls kept per configuration */
 
-struct nng_tls_engine_config {
+/* What a connection is set up with. A reload (ipc_tls_engine_swap) puts a
+ * new one in its configuration; connections keep the one they started
+ * with, hence the count. */
+struct bundle {
+	atomic_int refs;
 	mbedtls_ssl_config cfg;
 	mbedtls_x509_crt ca;
 	mbedtls_x509_crl crl;
 	mbedtls_x509_crt crt[OWN_CERTS_MAX];
 	mbedtls_pk_context key[OWN_CERTS_MAX];
 	int n_own;
+};
+
+struct nng_tls_engine_config {
+	pthread_mutex_t mu; /* cur */
+	struct bundle *cur;
 	char *server_name;
 };
 
 struct nng_tls_engine_conn {
 	void *tls; /* nng's side, for nng_tls_engine_send/recv */
+	struct bundle *b;
 	mbedtls_ssl_context ctx;
 	char cn[IPC_IDENTITY_MAX + 1]; /* the verified peer's CN, once handshaken */
 };
+
+/* The configuration config_init made last on this thread: the one
+ * nng_tls_config_alloc just made, for ipc_tls_engine_last_config. */
+static _Thread_local nng_tls_engine_config *last_init;
 
 /* What the last `verified` on this thread saw (copied: the connection may
  * go as soon as nng lets go of its lock). */
@@ -113,12 +132,36 @@ static int net_recv(void *arg, unsigned char *buf, size_t len)
 
 /* ---- connections --------------------------------------------------------- */
 
+static void bundle_put(struct bundle *b)
+{
+	if (!b || atomic_fetch_sub(&b->refs, 1) != 1)
+		return;
+	mbedtls_ssl_config_free(&b->cfg);
+	mbedtls_x509_crt_free(&b->ca);
+	mbedtls_x509_crl_free(&b->crl);
+	for (int i = 0; i < b->n_own; i++) {
+		mbedtls_x509_crt_free(&b->crt[i]);
+		mbedtls_pk_free(&b->key[i]);
+	}
+	free(b);
+}
+
+static struct bundle *bundle_get(nng_tls_engine_config *cfg)
+{
+	pthread_mutex_lock(&cfg->mu);
+	struct bundle *b = cfg->cur;
+	atomic_fetch_add(&b->refs, 1);
+	pthread_mutex_unlock(&cfg->mu);
+	return b;
+}
+
 static int conn_init(nng_tls_engine_conn *c, void *tls, nng_tls_engine_config *cfg)
 {
 	c->tls = tls;
+	c->b = bundle_get(cfg);
 	mbedtls_ssl_init(&c->ctx);
 	mbedtls_ssl_set_bio(&c->ctx, c, net_send, net_recv, NULL);
-	int rv = mbedtls_ssl_setup(&c->ctx, &cfg->cfg);
+	int rv = mbedtls_ssl_setup(&c->ctx, &c->b->cfg);
 	if (rv != 0)
 		return mk_err(rv);
 	if (cfg->server_name)
@@ -129,6 +172,7 @@ static int conn_init(nng_tls_engine_conn *c, void *tls, nng_tls_engine_config *c
 static void conn_fini(nng_tls_engine_conn *c)
 {
 	mbedtls_ssl_free(&c->ctx);
+	bundle_put(c->b);
 }
 
 static void conn_close(nng_tls_engine_conn *c)
@@ -210,34 +254,36 @@ static bool conn_verified(nng_tls_engine_conn *c)
 
 static void config_fini(nng_tls_engine_config *cfg)
 {
-	mbedtls_ssl_config_free(&cfg->cfg);
-	mbedtls_x509_crt_free(&cfg->ca);
-	mbedtls_x509_crl_free(&cfg->crl);
-	for (int i = 0; i < cfg->n_own; i++) {
-		mbedtls_x509_crt_free(&cfg->crt[i]);
-		mbedtls_pk_free(&cfg->key[i]);
-	}
+	bundle_put(cfg->cur);
 	free(cfg->server_name);
+	pthread_mutex_destroy(&cfg->mu);
 }
 
 static int config_init(nng_tls_engine_config *cfg, nng_tls_mode mode)
 {
 	bool server = mode == NNG_TLS_MODE_SERVER;
-	mbedtls_ssl_config_init(&cfg->cfg);
-	mbedtls_x509_crt_init(&cfg->ca);
-	mbedtls_x509_crl_init(&cfg->crl);
-	int rv = mbedtls_ssl_config_defaults(&cfg->cfg,
+	struct bundle *b = calloc(1, sizeof(*b));
+	if (!b)
+		return NNG_ENOMEM;
+	atomic_init(&b->refs, 1);
+	mbedtls_ssl_config_init(&b->cfg);
+	mbedtls_x509_crt_init(&b->ca);
+	mbedtls_x509_crl_init(&b->crl);
+	pthread_mutex_init(&cfg->mu, NULL);
+	cfg->cur = b;
+	int rv = mbedtls_ssl_config_defaults(&b->cfg,
 	                                     server ? MBEDTLS_SSL_IS_SERVER : MBEDTLS_SSL_IS_CLIENT,
 	                                     MBEDTLS_SSL_TRANSPORT_STREAM, MBEDTLS_SSL_PRESET_DEFAULT);
 	if (rv != 0) {
 		config_fini(cfg);
 		return mk_err(rv);
 	}
-	mbedtls_ssl_conf_authmode(&cfg->cfg,
+	mbedtls_ssl_conf_authmode(&b->cfg,
 	                          server ? MBEDTLS_SSL_VERIFY_NONE : MBEDTLS_SSL_VERIFY_REQUIRED);
-	mbedtls_ssl_conf_min_version(&cfg->cfg, MBEDTLS_SSL_MAJOR_VERSION_3,
+	mbedtls_ssl_conf_min_version(&b->cfg, MBEDTLS_SSL_MAJOR_VERSION_3,
 	                             MBEDTLS_SSL_MINOR_VERSION_3);
-	mbedtls_ssl_conf_rng(&cfg->cfg, rng, NULL);
+	mbedtls_ssl_conf_rng(&b->cfg, rng, NULL);
+	last_init = cfg;
 	return 0;
 }
 
@@ -255,13 +301,13 @@ static int config_auth(nng_tls_engine_config *cfg, nng_tls_auth_mode mode)
 {
 	switch (mode) {
 	case NNG_TLS_AUTH_MODE_NONE:
-		mbedtls_ssl_conf_authmode(&cfg->cfg, MBEDTLS_SSL_VERIFY_NONE);
+		mbedtls_ssl_conf_authmode(&cfg->cur->cfg, MBEDTLS_SSL_VERIFY_NONE);
 		return 0;
 	case NNG_TLS_AUTH_MODE_OPTIONAL:
-		mbedtls_ssl_conf_authmode(&cfg->cfg, MBEDTLS_SSL_VERIFY_OPTIONAL);
+		mbedtls_ssl_conf_authmode(&cfg->cur->cfg, MBEDTLS_SSL_VERIFY_OPTIONAL);
 		return 0;
 	case NNG_TLS_AUTH_MODE_REQUIRED:
-		mbedtls_ssl_conf_authmode(&cfg->cfg, MBEDTLS_SSL_VERIFY_REQUIRED);
+		mbedtls_ssl_conf_authmode(&cfg->cur->cfg, MBEDTLS_SSL_VERIFY_REQUIRED);
 		return 0;
 	default:
 		return NNG_EINVAL;
@@ -270,25 +316,26 @@ static int config_auth(nng_tls_engine_config *cfg, nng_tls_auth_mode mode)
 
 static int config_ca_chain(nng_tls_engine_config *cfg, const char *certs, const char *crl)
 {
-	int rv = mbedtls_x509_crt_parse(&cfg->ca, (const unsigned char *)certs, strlen(certs) + 1);
+	int rv = mbedtls_x509_crt_parse(&cfg->cur->ca, (const unsigned char *)certs, strlen(certs) + 1);
 	if (rv != 0)
 		return NNG_ECRYPTO;
 	if (crl) {
-		rv = mbedtls_x509_crl_parse(&cfg->crl, (const unsigned char *)crl, strlen(crl) + 1);
+		rv = mbedtls_x509_crl_parse(&cfg->cur->crl, (const unsigned char *)crl, strlen(crl) + 1);
 		if (rv != 0)
 			return NNG_ECRYPTO;
 	}
-	mbedtls_ssl_conf_ca_chain(&cfg->cfg, &cfg->ca, crl ? &cfg->crl : NULL);
+	mbedtls_ssl_conf_ca_chain(&cfg->cur->cfg, &cfg->cur->ca, crl ? &cfg->cur->crl : NULL);
 	return 0;
 }
 
 static int config_own_cert(nng_tls_engine_config *cfg, const char *cert, const char *key,
                            const char *pass)
 {
-	if (cfg->n_own >= OWN_CERTS_MAX)
+	struct bundle *b = cfg->cur;
+	if (b->n_own >= OWN_CERTS_MAX)
 		return NNG_ENOSPC;
-	mbedtls_x509_crt *crt = &cfg->crt[cfg->n_own];
-	mbedtls_pk_context *pk = &cfg->key[cfg->n_own];
+	mbedtls_x509_crt *crt = &b->crt[b->n_own];
+	mbedtls_pk_context *pk = &b->key[b->n_own];
 	mbedtls_x509_crt_init(crt);
 	mbedtls_pk_init(pk);
 	int rv = mbedtls_x509_crt_parse(crt, (const unsigned char *)cert, strlen(cert) + 1);
@@ -298,13 +345,13 @@ static int config_own_cert(nng_tls_engine_config *cfg, const char *cert, const c
 	if (rv == 0)
 		rv = mbedtls_pk_check_pair(&crt->pk, pk);
 	if (rv == 0)
-		rv = mbedtls_ssl_conf_own_cert(&cfg->cfg, crt, pk);
+		rv = mbedtls_ssl_conf_own_cert(&b->cfg, crt, pk);
 	if (rv != 0) {
 		mbedtls_x509_crt_free(crt);
 		mbedtls_pk_free(pk);
 		return rv == MBEDTLS_ERR_SSL_ALLOC_FAILED ? NNG_ENOMEM : NNG_EINVAL;
 	}
-	cfg->n_own++;
+	b->n_own++;
 	return 0;
 }
 
@@ -319,8 +366,8 @@ static int config_version(nng_tls_engine_config *cfg, nng_tls_version min, nng_t
 	int hi = max <= NNG_TLS_1_0 ? MBEDTLS_SSL_MINOR_VERSION_1
 	         : max == NNG_TLS_1_1 ? MBEDTLS_SSL_MINOR_VERSION_2
 	                              : MBEDTLS_SSL_MINOR_VERSION_3;
-	mbedtls_ssl_conf_min_version(&cfg->cfg, MBEDTLS_SSL_MAJOR_VERSION_3, lo);
-	mbedtls_ssl_conf_max_version(&cfg->cfg, MBEDTLS_SSL_MAJOR_VERSION_3, hi);
+	mbedtls_ssl_conf_min_version(&cfg->cur->cfg, MBEDTLS_SSL_MAJOR_VERSION_3, lo);
+	mbedtls_ssl_conf_max_version(&cfg->cur->cfg, MBEDTLS_SSL_MAJOR_VERSION_3, hi);
 	return 0;
 }
 
@@ -358,6 +405,21 @@ static const nng_tls_engine engine = {
 int ipc_tls_engine_register(void)
 {
 	return nng_tls_engine_register(&engine);
+}
+
+nng_tls_engine_config *ipc_tls_engine_last_config(void)
+{
+	return last_init;
+}
+
+void ipc_tls_engine_swap(nng_tls_engine_config *live, nng_tls_engine_config *fresh)
+{
+	struct bundle *b = bundle_get(fresh);
+	pthread_mutex_lock(&live->mu);
+	struct bundle *old = live->cur;
+	live->cur = b;
+	pthread_mutex_unlock(&live->mu);
+	bundle_put(old);
 }
 
 void ipc_tls_peer_cn(nng_pipe p, char *buf, size_t cap)

@@ -515,6 +515,9 @@ static void test_reload(void)
 	                                   "drain_timeout_ms",
 	                                   "tenant_weights",
 	                                   "admin_uids",
+	                                   "tls_cert_file",
+	                                   "tls_key_file",
+	                                   "tls_ca_file",
 	                                   "metrics_textfile",
 	                                   "peak_bandwidth_gbs",
 	                                   "log_level"};

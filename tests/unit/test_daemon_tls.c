@@ -10,7 +10,9 @@
  *   is missing or not PEM, or a key not the certificate's, stops the start
  *   with a message naming it;
  * - plain tcp:// and TLS without a CA log that clients are not
- *   authenticated.
+ *   authenticated;
+ * - a reload (SIGHUP) reads the files again, at unchanged paths, for new
+ *   connections, and keeps the old ones when the new fail the checks.
  * The certificates are made here with the openssl CLI, in TEST_TMPDIR. The
  * client is a plain nng req0 socket with nng's TLS configuration. */
 #include "common/common.h"
@@ -31,6 +33,7 @@
 
 static char dir[4096], tls_url[128], tcp_url[128], log_path[4200];
 static const char *model;
+static const char *conf_path = "/dev/null";
 static pid_t daemon_pid = -1;
 
 /* A CA, the server's certificate (localhost, 127.0.0.1), clients alice,
@@ -55,6 +58,8 @@ static const char gen_script[] =
     "sign server ca '-extfile san.ext'\n"
     "for n in alice bob carol; do csr $n $n; sign $n ca; done\n"
     "csr mallory alice; sign mallory other\n"
+    "csr odd1 'eve smith'; sign odd1 ca\n"
+    "csr odd2 'x,y=z'; sign odd2 ca\n"
     "printf '[ca]\\ndefault_ca=d\\n[d]\\ndatabase=index.txt\\nnew_certs_dir=.\\n"
     "serial=serial\\ndefault_md=sha256\\npolicy=p\\nunique_subject=no\\n"
     "[p]\\ncommonName=supplied\\n' > ca.cnf\n"
@@ -169,7 +174,7 @@ static int start(const char *const *sets, int n_sets, bool wait)
 	int n = 0;
 	argv[n++] = "edgelmd";
 	argv[n++] = "--config";
-	argv[n++] = "/dev/null";
+	argv[n++] = conf_path;
 	argv[n++] = "--model";
 	argv[n++] = model;
 	argv[n++] = "--listen";
@@ -335,6 +340,94 @@ static void test_tls_identity(void)
 	json_decref(j);
 }
 
+/* A CN that could not be written in tenant_weights (a space, a comma)
+ * is served as tls:anonymous: two such certificates share it. */
+static void test_tls_odd_cn(void)
+{
+	json_t *j = tls_call("odd1", "{\"op\":\"generate\",\"id\":\"odd\",\"prompt\":\"Once\","
+	                             "\"max_tokens\":2,\"temperature\":0,\"stream\":true}");
+	CHECK_MSG(is_ok(j), "odd1: %s", j ? json_dumps(j, JSON_COMPACT) : "(refused)");
+	json_decref(j);
+	j = tls_call("odd2", "{\"op\":\"cancel\",\"id\":\"odd\"}");
+	CHECK_MSG(is_ok(j), "odd2 is not odd1's identity: %s",
+	          j ? json_dumps(j, JSON_COMPACT) : "(refused)");
+	json_decref(j);
+	j = tls_call("alice", "{\"op\":\"cancel\",\"id\":\"odd\"}");
+	CHECK(err_code(j) && strcmp(err_code(j), "not_found") == 0);
+	json_decref(j);
+}
+
+/* ---- reload ------------------------------------------------------------------- */
+
+static int copy_file(const char *from, const char *to)
+{
+	char cmd[20000];
+	snprintf(cmd, sizeof(cmd), "cp '%s' '%s.new' && mv '%s.new' '%s'", from, to, to, to);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Wait (bounded) until the log has `needle`. */
+static bool log_wait(const char *needle)
+{
+	for (int i = 0; i < 200; i++) {
+		if (log_has(needle))
+			return true;
+		usleep(50000);
+	}
+	return false;
+}
+
+/* A reload reads the files again, at the same paths: a new client CA
+ * lets its clients in and shuts the old CA's out; files that fail the
+ * checks leave the previous ones in place. */
+static void test_tls_reload(void)
+{
+	char conf[4400], text[16000], clients_ca[4200];
+	snprintf(clients_ca, sizeof(clients_ca), "%s", path_of("clients-ca.crt"));
+	snprintf(conf, sizeof(conf), "%s/reload.conf", dir);
+	snprintf(text, sizeof(text), "tls_cert_file %s\ntls_key_file %s\ntls_ca_file %s\n",
+	         path_of("server.crt"), path_of("server.key"), clients_ca);
+	FILE *f = fopen(conf, "w");
+	if (!f || copy_file(path_of("ca.crt"), clients_ca) != 0) {
+		CHECK(!"cannot write the configuration");
+		if (f)
+			fclose(f);
+		return;
+	}
+	fputs(text, f);
+	fclose(f);
+	conf_path = conf;
+	const char *sets[] = {"log_level=info"};
+	int rc = start(sets, 1, true);
+	conf_path = "/dev/null";
+	if (rc != 0) {
+		CHECK(!"edgelmd did not start with the reload configuration");
+		stop(true);
+		return;
+	}
+	json_t *j = tls_call("mallory", "{\"op\":\"health\"}");
+	CHECK(!j);
+	json_decref(j);
+
+	CHECK_OK(copy_file(path_of("other.crt"), clients_ca));
+	kill(daemon_pid, SIGHUP);
+	CHECK(log_wait("TLS certificates read again"));
+	j = tls_call("mallory", "{\"op\":\"health\"}");
+	CHECK_MSG(is_ok(j), "the new CA's client: %s", j ? json_dumps(j, JSON_COMPACT) : "(refused)");
+	json_decref(j);
+	j = tls_call("alice", "{\"op\":\"health\"}");
+	CHECK_MSG(!j, "the old CA's client was served: %s", json_dumps(j, JSON_COMPACT));
+	json_decref(j);
+
+	CHECK_OK(copy_file(path_of("junk.crt"), clients_ca));
+	kill(daemon_pid, SIGHUP);
+	CHECK(log_wait("new TLS connections keep the previous certificates"));
+	j = tls_call("mallory", "{\"op\":\"health\"}");
+	CHECK_MSG(is_ok(j), "after a bad reload: %s", j ? json_dumps(j, JSON_COMPACT) : "(refused)");
+	json_decref(j);
+	CHECK_EQ_INT(stop(true), 0);
+}
+
 /* ---- configuration errors ----------------------------------------------------- */
 
 /* edgelmd with `sets` stops at start, and its log has `needle`. */
@@ -430,9 +523,11 @@ int main(void)
 	TEST_RUN(test_tls_served);
 	TEST_RUN(test_tls_refused);
 	TEST_RUN(test_tls_identity);
+	TEST_RUN(test_tls_odd_cn);
 	test_cur_name = "stop";
 	CHECK_EQ_INT(stop(true), 0);
 	TEST_RUN(test_tls_config_errors);
 	TEST_RUN(test_tls_no_ca);
+	TEST_RUN(test_tls_reload);
 	return test_finish();
 }
