@@ -9,8 +9,13 @@
  * default) and after a reconnect. A resent generate would run twice, so the
  * timer is disabled (NNG_DURATION_INFINITE; in nng 1.5.2 any value <= 0 turns
  * it off, and a lost connection then fails the receive with NNG_ECONNRESET
- * instead of resending). Retrying is left to the one request that is safe to
- * repeat: poll, whose ack offset makes it idempotent. */
+ * instead of resending). Retrying is left to the requests that are safe to
+ * repeat: poll, whose ack offset makes it idempotent, and, with several
+ * daemons, the ops without effects (xfer's `retry`).
+ *
+ * Several daemons (edgelm.h, "Several daemons and TLS"): the shared req
+ * socket dials them all and nng spreads the requests; a stream's polls and
+ * cancel go on the answering endpoint's own socket (struct endpoint). */
 #include "ipc/edgelm.h"
 #include "ipc/ipc.h"
 
@@ -269,14 +274,16 @@ static int tls_config(struct edgelm_client *c, struct endpoint *ep, nng_tls_conf
 		               "%s: TLS needs a CA file to verify the daemon (--tls-ca, "
 		               "EDGELM_TLS_CA)",
 		               ep->url);
-	nng_url *u;
-	int rv = nng_url_parse(&u, ep->url);
-	if (rv != 0)
-		return set_err(err, EDGELM_E_CONNECT, "%s: %s", ep->url, nng_strerror(rv));
-	ep->host = cm_strdup(u->u_hostname ? u->u_hostname : "");
-	nng_url_free(u);
-	if (!ep->host)
-		return set_err(err, EDGELM_E_NOMEM, "out of memory");
+	int rv;
+	if (!ep->host) { /* redials and the endpoint's own socket reuse it */
+		nng_url *u;
+		if ((rv = nng_url_parse(&u, ep->url)) != 0)
+			return set_err(err, EDGELM_E_CONNECT, "%s: %s", ep->url, nng_strerror(rv));
+		ep->host = cm_strdup(u->u_hostname ? u->u_hostname : "");
+		nng_url_free(u);
+		if (!ep->host)
+			return set_err(err, EDGELM_E_NOMEM, "out of memory");
+	}
 	nng_tls_config *cfg;
 	if ((rv = nng_tls_config_alloc(&cfg, NNG_TLS_MODE_CLIENT)) != 0)
 		return set_err(err, EDGELM_E_CONNECT, "cannot set up TLS: %s", nng_strerror(rv));

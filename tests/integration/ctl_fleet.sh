@@ -38,9 +38,9 @@ A="ipc://$T/d1.sock" B="ipc://$T/d2.sock" C="ipc://$T/d3.sock"
 
 # count OP OUTCOME on daemon I
 count() {
-	v=$($CTL -s "ipc://$T/d$1.sock" metrics 2>/dev/null |
-		sed -n "s/^edgelm_requests_total{op=\"$2\",outcome=\"$3\"} //p")
-	echo "${v:-0}"
+	# the value may print as 1e+01
+	$CTL -s "ipc://$T/d$1.sock" metrics 2>/dev/null | awk -v k="{op=\"$2\",outcome=\"$3\"}" \
+		'$1 == "edgelm_requests_total" k { n = $2 + 0 } END { printf "%d\n", n }'
 }
 
 # ---- spread: repeated --socket, a comma list, the environment
@@ -57,16 +57,18 @@ done
 
 # ---- streams stay on their daemon
 for k in 1 2 3 4 5 6 7 8 9; do
-	out=$($CTL -s "$A,$B,$C" generate --temp 0 -n 24 "Once upon a time" 2>&1) ||
+	out=$($CTL -s "$A,$B,$C" generate --stream --temp 0 -n 24 "Once upon a time" 2>&1) ||
 		ko "streamed generate $k: $out"
 done
-started=0
+started=0 polled=0
 for i in 1 2 3; do
 	g=$(count $i generate ok); started=$((started + g))
+	p=$(count $i poll ok); polled=$((polled + p))
 	nf=$(count $i poll not_found)
 	if [ "$nf" -eq 0 ]; then ok; else ko "daemon $i: $nf polls for a stream it never started"; fi
 done
 if [ "$started" -eq 9 ]; then ok; else ko "$started generations started, 9 asked"; fi
+if [ "$polled" -ge 9 ]; then ok; else ko "$polled polls for 9 streams: not streamed?"; fi
 
 # ---- one daemon killed: the rest serve everything after
 kill -9 "$pid2"
