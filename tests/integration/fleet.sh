@@ -11,7 +11,9 @@
 #   an expired client certificate, a server certificate for another name;
 # - a stream belongs to its owner's certificate: alice's stream is
 #   not_found for bob (poll, cancel), alice polls and cancels it;
-# - edgelm-bench --daemon over TLS, with --compare.
+# - edgelm-bench --daemon over TLS, with --compare;
+# - a box's certificate rotated in place (mv, SIGHUP): new connections
+#   see the new one.
 # Needs root and CAP_NET_ADMIN (ip netns), openssl and the stories260K
 # model; without them it says SKIP and why.
 set -u
@@ -350,6 +352,24 @@ else
 fi
 ctl alice --socket "$URL1" cancel s-alice2 >"$T/s.ctl" 2>&1 && ok ||
 	ko "alice's edgelmctl cancel: $(cat "$T/s.ctl")"
+
+# ---- rotation in place: d1's certificate replaced by one of the other CA
+# (mv over the old files) and SIGHUP; new connections get the new one, so
+# a client that trusts only the first CA refuses d1, one that trusts the
+# other CA is served (its own certificate still from the first CA)
+mkcert d1new "$(addr d1)" otherca $(server_ext "$(addr d1)")
+chmod 600 "$P/d1new.key"
+mv "$P/d1new.key" "$P/d1.key" && mv "$P/d1new.crt" "$P/d1.crt"
+kill -HUP "$pid_d1"
+i=0
+while ! grep -q "TLS certificates read again" "$T/d1.log" && [ $i -lt 100 ]; do
+	sleep 0.05; i=$((i + 1))
+done
+grep -q "TLS certificates read again" "$T/d1.log" && ok || ko "d1's reload: $(tail -n 3 "$T/d1.log")"
+refused "d1 after its rotation to the other CA" "$P/alice.crt" "$P/alice.key" "$P/ca.crt" \
+	--timeout 5000 --socket "$URL1"
+ctl_tls "$P/alice.crt" "$P/alice.key" "$P/otherca.crt" --socket "$URL1" health >"$T/rot.out" 2>&1 &&
+	ok || ko "d1 after its rotation, with the other CA trusted: $(cat "$T/rot.out")"
 
 # ---- the survivors stop cleanly
 for b in d1 d3 wrong; do
