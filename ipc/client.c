@@ -9,8 +9,13 @@
  * default) and after a reconnect. A resent generate would run twice, so the
  * timer is disabled (NNG_DURATION_INFINITE; in nng 1.5.2 any value <= 0 turns
  * it off, and a lost connection then fails the receive with NNG_ECONNRESET
- * instead of resending). Retrying is left to the one request that is safe to
- * repeat: poll, whose ack offset makes it idempotent. */
+ * instead of resending). Retrying is left to the requests that are safe to
+ * repeat: poll, whose ack offset makes it idempotent, and, with several
+ * daemons, the ops without effects (xfer's `retry`).
+ *
+ * Several daemons (edgelm.h, "Several daemons and TLS"): the shared req
+ * socket dials them all and nng spreads the requests; a stream's polls and
+ * cancel go on the answering endpoint's own socket (struct endpoint). */
 #include "ipc/edgelm.h"
 #include "ipc/ipc.h"
 
@@ -19,6 +24,7 @@
 #include <math.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/tls/tls.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -57,13 +63,28 @@ _Static_assert((int)EDGELM_FINISH_DEADLINE == (int)IPC_FINISH_DEADLINE, "finish 
 _Static_assert((int)EDGELM_HEALTH_DRAINING == (int)IPC_HEALTH_DRAINING, "health table");
 _Static_assert(EDGELM_DEFAULT_MAX_MSG == IPC_DEFAULT_MAX_MSG_BYTES, "client and daemon limits");
 
+/* One daemon the client dials. Its dialers on the shared socket (the first
+ * and any redials) tell which endpoint a reply came from; `own` is a req
+ * socket of its own, dialled on first need, that carries a stream's polls
+ * and cancels so they reach the daemon that holds the stream. */
+struct endpoint {
+	char *url;
+	char *host; /* for TLS: the name the server's certificate must carry */
+	int dialer_ids[1 + IPC_MAX_REDIALS];
+	int n_dialers;
+	nng_socket own;
+	bool own_open;
+};
+
 struct edgelm_client {
 	nng_socket sock;
 	nng_dialer dialer;
 	atomic_int timeout_ms;
 	atomic_size_t max_msg;
-	char *url;
-	pthread_mutex_t dial_mu; /* fresh dials (redial) */
+	struct endpoint *eps;
+	size_t n_eps;
+	char *tls_cert, *tls_key, *tls_ca; /* file names, NULL: none */
+	pthread_mutex_t dial_mu;           /* dials: redial, endpoint sockets */
 	int redials;
 };
 
@@ -150,7 +171,8 @@ static int nng_err(struct edgelm_error *err, int rv, int timeout_ms, const char 
 	case NNG_ECONNRESET:
 	case NNG_ECONNSHUT:
 		return set_err(err, EDGELM_E_CONNECTION,
-		               "%s: the connection to the daemon was lost (edgelmd stopped?)", what);
+		               "%s: the connection to the daemon was lost (edgelmd stopped?)",
+		               what);
 	default:
 		return set_err(err, EDGELM_E_CONNECTION, "%s: %s", what, nng_strerror(rv));
 	}
@@ -160,66 +182,317 @@ static int nng_err(struct edgelm_error *err, int rv, int timeout_ms, const char 
 
 static void client_free(struct edgelm_client *c)
 {
+	for (size_t i = 0; i < c->n_eps; i++) {
+		cm_free(c->eps[i].url);
+		cm_free(c->eps[i].host);
+	}
+	cm_free(c->eps);
+	cm_free(c->tls_cert);
+	cm_free(c->tls_key);
+	cm_free(c->tls_ca);
 	pthread_mutex_destroy(&c->dial_mu);
-	cm_free(c->url);
 	cm_free(c);
 }
 
-EDGELM_API int edgelm_connect(const char *url, edgelm_client **ret_client, struct edgelm_error *err)
+EDGELM_API void edgelm_connect_opts_init(struct edgelm_connect_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+}
+
+/* NULL or "" stays NULL; else a copy (false: out of memory). */
+static bool dup_opt(const char *s, const char *env, char **ret)
+{
+	if (!s || !*s)
+		s = env ? getenv(env) : NULL;
+	*ret = s && *s ? cm_strdup(s) : NULL;
+	return !(s && *s) || *ret;
+}
+
+/* Appends the comma-separated URLs in `list` to c->eps (blanks skipped). */
+static int add_urls(struct edgelm_client *c, const char *list, struct edgelm_error *err)
+{
+	const char *p = list;
+	while (*p) {
+		size_t n = strcspn(p, ",");
+		const char *s = p, *e = p + n;
+		p = *e ? e + 1 : e;
+		while (s < e && (*s == ' ' || *s == '\t'))
+			s++;
+		while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
+			e--;
+		if (s == e)
+			continue;
+		struct endpoint *eps = cm_realloc(c->eps, (c->n_eps + 1) * sizeof(*eps));
+		if (!eps)
+			return set_err(err, EDGELM_E_NOMEM, "out of memory");
+		c->eps = eps;
+		struct endpoint *ep = &eps[c->n_eps];
+		*ep = (struct endpoint){.url = cm_strndup(s, (size_t)(e - s))};
+		if (!ep->url)
+			return set_err(err, EDGELM_E_NOMEM, "out of memory");
+		c->n_eps++;
+	}
+	return 0;
+}
+
+static char *read_text(const char *path)
+{
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return NULL;
+	size_t cap = 4096, n = 0;
+	char *buf = cm_malloc(cap);
+	while (buf) {
+		n += fread(buf + n, 1, cap - n - 1, f);
+		if (n < cap - 1)
+			break;
+		char *b = cap < (1u << 20) ? cm_realloc(buf, cap * 2) : NULL;
+		if (!b)
+			cm_free(buf);
+		buf = b;
+		cap *= 2;
+	}
+	bool bad = ferror(f);
+	fclose(f);
+	if (buf && bad) {
+		cm_free(buf);
+		return NULL;
+	}
+	if (buf)
+		buf[n] = '\0';
+	return buf;
+}
+
+/* A client TLS config for `ep`: our certificate (if any), the CA to verify
+ * the server against, and the name its certificate must carry. */
+static int tls_config(struct edgelm_client *c, struct endpoint *ep, nng_tls_config **ret,
+                      struct edgelm_error *err)
+{
+	*ret = NULL;
+	if (!c->tls_ca)
+		return set_err(err, EDGELM_E_INVALID_ARG,
+		               "%s: TLS needs a CA file to verify the daemon (--tls-ca, "
+		               "EDGELM_TLS_CA)",
+		               ep->url);
+	int rv;
+	if (!ep->host) { /* redials and the endpoint's own socket reuse it */
+		nng_url *u;
+		if ((rv = nng_url_parse(&u, ep->url)) != 0)
+			return set_err(err, EDGELM_E_CONNECT, "%s: %s", ep->url, nng_strerror(rv));
+		ep->host = cm_strdup(u->u_hostname ? u->u_hostname : "");
+		nng_url_free(u);
+		if (!ep->host)
+			return set_err(err, EDGELM_E_NOMEM, "out of memory");
+	}
+	nng_tls_config *cfg;
+	if ((rv = nng_tls_config_alloc(&cfg, NNG_TLS_MODE_CLIENT)) != 0)
+		return set_err(err, EDGELM_E_CONNECT, "cannot set up TLS: %s", nng_strerror(rv));
+	const char *what = c->tls_ca;
+	rv = nng_tls_config_auth_mode(cfg, NNG_TLS_AUTH_MODE_REQUIRED);
+	if (rv == 0)
+		rv = nng_tls_config_ca_file(cfg, c->tls_ca);
+	if (rv == 0 && ep->host[0]) {
+		what = "the server name";
+		rv = nng_tls_config_server_name(cfg, ep->host);
+	}
+	if (rv == 0 && c->tls_cert) {
+		/* without a key file the key is in the certificate's file */
+		const char *kf = c->tls_key ? c->tls_key : c->tls_cert;
+		char *cert = read_text(c->tls_cert), *key = read_text(kf);
+		what = !cert ? c->tls_cert : kf;
+		rv = !cert || !key ? NNG_ENOENT : nng_tls_config_own_cert(cfg, cert, key, NULL);
+		if (key)
+			explicit_bzero(key, strlen(key));
+		cm_free(cert);
+		cm_free(key);
+	}
+	if (rv != 0) {
+		nng_tls_config_free(cfg);
+		return set_err(err, EDGELM_E_CONNECT, "TLS: cannot load %s: %s", what,
+		               nng_strerror(rv));
+	}
+	*ret = cfg;
+	return 0;
+}
+
+static bool is_tls(const char *url)
+{
+	return strncmp(url, "tls+", 4) == 0;
+}
+
+static int sock_setup(nng_socket *s)
+{
+	int rv = nng_req0_open(s);
+	if (rv != 0)
+		return rv;
+	/* Contexts copy the socket's resend time when they open; each call sets
+	 * it on its context again (below) so neither can resend. */
+	rv = nng_socket_set_ms(*s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+	if (rv == 0)
+		rv = nng_socket_set_ms(*s, NNG_OPT_RECONNMINT, 20);
+	if (rv == 0)
+		rv = nng_socket_set_ms(*s, NNG_OPT_RECONNMAXT, 1000);
+	if (rv == 0)
+		rv = nng_socket_set_size(*s, NNG_OPT_RECVMAXSZ, REPLY_MAX_BYTES);
+	if (rv != 0)
+		nng_close(*s);
+	return rv;
+}
+
+/* Dials ep on s: blocking (fails when nothing listens) or in the background
+ * (nng keeps trying). Returns an nng error, or -1 with err set. */
+static int dial_ep(struct edgelm_client *c, struct endpoint *ep, nng_socket s, bool block,
+                   nng_dialer *ret_d, struct edgelm_error *err)
+{
+	nng_dialer d;
+	int rv = nng_dialer_create(&d, s, ep->url);
+	if (rv != 0)
+		return rv;
+	if (is_tls(ep->url)) {
+		nng_tls_config *cfg;
+		if (tls_config(c, ep, &cfg, err) != 0) {
+			nng_dialer_close(d);
+			return -1;
+		}
+		/* the dialer holds its own reference */
+		rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, cfg);
+		nng_tls_config_free(cfg);
+	}
+	if (rv == 0)
+		rv = nng_dialer_start(d, block ? 0 : NNG_FLAG_NONBLOCK);
+	if (rv != 0) {
+		nng_dialer_close(d);
+		return rv;
+	}
+	if (ret_d)
+		*ret_d = d;
+	return 0;
+}
+
+static int dial_fail(struct edgelm_error *err, const char *url, int rv)
+{
+	const char *hint = rv == NNG_ENOENT || rv == NNG_ECONNREFUSED ? " (is edgelmd running?)"
+	                   : rv == NNG_EPERM ? " (are you in the socket's group?)"
+	                   : rv == NNG_EPEERAUTH || rv == NNG_ECRYPTO
+	                       ? " (the daemon's certificate is not signed by the CA or not "
+	                         "for this host name, or it refused ours)"
+	                       : "";
+	return set_err(err, EDGELM_E_CONNECT, "cannot connect to %s: %s%s", url, nng_strerror(rv),
+	               hint);
+}
+
+EDGELM_API int edgelm_connect_ex(const struct edgelm_connect_opts *o, edgelm_client **ret_client,
+                                 struct edgelm_error *err)
 {
 	clear_err(err);
 	if (!ret_client)
 		return set_err(err, EDGELM_E_INVALID_ARG, "edgelm_connect: ret_client is NULL");
 	*ret_client = NULL;
-	if (!url || !*url) {
-		url = getenv("EDGELM_SOCKET");
-		if (!url || !*url)
-			url = EDGELM_DEFAULT_URL;
+	struct edgelm_connect_opts none;
+	if (!o) {
+		edgelm_connect_opts_init(&none);
+		o = &none;
 	}
 	struct edgelm_client *c = cm_calloc(1, sizeof(*c));
-	if (!c || !(c->url = cm_strdup(url)) || pthread_mutex_init(&c->dial_mu, NULL) != 0) {
-		if (c)
-			cm_free(c->url);
+	if (!c)
+		return set_err(err, EDGELM_E_NOMEM, "out of memory");
+	if (pthread_mutex_init(&c->dial_mu, NULL) != 0) {
 		cm_free(c);
 		return set_err(err, EDGELM_E_NOMEM, "out of memory");
 	}
 	atomic_init(&c->timeout_ms, DEFAULT_TIMEOUT_MS);
 	atomic_init(&c->max_msg, (size_t)IPC_DEFAULT_MAX_MSG_BYTES);
-	int rv = nng_req0_open(&c->sock);
+	int rc = 0;
+	if (!dup_opt(o->tls_cert_file, "EDGELM_TLS_CERT", &c->tls_cert) ||
+	    !dup_opt(o->tls_key_file, "EDGELM_TLS_KEY", &c->tls_key) ||
+	    !dup_opt(o->tls_ca_file, "EDGELM_TLS_CA", &c->tls_ca))
+		rc = set_err(err, EDGELM_E_NOMEM, "out of memory");
+	for (size_t i = 0; rc == 0 && o->urls && i < o->n_urls; i++)
+		if (o->urls[i])
+			rc = add_urls(c, o->urls[i], err);
+	if (rc == 0 && c->n_eps == 0) {
+		const char *env = getenv("EDGELM_SOCKET");
+		rc = add_urls(c, env && *env ? env : EDGELM_DEFAULT_URL, err);
+		if (rc == 0 && c->n_eps == 0)
+			rc = add_urls(c, EDGELM_DEFAULT_URL, err);
+	}
+	if (rc) {
+		client_free(c);
+		return rc;
+	}
+	int rv = sock_setup(&c->sock);
 	if (rv != 0) {
 		client_free(c);
-		return set_err(err, EDGELM_E_NOMEM, "cannot open an nng req0 socket: %s",
+		return set_err(err, EDGELM_E_CONNECT, "cannot open an nng req0 socket: %s",
 		               nng_strerror(rv));
 	}
-	/* Contexts copy the socket's resend time when they open; each call sets
-	 * it on its context again (below) so neither can resend. */
-	rv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-	if (rv == 0)
-		rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 20);
-	if (rv == 0)
-		rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 1000);
-	if (rv == 0)
-		rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, REPLY_MAX_BYTES);
-	if (rv != 0) {
-		nng_close(c->sock);
-		client_free(c);
-		return set_err(err, EDGELM_E_CONNECT, "cannot configure the socket: %s",
-		               nng_strerror(rv));
+	/* Blocking dials: fail now, with the reason, when no daemon listens.
+	 * With several endpoints one is enough; the others are dialled in the
+	 * background and join as they come up. A bad URL or TLS file fails
+	 * the whole connect: that is a mistake, not a box that is down. */
+	size_t n_up = 0;
+	int first_rv = 0;
+	const char *first_url = NULL;
+	/* nng gives a request to the first ready pipe, so a client that sends
+	 * one request and exits (edgelmctl) would always reach the first
+	 * daemon listed: start the dials at a random one */
+	uint32_t start = 0;
+	if (getrandom(&start, sizeof(start), GRND_NONBLOCK) != (ssize_t)sizeof(start))
+		start = (uint32_t)cm_now_ns();
+	for (size_t k = 0; k < c->n_eps; k++) {
+		size_t i = (start + k) % c->n_eps;
+		struct endpoint *ep = &c->eps[i];
+		nng_dialer d;
+		rv = dial_ep(c, ep, c->sock, true, &d, err);
+		if (rv == 0) {
+			n_up++;
+		} else if (rv != -1 && rv != NNG_EINVAL && rv != NNG_EADDRINVAL &&
+		           rv != NNG_ENOTSUP && rv != NNG_ENOMEM) {
+			if (!first_url) {
+				first_url = ep->url;
+				first_rv = rv;
+			}
+			if (c->n_eps == 1)
+				continue;
+			rv = dial_ep(c, ep, c->sock, false, &d, err);
+		}
+		if (rv != 0) {
+			rc = rv != -1 ? dial_fail(err, ep->url, rv)
+			     : err    ? err->code
+			              : EDGELM_E_CONNECT;
+			break;
+		}
+		ep->dialer_ids[ep->n_dialers++] = nng_dialer_id(d);
+		if (k == 0)
+			c->dialer = d;
 	}
-	/* A blocking dial: fail now, with the reason, when nothing listens. */
-	rv = nng_dial(c->sock, url, &c->dialer, 0);
-	if (rv != 0) {
+	if (rc == 0 && n_up == 0) {
+		if (c->n_eps > 1)
+			rc = set_err(err, EDGELM_E_CONNECT,
+			             "cannot connect to any of %zu daemons; %s: %s%s", c->n_eps,
+			             first_url, nng_strerror(first_rv),
+			             first_rv == NNG_ENOENT || first_rv == NNG_ECONNREFUSED
+			                 ? " (is edgelmd running?)"
+			                 : "");
+		else
+			rc = dial_fail(err, first_url, first_rv);
+	}
+	if (rc) {
 		nng_close(c->sock);
 		client_free(c);
-		const char *hint = rv == NNG_ENOENT || rv == NNG_ECONNREFUSED
-		                       ? " (is edgelmd running?)"
-		                   : rv == NNG_EPERM ? " (are you in the socket's group?)"
-		                                     : "";
-		return set_err(err, EDGELM_E_CONNECT, "cannot connect to %s: %s%s", url,
-		               nng_strerror(rv), hint);
+		return rc;
 	}
 	*ret_client = c;
 	return 0;
+}
+
+EDGELM_API int edgelm_connect(const char *url, edgelm_client **ret_client, struct edgelm_error *err)
+{
+	struct edgelm_connect_opts o;
+	edgelm_connect_opts_init(&o);
+	o.urls = &url;
+	o.n_urls = url && *url ? 1 : 0;
+	return edgelm_connect_ex(&o, ret_client, err);
 }
 
 /* ---- closing ---------------------------------------------------------------
@@ -233,7 +506,8 @@ EDGELM_API int edgelm_connect(const char *url, edgelm_client **ret_client, struc
 void (*ipc_client_close_fn)(uint32_t sock_id) = NULL;
 
 struct closer {
-	nng_socket sock;
+	nng_socket *socks; /* the shared one and the endpoints' own */
+	size_t n_socks;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	bool done;
@@ -246,6 +520,7 @@ static void closer_unref(struct closer *k)
 	bool last = --k->refs == 0;
 	pthread_mutex_unlock(&k->mu);
 	if (last) {
+		cm_free(k->socks);
 		pthread_cond_destroy(&k->cv);
 		pthread_mutex_destroy(&k->mu);
 		cm_free(k);
@@ -263,7 +538,8 @@ static void sock_close(nng_socket s)
 static void *close_thread(void *arg)
 {
 	struct closer *k = arg;
-	sock_close(k->sock);
+	for (size_t i = 0; i < k->n_socks; i++)
+		sock_close(k->socks[i]);
 	pthread_mutex_lock(&k->mu);
 	k->done = true;
 	pthread_cond_signal(&k->cv);
@@ -282,7 +558,7 @@ static bool closer_start(struct closer *k)
 	if (pthread_condattr_init(&ca) != 0)
 		return false;
 	bool cv = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
-		  pthread_cond_init(&k->cv, &ca) == 0;
+	          pthread_cond_init(&k->cv, &ca) == 0;
 	pthread_condattr_destroy(&ca);
 	bool mu = cv && pthread_mutex_init(&k->mu, NULL) == 0;
 	if (mu && pthread_attr_init(&ta) == 0) {
@@ -301,9 +577,18 @@ EDGELM_API void edgelm_close(edgelm_client *c)
 {
 	if (!c)
 		return;
-	struct closer *k = cm_malloc(sizeof(*k));
+	/* no call runs any more, so the endpoints' sockets are settled */
+	nng_socket *socks = cm_malloc((c->n_eps + 1) * sizeof(*socks));
+	size_t n = 0;
+	if (socks) {
+		socks[n++] = c->sock;
+		for (size_t i = 0; i < c->n_eps; i++)
+			if (c->eps[i].own_open)
+				socks[n++] = c->eps[i].own;
+	}
+	struct closer *k = socks ? cm_malloc(sizeof(*k)) : NULL;
 	if (k) {
-		*k = (struct closer){.sock = c->sock, .refs = 2};
+		*k = (struct closer){.socks = socks, .n_socks = n, .refs = 2};
 		if (!closer_start(k)) {
 			cm_free(k);
 			k = NULL;
@@ -311,6 +596,10 @@ EDGELM_API void edgelm_close(edgelm_client *c)
 	}
 	if (!k) { /* no thread to be had: close here */
 		sock_close(c->sock);
+		for (size_t i = 0; i < c->n_eps; i++)
+			if (c->eps[i].own_open)
+				sock_close(c->eps[i].own);
+		cm_free(socks);
 		client_free(c);
 		return;
 	}
@@ -351,10 +640,60 @@ EDGELM_API void edgelm_free(void *p)
 static void redial(struct edgelm_client *c)
 {
 	pthread_mutex_lock(&c->dial_mu);
-	nng_dialer d;
-	if (c->redials < IPC_MAX_REDIALS && nng_dial(c->sock, c->url, &d, 0) == 0)
+	if (c->redials < IPC_MAX_REDIALS) {
 		c->redials++;
+		/* one endpoint: wait for the dial, so the resend finds the pipe;
+		 * several: the others may serve it, and a blocking TCP dial to a
+		 * box that is gone can take minutes */
+		for (size_t i = 0; i < c->n_eps; i++) {
+			struct endpoint *ep = &c->eps[i];
+			nng_dialer d;
+			if (dial_ep(c, ep, c->sock, c->n_eps == 1, &d, NULL) == 0)
+				ep->dialer_ids[ep->n_dialers++] = nng_dialer_id(d);
+		}
+	}
 	pthread_mutex_unlock(&c->dial_mu);
+}
+
+/* The endpoint whose dialer made pipe p, or -1. */
+static int pipe_ep(struct edgelm_client *c, nng_pipe p)
+{
+	int id = nng_dialer_id(nng_pipe_dialer(p));
+	int found = -1;
+	if (id <= 0)
+		return -1;
+	pthread_mutex_lock(&c->dial_mu);
+	for (size_t i = 0; i < c->n_eps && found < 0; i++)
+		for (int k = 0; k < c->eps[i].n_dialers; k++)
+			if (c->eps[i].dialer_ids[k] == id)
+				found = (int)i;
+	pthread_mutex_unlock(&c->dial_mu);
+	return found;
+}
+
+/* Endpoint i's own socket, dialled on first use. */
+static int ep_sock(struct edgelm_client *c, int i, nng_socket *ret_s, struct edgelm_error *err)
+{
+	struct endpoint *ep = &c->eps[i];
+	int rc = 0;
+	pthread_mutex_lock(&c->dial_mu);
+	if (!ep->own_open) {
+		int rv = sock_setup(&ep->own);
+		if (rv != 0) {
+			rc = nng_err(err, rv, 0, "cannot open an nng req0 socket");
+		} else if ((rv = dial_ep(c, ep, ep->own, true, NULL, err)) != 0) {
+			nng_close(ep->own);
+			rc = rv == -1 ? (err ? err->code : EDGELM_E_CONNECT)
+			              : set_err(err, EDGELM_E_CONNECTION,
+			                        "cannot reach %s, which holds the stream: %s",
+			                        ep->url, nng_strerror(rv));
+		} else {
+			ep->own_open = true;
+		}
+	}
+	*ret_s = ep->own;
+	pthread_mutex_unlock(&c->dial_mu);
+	return rc;
 }
 
 int ipc_client_stall_dialer(struct edgelm_client *c)
@@ -362,11 +701,20 @@ int ipc_client_stall_dialer(struct edgelm_client *c)
 	return nng_dialer_close(c->dialer) == 0 ? 0 : -1;
 }
 
-/* timeout_ms <= 0: wait forever. */
-static int xfer(struct edgelm_client *c, const char *req, size_t len, int timeout_ms,
-                char **ret_reply, size_t *ret_len, struct edgelm_error *err)
+/* timeout_ms <= 0: wait forever. ep: -1 for the shared socket, which nng
+ * spreads over the endpoints, else endpoint ep's own socket; *ret_ep (may
+ * be NULL) gets the endpoint that answered, -1 if unknown. `retry`: the
+ * request is safe to run twice, so when the daemon that had it drops the
+ * connection, it goes again to another (with several endpoints, at most
+ * once per other endpoint). */
+static int xfer(struct edgelm_client *c, int ep, bool retry, const char *req, size_t len,
+                int timeout_ms, char **ret_reply, size_t *ret_len, int *ret_ep,
+                struct edgelm_error *err)
 {
+	int retries = retry && ep < 0 && c->n_eps > 1 ? (int)c->n_eps - 1 : 0;
 	*ret_reply = NULL;
+	if (ret_ep)
+		*ret_ep = ep;
 	size_t maxm = atomic_load(&c->max_msg);
 	if (maxm && len > maxm)
 		return set_err(err, EDGELM_E_TOO_LARGE,
@@ -382,15 +730,26 @@ static int xfer(struct edgelm_client *c, const char *req, size_t len, int timeou
 	int send_to = timeout_ms > 0 && (gen_to <= 0 || timeout_ms < gen_to) ? timeout_ms : gen_to;
 	if (send_to <= 0)
 		send_to = DEFAULT_TIMEOUT_MS;
+	nng_socket sock = c->sock;
+	if (ep >= 0) {
+		int rc = ep_sock(c, ep, &sock, err);
+		if (rc)
+			return rc;
+	}
 	nng_ctx ctx;
 	nng_aio *aio = NULL;
 	nng_msg *m = NULL;
 	int rc = 0;
-	int rv = nng_ctx_open(&ctx, c->sock);
+	int rv = nng_ctx_open(&ctx, sock);
 	if (rv != 0)
 		return nng_err(err, rv, 0, "cannot open an nng context");
 	if ((rv = nng_ctx_set_ms(ctx, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) != 0 ||
-	    (rv = nng_aio_alloc(&aio, NULL, NULL)) != 0 || (rv = nng_msg_alloc(&m, len)) != 0) {
+	    (rv = nng_aio_alloc(&aio, NULL, NULL)) != 0) {
+		rc = nng_err(err, rv, 0, "cannot prepare the request");
+		goto out;
+	}
+again:
+	if ((rv = nng_msg_alloc(&m, len)) != 0) {
 		rc = nng_err(err, rv, 0, "cannot prepare the request");
 		goto out;
 	}
@@ -402,7 +761,8 @@ static int xfer(struct edgelm_client *c, const char *req, size_t len, int timeou
 	nng_aio_wait(aio);
 	if (nng_aio_result(aio) == NNG_ETIMEDOUT && send_to > first) {
 		/* Not sent yet, so safe to send again on a fresh connection. */
-		redial(c);
+		if (ep < 0)
+			redial(c);
 		nng_aio_set_timeout(aio, send_to - first);
 		nng_ctx_send(ctx, aio);
 		nng_aio_wait(aio);
@@ -410,9 +770,10 @@ static int xfer(struct edgelm_client *c, const char *req, size_t len, int timeou
 	if ((rv = nng_aio_result(aio)) != 0) {
 		nng_msg_free(nng_aio_get_msg(aio));
 		if (rv == NNG_ETIMEDOUT)
-			rc = set_err(err, EDGELM_E_CONNECTION,
-			             "no connection to the daemon within %d ms (is edgelmd running?)",
-			             send_to);
+			rc = set_err(
+			    err, EDGELM_E_CONNECTION,
+			    "no connection to the daemon within %d ms (is edgelmd running?)",
+			    send_to);
 		else
 			rc = nng_err(err, rv, send_to, "sending the request");
 		goto out;
@@ -420,11 +781,16 @@ static int xfer(struct edgelm_client *c, const char *req, size_t len, int timeou
 	nng_aio_set_timeout(aio, to);
 	nng_ctx_recv(ctx, aio);
 	nng_aio_wait(aio);
-	if ((rv = nng_aio_result(aio)) != 0) {
+	rv = nng_aio_result(aio);
+	if ((rv == NNG_ECONNRESET || rv == NNG_ECONNSHUT) && retries-- > 0)
+		goto again; /* the pipe is gone; nng sends on one still there */
+	if (rv != 0) {
 		rc = nng_err(err, rv, timeout_ms, "waiting for the reply");
 		goto out;
 	}
 	m = nng_aio_get_msg(aio);
+	if (ret_ep && ep < 0 && c->n_eps > 1)
+		*ret_ep = pipe_ep(c, nng_msg_get_pipe(m));
 	size_t n = nng_msg_len(m);
 	char *buf = cm_malloc(n + 1);
 	if (!buf) {
@@ -446,8 +812,16 @@ out:
 
 /* Encode, send, decode. A daemon error becomes its EDGELM_E_ code, with the
  * decoded reply still returned in *ret_rep when ret_rep is not NULL. */
-static int call_op(struct edgelm_client *c, const struct ipc_request *req, int timeout_ms,
-                   struct ipc_reply **ret_rep, char **ret_raw, struct edgelm_error *err)
+static bool idempotent(enum ipc_op op)
+{
+	return op == IPC_OP_INFO || op == IPC_OP_HEALTH || op == IPC_OP_METRICS ||
+	       op == IPC_OP_TOKENIZE || op == IPC_OP_DETOKENIZE || op == IPC_OP_EMBED;
+}
+
+/* ep and ret_ep as for xfer. */
+static int call_ep(struct edgelm_client *c, int ep, const struct ipc_request *req, int timeout_ms,
+                   struct ipc_reply **ret_rep, char **ret_raw, int *ret_ep,
+                   struct edgelm_error *err)
 {
 	char *json, *raw = NULL;
 	size_t len, rlen = 0;
@@ -461,7 +835,7 @@ static int call_op(struct edgelm_client *c, const struct ipc_request *req, int t
 	if (rc)
 		return set_err(err, rc == -ENOMEM ? EDGELM_E_NOMEM : EDGELM_E_INVALID_ARG, "%s",
 		               ce.msg);
-	rc = xfer(c, json, len, timeout_ms, &raw, &rlen, err);
+	rc = xfer(c, ep, idempotent(req->op), json, len, timeout_ms, &raw, &rlen, ret_ep, err);
 	cm_free(json);
 	if (rc)
 		return rc;
@@ -483,6 +857,12 @@ static int call_op(struct edgelm_client *c, const struct ipc_request *req, int t
 	return rc;
 }
 
+static int call_op(struct edgelm_client *c, const struct ipc_request *req, int timeout_ms,
+                   struct ipc_reply **ret_rep, char **ret_raw, struct edgelm_error *err)
+{
+	return call_ep(c, -1, req, timeout_ms, ret_rep, ret_raw, NULL, err);
+}
+
 EDGELM_API int edgelm_call_json(edgelm_client *c, const char *request, size_t len, char **ret_reply,
                                 size_t *ret_len, struct edgelm_error *err)
 {
@@ -491,7 +871,8 @@ EDGELM_API int edgelm_call_json(edgelm_client *c, const char *request, size_t le
 		return set_err(err, EDGELM_E_INVALID_ARG, "edgelm_call_json: NULL argument");
 	char *raw;
 	size_t rlen;
-	int rc = xfer(c, request, len, atomic_load(&c->timeout_ms), &raw, &rlen, err);
+	int rc =
+	    xfer(c, -1, false, request, len, atomic_load(&c->timeout_ms), &raw, &rlen, NULL, err);
 	if (rc) {
 		*ret_reply = NULL;
 		return rc;
@@ -646,7 +1027,8 @@ static int build_gen(struct ipc_request *req, enum ipc_op op, const struct edgel
 	req->stop = p->stop;
 	req->n_stop = p->stop ? p->n_stop : 0;
 	if (p->grammar && p->json_schema)
-		return set_err(err, EDGELM_E_INVALID_ARG, "grammar and json_schema exclude each other");
+		return set_err(err, EDGELM_E_INVALID_ARG,
+		               "grammar and json_schema exclude each other");
 	if (p->grammar) {
 		req->grammar = p->grammar;
 		req->grammar_len = strlen(p->grammar);
@@ -660,8 +1042,8 @@ static int build_gen(struct ipc_request *req, enum ipc_op op, const struct edgel
 		json_decref(v);
 		if (!v)
 			return set_err(err, EDGELM_E_INVALID_ARG,
-			               "json_schema: invalid JSON at line %d column %d: %s", je.line,
-			               je.column, je.text);
+			               "json_schema: invalid JSON at line %d column %d: %s",
+			               je.line, je.column, je.text);
 		if (!obj)
 			return set_err(err, EDGELM_E_INVALID_ARG,
 			               "json_schema must be a JSON object");
@@ -673,13 +1055,52 @@ static int build_gen(struct ipc_request *req, enum ipc_op op, const struct edgel
 	return 0;
 }
 
-/* Best effort: tell the daemon to stop a generation we gave up on. */
-static void cancel_quietly(struct edgelm_client *c, const char *id)
+/* Cancel id on endpoint ep, or (ep -1) wherever it runs: with several
+ * endpoints the generation may be on any daemon, so each is asked through
+ * its own socket until one knows the id. All answered not_found: that;
+ * else the last other error. */
+static int cancel_on(struct edgelm_client *c, int ep, const char *id, int timeout_ms,
+                     bool *ret_cancelled, struct edgelm_error *err)
 {
 	struct ipc_request req;
 	ipc_request_init(&req, IPC_OP_CANCEL);
 	req.id = id;
-	(void)call_op(c, &req, 2000, NULL, NULL, NULL);
+	struct ipc_reply *rep;
+	if (ep >= 0 || c->n_eps == 1) {
+		int rc = call_ep(c, ep, &req, timeout_ms, &rep, NULL, NULL, err);
+		if (rc == 0 && ret_cancelled)
+			*ret_cancelled = rep->u.cancel.cancelled;
+		ipc_reply_free(rep);
+		return rc;
+	}
+	int rc = EDGELM_E_NOT_FOUND;
+	struct edgelm_error e1, last;
+	clear_err(&last);
+	for (size_t i = 0; i < c->n_eps; i++) {
+		int r = call_ep(c, (int)i, &req, timeout_ms, &rep, NULL, NULL, &e1);
+		if (r == 0) {
+			if (ret_cancelled)
+				*ret_cancelled = rep->u.cancel.cancelled;
+			ipc_reply_free(rep);
+			clear_err(err);
+			return 0;
+		}
+		ipc_reply_free(rep);
+		if (r != EDGELM_E_NOT_FOUND || rc == EDGELM_E_NOT_FOUND) {
+			if (r != EDGELM_E_NOT_FOUND)
+				rc = r;
+			last = e1;
+		}
+	}
+	if (err)
+		*err = last;
+	return rc;
+}
+
+/* Best effort: tell the daemon to stop a generation we gave up on. */
+static void cancel_quietly(struct edgelm_client *c, int ep, const char *id)
+{
+	(void)cancel_on(c, ep, id, 2000, NULL, NULL);
 }
 
 static int run_blocking(struct edgelm_client *c, struct ipc_request *req, struct edgelm_result *res,
@@ -696,7 +1117,7 @@ static int run_blocking(struct edgelm_client *c, struct ipc_request *req, struct
 	if (rc) {
 		ipc_reply_free(rep);
 		if (rc == EDGELM_E_TIMEOUT || rc == EDGELM_E_CONNECTION)
-			cancel_quietly(c, req->id);
+			cancel_quietly(c, -1, req->id);
 		return rc;
 	}
 	const struct ipc_gen_reply *g = &rep->u.gen;
@@ -723,11 +1144,15 @@ static int run_stream(struct edgelm_client *c, struct ipc_request *req, int32_t 
 	struct ipc_reply *rep;
 	size_t cap = 0;
 	req->stream = true;
-	int rc = call_op(c, req, t, &rep, NULL, err);
+	/* The stream lives on the daemon that started it: with several
+	 * endpoints its polls and cancels go there, on that endpoint's own
+	 * socket, not over the shared one that nng spreads. */
+	int ep = -1;
+	int rc = call_ep(c, -1, req, t, &rep, NULL, &ep, err);
 	if (rc) {
 		ipc_reply_free(rep);
 		if (rc == EDGELM_E_TIMEOUT || rc == EDGELM_E_CONNECTION)
-			cancel_quietly(c, req->id);
+			cancel_quietly(c, -1, req->id);
 		return rc;
 	}
 	if (!rep->u.gen.stream) {
@@ -748,13 +1173,13 @@ static int run_stream(struct edgelm_client *c, struct ipc_request *req, int32_t 
 		poll.ack = ack;
 		poll.wait_ms = (uint32_t)wait_ms;
 		int poll_to = t > 0 ? (int)CM_MIN((int64_t)INT32_MAX, (int64_t)wait_ms + t) : 0;
-		rc = call_op(c, &poll, poll_to, &rep, NULL, err);
+		rc = call_ep(c, ep, &poll, poll_to, &rep, NULL, NULL, err);
 		if (rc == EDGELM_E_TIMEOUT || rc == EDGELM_E_CONNECTION) {
 			/* The reply was lost or is late: ask again from the same
 			 * offset; the daemon still holds everything after it. */
 			ipc_reply_free(rep);
 			if (++failures > POLL_RETRIES) {
-				cancel_quietly(c, res->id);
+				cancel_quietly(c, ep, res->id);
 				return rc;
 			}
 			if (rc == EDGELM_E_CONNECTION)
@@ -769,7 +1194,7 @@ static int run_stream(struct edgelm_client *c, struct ipc_request *req, int32_t 
 		const struct ipc_poll_reply *pr = &rep->u.poll;
 		if (pr->offset != ack || pr->next < ack) {
 			ipc_reply_free(rep);
-			cancel_quietly(c, res->id);
+			cancel_quietly(c, ep, res->id);
 			return set_err(err, EDGELM_E_PROTOCOL,
 			               "poll reply at offset %llu, asked for %llu",
 			               (unsigned long long)pr->offset, (unsigned long long)ack);
@@ -777,12 +1202,12 @@ static int run_stream(struct edgelm_client *c, struct ipc_request *req, int32_t 
 		if (pr->text_len) {
 			if (result_append(res, &cap, pr->text, pr->text_len)) {
 				ipc_reply_free(rep);
-				cancel_quietly(c, res->id);
+				cancel_quietly(c, ep, res->id);
 				return set_err(err, EDGELM_E_NOMEM, "out of memory");
 			}
 			if (cb && cb(pr->text, pr->text_len, user) != 0) {
 				ipc_reply_free(rep);
-				cancel_quietly(c, res->id);
+				cancel_quietly(c, ep, res->id);
 				res->finish = EDGELM_FINISH_CANCELLED;
 				return set_err(err, EDGELM_E_ABORTED, "stopped by the callback");
 			}
@@ -798,7 +1223,7 @@ static int run_stream(struct edgelm_client *c, struct ipc_request *req, int32_t 
 			if (next != ack) {
 				poll.ack = next;
 				poll.wait_ms = 0;
-				(void)call_op(c, &poll, 2000, NULL, NULL, NULL);
+				(void)call_ep(c, ep, &poll, 2000, NULL, NULL, NULL, NULL);
 			}
 			break;
 		}
@@ -905,15 +1330,7 @@ EDGELM_API int edgelm_cancel(edgelm_client *c, const char *id, bool *ret_cancell
 	clear_err(err);
 	if (!c || !id)
 		return set_err(err, EDGELM_E_INVALID_ARG, "client or id is NULL");
-	struct ipc_request req;
-	ipc_request_init(&req, IPC_OP_CANCEL);
-	req.id = id;
-	struct ipc_reply *rep;
-	int rc = call_op(c, &req, atomic_load(&c->timeout_ms), &rep, NULL, err);
-	if (rc == 0 && ret_cancelled)
-		*ret_cancelled = rep->u.cancel.cancelled;
-	ipc_reply_free(rep);
-	return rc;
+	return cancel_on(c, -1, id, atomic_load(&c->timeout_ms), ret_cancelled, err);
 }
 
 /* ---- tokens and status ---------------------------------------------------- */
@@ -952,8 +1369,8 @@ EDGELM_API int edgelm_tokenize(edgelm_client *c, const char *text, bool add_spec
 }
 
 EDGELM_API int edgelm_embed(edgelm_client *c, const char *const *texts, size_t n,
-                            const char *pooling, bool truncate, float **ret_values,
-                            size_t *ret_dim, int64_t **ret_tokens, struct edgelm_error *err)
+                            const char *pooling, bool truncate, float **ret_values, size_t *ret_dim,
+                            int64_t **ret_tokens, struct edgelm_error *err)
 {
 	clear_err(err);
 	if (!c || !texts || !ret_values || !ret_dim)
@@ -1002,7 +1419,8 @@ EDGELM_API int edgelm_embed(edgelm_client *c, const char *const *texts, size_t n
 		float *v = same ? cm_malloc(CM_MAX(n * dim, (size_t)1) * sizeof(*v)) : NULL;
 		int64_t *t = same && ret_tokens ? cm_malloc((n ? n : 1) * sizeof(*t)) : NULL;
 		if (!same) {
-			rc = set_err(err, EDGELM_E_PROTOCOL, "embed reply does not match the request");
+			rc = set_err(err, EDGELM_E_PROTOCOL,
+			             "embed reply does not match the request");
 		} else if (!v || (ret_tokens && !t)) {
 			cm_free(v);
 			cm_free(t);

@@ -95,9 +95,60 @@ typedef struct edgelm_client edgelm_client;
 
 /* Connect to `url` (NULL: $EDGELM_SOCKET, else EDGELM_DEFAULT_URL). Fails at
  * once with EDGELM_E_CONNECT when nothing listens there. After a lost
- * connection the library reconnects by itself. */
+ * connection the library reconnects by itself. `url` may be a
+ * comma-separated list of daemons: see edgelm_connect_ex, whose TLS files
+ * this takes from $EDGELM_TLS_CERT, $EDGELM_TLS_KEY and $EDGELM_TLS_CA. */
 EDGELM_API int edgelm_connect(const char *url, edgelm_client **ret_client,
                               struct edgelm_error *err);
+
+/* Several daemons (a fleet) and TLS.
+ *
+ * One client dials every URL on one nng req socket, and nng hands each
+ * request to a connected daemon that is free to take it, so requests spread
+ * over the daemons that are up; none is a balancer of ours. The connect
+ * succeeds when at least one daemon answers; the others are dialled in the
+ * background and take requests once they come up. A URL that does not parse
+ * or a TLS file that does not load fails the connect.
+ *
+ * Failover: a request runs on one daemon. When that daemon goes away, the
+ * call fails at once with EDGELM_E_CONNECTION (no resend timer, nothing
+ * waits for a timeout), and the next call goes to the daemons still
+ * connected. The library itself sends a request again only where running it
+ * twice is harmless: info, health, metrics, tokenize, detokenize and embed
+ * go once more to another daemon (at most once per other endpoint). A
+ * generate or chat is never sent again once it may have reached a daemon:
+ * the caller sees EDGELM_E_CONNECTION and decides (the library has already
+ * asked the daemons to cancel its id). edgelm_call_json is not retried.
+ *
+ * Streams stay on the daemon that started them: the polls and the cancel of
+ * a streaming generate go to that daemon only, on a second req socket per
+ * endpoint, dialled the first time a stream needs it. edgelm_cancel by id
+ * asks each daemon in turn until one knows the id.
+ *
+ * TLS (tls+tcp://host:port): the client verifies the daemon's certificate
+ * against tls_ca_file and the host name in the URL, and refuses the
+ * connection (EDGELM_E_CONNECT) when the name differs or the CA did not sign
+ * it. tls_cert_file/tls_key_file are the client's certificate and key (PEM;
+ * the key may be in the certificate's file), which a daemon that asks for
+ * one checks; its CN names the client to the daemon. */
+struct edgelm_connect_opts {
+	/* URLs (ipc://, tcp://, tls+tcp://), each of which may itself be a
+	 * comma-separated list; none: $EDGELM_SOCKET (may be a list too),
+	 * else EDGELM_DEFAULT_URL */
+	const char *const *urls;
+	size_t n_urls;
+	/* PEM files; NULL: $EDGELM_TLS_CERT, $EDGELM_TLS_KEY, $EDGELM_TLS_CA */
+	const char *tls_cert_file;
+	const char *tls_key_file;
+	const char *tls_ca_file;
+	uint64_t reserved_[8]; /* zero (edgelm_connect_opts_init) */
+};
+/* Zeroes *o: every field its default. */
+EDGELM_API void edgelm_connect_opts_init(struct edgelm_connect_opts *o);
+/* Connect with options (NULL: all defaults, as edgelm_connect(NULL)). */
+EDGELM_API int edgelm_connect_ex(const struct edgelm_connect_opts *o, edgelm_client **ret_client,
+                                 struct edgelm_error *err);
+
 /* NULL-safe. Returns within 2 s even where nng's own close stalls (nng
  * 1.5.2, Debian 12's, can wait for good after the daemon dropped the
  * connection: nanomsg/nng#1543, fixed in nng 1.8); the socket is then left
@@ -204,7 +255,8 @@ EDGELM_API int edgelm_chat(edgelm_client *c, const struct edgelm_message *messag
                            void *user, struct edgelm_result *ret_result, struct edgelm_error *err);
 
 /* Cancel a generation by id. *ret_cancelled (may be NULL) is false when it had
- * already finished. EDGELM_E_NOT_FOUND when the daemon does not know it. */
+ * already finished. EDGELM_E_NOT_FOUND when the daemon does not know it
+ * (with several daemons: when none does and all answered). */
 EDGELM_API int edgelm_cancel(edgelm_client *c, const char *id, bool *ret_cancelled,
                              struct edgelm_error *err);
 

@@ -18,6 +18,7 @@ PACKAGING_MAN := packaging/man/edgelmctl.1 packaging/man/edgelm-bench.1 packagin
 # the operator to import: /usr/share/edgelm/{grafana,prometheus}/.
 DATADIR ?= $(PREFIX)/share
 PACKAGING_MONITORING := packaging/grafana/edgelm.json packaging/prometheus/edgelm-rules.yml \
+			packaging/prometheus/edgelm-fleet.yml packaging/prometheus/edgelm-fleet-targets.json \
 			packaging/prometheus/scrape-example.yml
 
 .PHONY: install-packaging uninstall-packaging check-systemd deb

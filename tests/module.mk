@@ -26,6 +26,14 @@ $(NOTIFY_LISTENER): $(BUILD)/tests/integration/notify_listener.o
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^
 
+# One protocol request over nng with TLS options, for the fleet test
+# (tests/integration/fleet_call.c).
+FLEET_CALL := $(BUILD)/tests/integration/fleet_call
+TESTS += $(FLEET_CALL)
+$(FLEET_CALL): $(BUILD)/tests/integration/fleet_call.o
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(NNG_LIBS)
+
 $(BUILD)/tests/kernels/%: $(BUILD)/tests/kernels/%.o $(MODULE_LIBS)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(EDGELM_CFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(TEST_LDLIBS)

@@ -116,7 +116,8 @@ static void usage(FILE *o)
 		"                       stories, else synthetic English (-m may be a vocab GGUF)\n"
 		"      --text-mb N      repeat the text up to N MB (default 4; 0: once)\n"
 		"\n"
-		"  --daemon URL         load a running edgelmd instead (--help --daemon: its options)\n"
+		"  --daemon URL...      load running edgelmd instead, one or several, over TLS too\n"
+		"                       (--help --daemon: its options)\n"
 		"  -h, --help\n",
 		engine_kv_type_list(), engine_kv_type_name(ENGINE_KV_DEFAULT));
 }

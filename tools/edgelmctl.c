@@ -1,6 +1,6 @@
 /* tools/edgelmctl.c: the command-line client of edgelmd, built on libedgelm.
  *
- *   edgelmctl [--socket URL] [--json] [--timeout MS] COMMAND [ARGS]
+ *   edgelmctl [--socket URL]... [--tls-ca FILE] [--json] [--timeout MS] COMMAND [ARGS]
  *
  * Exit codes: 0 ok, 1 usage, 2 the daemon returned an error, 3 cannot connect
  * or no reply in time, 4 the daemon is not ready (health), 130 interrupted.
@@ -18,22 +18,27 @@ static const struct {
 	const char *name;
 	int (*fn)(int argc, char **argv);
 } commands[] = {
-    {"generate", ctl_cmd_generate},     {"chat", ctl_cmd_chat},
-    {"info", ctl_cmd_status},           {"health", ctl_cmd_status},
-    {"metrics", ctl_cmd_status},        {"tokenize", ctl_cmd_tokenize},
-    {"detokenize", ctl_cmd_detokenize}, {"cancel", ctl_cmd_cancel},
-    {"top", ctl_cmd_top},               {"embed", ctl_cmd_embed},
+    {"generate", ctl_cmd_generate},     {"chat", ctl_cmd_chat},      {"info", ctl_cmd_status},
+    {"health", ctl_cmd_status},         {"metrics", ctl_cmd_status}, {"tokenize", ctl_cmd_tokenize},
+    {"detokenize", ctl_cmd_detokenize}, {"cancel", ctl_cmd_cancel},  {"top", ctl_cmd_top},
+    {"embed", ctl_cmd_embed},
 };
 
 /* The options before COMMAND into ctl_g; -1 to go on (optind at COMMAND),
  * else the exit code. */
 static int parse_globals(int argc, char **argv)
 {
-	enum { OPT_VERSION = 256 };
+	enum { OPT_VERSION = 256, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA };
 	static const struct option lo[] = {
-	    {"socket", required_argument, NULL, 's'},    {"json", no_argument, NULL, 'j'},
-	    {"timeout", required_argument, NULL, 't'},   {"help", no_argument, NULL, 'h'},
-	    {"version", no_argument, NULL, OPT_VERSION}, {NULL, 0, NULL, 0},
+	    {"socket", required_argument, NULL, 's'},
+	    {"json", no_argument, NULL, 'j'},
+	    {"timeout", required_argument, NULL, 't'},
+	    {"help", no_argument, NULL, 'h'},
+	    {"version", no_argument, NULL, OPT_VERSION},
+	    {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
+	    {"tls-key", required_argument, NULL, OPT_TLS_KEY},
+	    {"tls-ca", required_argument, NULL, OPT_TLS_CA},
+	    {NULL, 0, NULL, 0},
 	};
 	int ch;
 	long v;
@@ -41,7 +46,20 @@ static int parse_globals(int argc, char **argv)
 	while ((ch = getopt_long(argc, argv, "+s:jt:h", lo, NULL)) != -1) {
 		switch (ch) {
 		case 's':
-			ctl_g.socket = optarg;
+			/* repeated: several daemons, one client (edgelm_connect_ex) */
+			if (ctl_g.n_sockets == CTL_MAX_SOCKETS)
+				return ctl_usage_error(NULL, "--socket: at most %d",
+				                       CTL_MAX_SOCKETS);
+			ctl_g.sockets[ctl_g.n_sockets++] = optarg;
+			break;
+		case OPT_TLS_CERT:
+			ctl_g.tls_cert = optarg;
+			break;
+		case OPT_TLS_KEY:
+			ctl_g.tls_key = optarg;
+			break;
+		case OPT_TLS_CA:
+			ctl_g.tls_ca = optarg;
 			break;
 		case 'j':
 			ctl_g.json = true;

@@ -9,7 +9,8 @@
 #   metrics_bind_required is no;
 # - every edgelm_* name in packaging/grafana/edgelm.json and
 #   packaging/prometheus/edgelm-rules.yml is in a live scrape, and
-#   `promtool check rules` / `check config` pass (SKIP without promtool).
+#   `promtool check rules` / `check config` (the one-box and the fleet
+#   scrape configurations) pass (SKIP without promtool).
 set -u
 BUILD=${BUILD:-build}
 T=${TEST_TMPDIR:-$(mktemp -d)}/daemon_metrics
@@ -82,13 +83,18 @@ for f in packaging/grafana/edgelm.json packaging/prometheus/edgelm-rules.yml; do
 done
 if command -v jq >/dev/null 2>&1; then
 	if jq -e '.panels | length > 10' packaging/grafana/edgelm.json >/dev/null; then ok; else ko "edgelm.json: not JSON, or few panels"; fi
+	# the fleet's file_sd targets: a list of {targets, labels}
+	if jq -e 'all(.[]; (.targets | length > 0) and (.labels | type == "object"))' \
+		packaging/prometheus/edgelm-fleet-targets.json >/dev/null; then ok; else ko "edgelm-fleet-targets.json: not file_sd JSON"; fi
 else
 	sk "jq: not installed, edgelm.json not parsed"
 fi
 PROMTOOL=${PROMTOOL:-$(command -v promtool || true)}
 if [ -n "$PROMTOOL" ] && [ -x "$PROMTOOL" ]; then
 	if "$PROMTOOL" check rules packaging/prometheus/edgelm-rules.yml >"$T/promtool.txt" 2>&1; then ok; else ko "promtool check rules: $(cat "$T/promtool.txt")"; fi
-	if "$PROMTOOL" check config packaging/prometheus/scrape-example.yml >"$T/promtool.txt" 2>&1; then ok; else ko "promtool check config: $(cat "$T/promtool.txt")"; fi
+	for f in scrape-example.yml edgelm-fleet.yml; do
+		if "$PROMTOOL" check config "packaging/prometheus/$f" >"$T/promtool.txt" 2>&1; then ok; else ko "promtool check config $f: $(cat "$T/promtool.txt")"; fi
+	done
 	if "$PROMTOOL" check metrics <"$T/s1.txt" >"$T/promtool.txt" 2>&1; then ok; else ko "promtool check metrics: $(head -5 "$T/promtool.txt")"; fi
 else
 	sk "promtool: not installed (Debian's prometheus package), rules not checked"

@@ -90,7 +90,8 @@ else bad "apt-get install (exit $rc)" "$out"; finish; fi
 E id edgelm >/dev/null 2>&1 && ok "system user edgelm" || bad "no user edgelm"
 [ -f /proc/$L/root/etc/edgelm/edgelm.conf ] && ok "/etc/edgelm/edgelm.conf installed" ||
 	bad "no /etc/edgelm/edgelm.conf"
-for f in grafana/edgelm.json prometheus/edgelm-rules.yml prometheus/scrape-example.yml; do
+for f in grafana/edgelm.json prometheus/edgelm-rules.yml prometheus/scrape-example.yml \
+	prometheus/edgelm-fleet.yml prometheus/edgelm-fleet-targets.json; do
 	[ -f /proc/$L/root/usr/share/edgelm/$f ] || bad "no /usr/share/edgelm/$f"
 done
 [ -f /proc/$L/root/usr/share/edgelm/grafana/edgelm.json ] && ok "dashboard and rules in /usr/share/edgelm"

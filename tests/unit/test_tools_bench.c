@@ -648,6 +648,8 @@ static void test_table(void)
 		{"--streams 1,,4", "--streams: '1,,4' is not a list"},
 		{"--streams 1,2,3,4,5,6,7,8,9", "at most 8 values"},
 		{"--streams ''", "--streams: '' is not a list"},
+		/* two comparisons at once */
+		{"--compare ipc:///nonexistent2 --http 127.0.0.1:1", "usage: edgelm-bench --daemon"},
 	};
 	for (size_t i = 0; i < CM_ARRAY_LEN(bad_streams); i++) {
 		snprintf(cmd, sizeof(cmd), "%s --daemon ipc:///nonexistent %s 2>&1",

@@ -45,6 +45,22 @@ static void test_good_numbers(void)
 	run("--timeout 100 health", 3, NULL);
 }
 
+/* --socket repeats and takes comma lists (issue 26): with nobody serving
+ * any of them the message counts them all; TLS options are taken, and
+ * tls+tcp:// without a CA is a usage error, refused before dialling */
+static void test_sockets_and_tls(void)
+{
+	run("--socket ipc:///nonexistent/b.sock,ipc:///nonexistent/c.sock health", 3,
+	    "cannot connect to any of 3 daemons");
+	run("-s ipc:///nonexistent/b.sock -s ' ipc:///nonexistent/c.sock , ' health", 3,
+	    "cannot connect to any of 3 daemons");
+	run("-s tls+tcp://localhost:1 --tls-cert /nonexistent/c.pem --tls-key /nonexistent/k.pem "
+	    "health </dev/null",
+	    1, "TLS needs a CA file");
+	run("-s tls+tcp://localhost:1 --tls-ca /nonexistent/ca.pem health", 3,
+	    "/nonexistent/ca.pem");
+}
+
 /* --grammar-file and --json-schema: read before connecting, one or the
  * other; what the files hold is the daemon's to judge */
 static void test_structured_output_files(void)
@@ -88,6 +104,7 @@ int main(void)
 {
 	TEST_RUN(test_bad_numbers);
 	TEST_RUN(test_good_numbers);
+	TEST_RUN(test_sockets_and_tls);
 	TEST_RUN(test_structured_output_files);
 	return test_finish();
 }

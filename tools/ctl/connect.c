@@ -5,7 +5,14 @@
 int ctl_connect(edgelm_client **c)
 {
 	struct edgelm_error e;
-	int rc = edgelm_connect(ctl_g.socket, c, &e);
+	struct edgelm_connect_opts o;
+	edgelm_connect_opts_init(&o);
+	o.urls = ctl_g.sockets;
+	o.n_urls = ctl_g.n_sockets;
+	o.tls_cert_file = ctl_g.tls_cert;
+	o.tls_key_file = ctl_g.tls_key;
+	o.tls_ca_file = ctl_g.tls_ca;
+	int rc = edgelm_connect_ex(&o, c, &e);
 	if (rc)
 		return ctl_fail(rc, &e);
 	edgelm_set_timeout(*c, ctl_g.timeout_ms);

@@ -28,8 +28,11 @@ enum {
 };
 
 /* The options before COMMAND (set by main, read by the commands). */
+#define CTL_MAX_SOCKETS 32
 struct ctl_globals {
-	const char *socket;
+	const char *sockets[CTL_MAX_SOCKETS]; /* --socket, repeated; none: the library's default */
+	size_t n_sockets;
+	const char *tls_cert, *tls_key, *tls_ca; /* NULL: $EDGELM_TLS_* */
 	bool json;
 	int timeout_ms;
 };

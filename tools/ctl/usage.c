@@ -71,7 +71,8 @@ static const struct command_help {
 
 void ctl_usage_main(FILE *f)
 {
-	fprintf(f, "usage: edgelmctl [--socket URL] [--json] [--timeout MS] COMMAND [ARGS]\n\n"
+	fprintf(f, "usage: edgelmctl [--socket URL]... [TLS options] [--json] [--timeout MS]\n"
+	           "                 COMMAND [ARGS]\n\n"
 	           "Talk to edgelmd, the local LLM daemon.\n\n"
 	           "Commands:\n");
 	for (size_t i = 0; i < CM_ARRAY_LEN(helps); i++)
@@ -79,7 +80,14 @@ void ctl_usage_main(FILE *f)
 	fprintf(f,
 	        "\nOptions:\n"
 	        "  -s, --socket URL   the daemon's socket (default: $EDGELM_SOCKET, else\n"
-	        "                     %s)\n"
+	        "                     %s); repeat it, or give a\n"
+	        "                     comma-separated list, for several daemons: each\n"
+	        "                     request goes to one that is up\n"
+	        "      --tls-ca FILE  for tls+tcp://: the CA that signed the daemons'\n"
+	        "                     certificates (default: $EDGELM_TLS_CA)\n"
+	        "      --tls-cert FILE, --tls-key FILE\n"
+	        "                     this client's certificate and key (default:\n"
+	        "                     $EDGELM_TLS_CERT, $EDGELM_TLS_KEY)\n"
 	        "  -j, --json         print JSON for machines\n"
 	        "  -t, --timeout MS   wait this long for each reply (default 30000; 0: forever;\n"
 	        "                     a generation waits as long as it runs; a reconnect\n"
