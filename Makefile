@@ -55,9 +55,11 @@ MHD_LIBS        ?= $(call pc_libs,libmicrohttpd,-lmicrohttpd)
 SYSTEMD_LIBS    ?= $(call pc_libs,libsystemd,-lsystemd)
 PCRE2_LIBS      ?= $(call pc_libs,libpcre2-8,-lpcre2-8)
 NUMA_LIBS       ?= -lnuma
+# mbedTLS has no .pc; ipc/tls_engine.c calls it (nng's TLS is built on it)
+MBEDTLS_LIBS    ?= -lmbedtls -lmbedx509 -lmbedcrypto
 # Programs link every module library they need; --as-needed keeps unused
 # shared libraries out of each binary's NEEDED list.
-EXT_LIBS = -Wl,--as-needed $(NNG_LIBS) $(JANSSON_LIBS) $(SYSTEMD_LIBS) $(PROC2_LIBS) \
+EXT_LIBS = -Wl,--as-needed $(NNG_LIBS) $(MBEDTLS_LIBS) $(JANSSON_LIBS) $(SYSTEMD_LIBS) $(PROC2_LIBS) \
 	   $(MHD_LIBS) $(CPUID_LIBS) $(NUMA_LIBS) $(PCRE2_LIBS) -lm -pthread
 
 ifeq ($(V),1)

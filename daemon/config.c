@@ -118,13 +118,22 @@ static const struct opt options[] = {
 
 	{ "listen", OPT_LIST, LISTF(listen), "ipc:///run/edgelm/edgelm.sock", 0, 0, 0, NULL,
 	  check_url, 0, "ipc",
-	  "nng URL to serve (ipc:// or tcp://); each listen line adds one, up to 8", LISTN(n_listen) },
+	  "nng URL to serve: ipc:///PATH, tcp://ADDR:PORT (not authenticated) or tls+tcp://ADDR:PORT (TLS: set tls_cert_file and tls_key_file, and tls_ca_file to authenticate clients); each listen line adds one, up to 8", LISTN(n_listen) },
 	{ "socket_group", OPT_STRING, FIELD(socket_group), "edgelm", 0, 0, 0, NULL, NULL, 0, NULL,
 	  "group of the ipc:// socket files; \"\": leave as created" },
 	{ "socket_mode", OPT_OCTAL, FIELD(socket_mode), "0660", 0, 0777, 0, NULL, NULL, 0, NULL,
 	  "mode of the ipc:// socket files (clients need write permission)" },
 	{ "max_msg_kib", OPT_UINT, FIELD(max_msg_kib), "1216", 1, 1048576, 0, NULL, NULL, 0, NULL,
 	  "largest request message in KiB; the default fits the protocol's largest prompt (1 MiB) with its envelope" },
+	{ "tls_cert_file", OPT_STRING, FIELD(tls_cert_file), "", 0, 0, R, NULL,
+	  check_abs_path_or_empty, 0, NULL,
+	  "certificate (PEM, the chain after it) of the tls+tcp:// listeners; a reload reads the three tls_*_file files again, also unchanged paths: new connections use them, connected clients keep theirs" },
+	{ "tls_key_file", OPT_STRING, FIELD(tls_key_file), "", 0, 0, R, NULL,
+	  check_abs_path_or_empty, 0, NULL,
+	  "private key (PEM, unencrypted) of tls_cert_file; keep it readable by the daemon only" },
+	{ "tls_ca_file", OPT_STRING, FIELD(tls_ca_file), "", 0, 0, R, NULL,
+	  check_abs_path_or_empty, 0, NULL,
+	  "CA certificates (PEM) of the clients: a tls+tcp:// client must present a certificate they signed, and its subject CN is its identity, tls:CN (tenant_weights tls:CN=W); \"\": clients are not authenticated (identity tls:anonymous)" },
 
 	{ "http_listen", OPT_LIST, LISTF(http_listen), "", 0, 0, 0, NULL, check_http_listen, 0,
 	  "http",
@@ -290,7 +299,8 @@ static int check_url(const char *v, struct cm_err *err)
 
 	if (!sep || sep == v || !sep[3])
 		return cm_err_set(err, -EINVAL,
-		                  "'%s' is not an nng URL (ipc:///path, tcp://ADDR:PORT)", v);
+		                  "'%s' is not an nng URL (ipc:///path, tcp://ADDR:PORT, "
+		                  "tls+tcp://ADDR:PORT)", v);
 	return 0;
 }
 
@@ -739,6 +749,13 @@ int daemon_config_validate(const struct daemon_config *c, struct cm_err *err)
 		                  DAEMON_CONFIG_PATH);
 	if (c->n_listen < 1)
 		return cm_err_set(err, -EINVAL, "no listen URL: set `listen` or pass --listen");
+	for (int i = 0; i < c->n_listen; i++)
+		if (strncmp(c->listen[i], "tls+tcp://", 10) == 0 &&
+		    (!c->tls_cert_file[0] || !c->tls_key_file[0]))
+			return cm_err_set(err, -EINVAL,
+			                  "listen %s: a tls+tcp:// listener needs tls_cert_file and "
+			                  "tls_key_file (the server's certificate and key)",
+			                  c->listen[i]);
 	if (c->prefill_chunk > c->batch_size)
 		return cm_err_set(err, -EINVAL, "prefill_chunk (%u) is larger than batch_size (%u)",
 		                  c->prefill_chunk, c->batch_size);

@@ -50,11 +50,14 @@ struct daemon_config {
 	uint32_t text_threads;       /* threads that tokenize off the scheduler */
 
 	/* ipc */
-	char listen[DAEMON_MAX_LISTEN][512]; /* nng URLs; ipc:// and/or tcp:// */
+	char listen[DAEMON_MAX_LISTEN][512]; /* nng URLs; ipc://, tcp://, tls+tcp:// */
 	int n_listen;
 	char socket_group[64]; /* group of the ipc socket file ("" = leave) */
 	uint32_t socket_mode;  /* octal, default 0660 */
 	uint32_t max_msg_kib;  /* max request size */
+	char tls_cert_file[4096]; /* tls+tcp://: the server's certificate (PEM) */
+	char tls_key_file[4096];  /* ... and its private key */
+	char tls_ca_file[4096];   /* "" = clients not authenticated, else mutual TLS */
 
 	/* http */
 	char http_listen[DAEMON_MAX_LISTEN][512]; /* ADDR:PORT of the HTTP front */

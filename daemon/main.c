@@ -44,7 +44,7 @@ static void usage(FILE *o)
 		"\n"
 		"  --config FILE          configuration file (default " DAEMON_CONFIG_PATH ")\n"
 		"  --model FILE           GGUF model (overrides `model`)\n"
-		"  --listen URL           nng URL to serve, repeatable (ipc:// or tcp://)\n"
+		"  --listen URL           nng URL to serve, repeatable (ipc://, tcp://, tls+tcp://)\n"
 		"  --metrics-listen A:P   Prometheus endpoint, or `off`\n"
 		"  --threads N, --ctx N, --parallel N, --isa NAME\n"
 		"  --set KEY=VALUE        any configuration key (repeatable)\n"
@@ -364,6 +364,23 @@ static int config_build(struct daemon_config *c, const char *path, bool must_exi
 static struct overrides g_ov;
 static bool g_config_given;
 
+/* Certificates are rotated in place (same paths) as often as not: read
+ * the files at every reload, not only when their keys changed. */
+static void reload_tls(struct daemon *d)
+{
+	bool tls = false;
+	for (int i = 0; i < d->cfg.n_listen; i++)
+		tls |= strncmp(d->cfg.listen[i], "tls+tcp://", 10) == 0;
+	if (!tls || !d->srv)
+		return;
+	struct cm_err err = {0};
+	if (ipc_server_tls_reload(d->srv, d->cfg.tls_cert_file, d->cfg.tls_key_file,
+	                          d->cfg.tls_ca_file, &err) != 0)
+		log_err("reload: %s; new TLS connections keep the previous certificates", err.msg);
+	else
+		log_notice("reload: TLS certificates read again; new connections use them");
+}
+
 static void reload(struct daemon *d)
 {
 	daemon_notify_reloading();
@@ -392,6 +409,7 @@ static void reload(struct daemon *d)
 		log_err("reload: %s", err.msg); /* checked when parsed: not expected */
 	pthread_mutex_unlock(&d->mu);
 	daemon_log_set_level(d->cfg.log_level);
+	reload_tls(d);
 	if (what & 2)
 		log_warning("reload: %s changed, which needs a restart; ignoring %s", keys,
 			    strchr(keys, ',') ? "them" : "it");
@@ -914,6 +932,9 @@ static int start_socket(struct daemon *d)
 		.selfcheck_ms = IPC_SELFCHECK_DEFAULT_MS,
 		.on_event = on_ipc_event,
 		.on_reply = daemon_count_reply,
+		.tls_cert_file = d->cfg.tls_cert_file,
+		.tls_key_file = d->cfg.tls_key_file,
+		.tls_ca_file = d->cfg.tls_ca_file,
 	};
 	sp.limits.max_msg_bytes = (size_t)d->cfg.max_msg_kib * 1024;
 	ipc_server *srv = NULL;
@@ -928,8 +949,19 @@ static int start_socket(struct daemon *d)
 	if (err.code)
 		log_warning("%s; ignoring", err.msg);
 	add_ipc_metrics(d);
-	for (int i = 0; i < d->cfg.n_listen; i++)
-		log_notice("serving %s on %s", d->model_name, d->cfg.listen[i]);
+	for (int i = 0; i < d->cfg.n_listen; i++) {
+		const char *u = d->cfg.listen[i];
+		log_notice("serving %s on %s", d->model_name, u);
+		/* network listeners anyone on the network may reach: say so */
+		if (strncmp(u, "tcp://", 6) == 0)
+			log_warning("%s: tcp:// clients are not authenticated (anyone who reaches "
+			            "it can generate); use tls+tcp:// with tls_ca_file",
+			            u);
+		else if (strncmp(u, "tls+tcp://", 10) == 0 && !d->cfg.tls_ca_file[0])
+			log_warning("%s: no tls_ca_file: TLS clients are not authenticated "
+			            "(identity tls:anonymous)",
+			            u);
+	}
 	return 0;
 }
 

@@ -502,7 +502,7 @@ typedef void (*ipc_reply_fn)(void *userdata, enum ipc_op op, enum ipc_errcode co
 #define IPC_SELFCHECK_TIMEOUT_MS 2000
 
 struct ipc_server_params {
-	const char *const *urls;  /* ipc:// (socket file) and/or tcp://; inproc:// for tests */
+	const char *const *urls;  /* ipc:// (socket file), tcp://, tls+tcp://; inproc:// for tests */
 	size_t n_urls;            /* 0: IPC_DEFAULT_URL */
 	unsigned n_contexts;      /* receivers kept waiting; default 16 */
 	unsigned max_contexts;    /* calls in progress at most; default 1024. Beyond it,
@@ -526,6 +526,13 @@ struct ipc_server_params {
 	                                * 0: IPC_SELFCHECK_TIMEOUT_MS */
 	ipc_event_fn on_event;         /* NULL: events are only counted */
 	ipc_reply_fn on_reply;         /* NULL: replies are counted in the stats only */
+	/* tls+tcp:// listeners: the server's certificate and key (PEM files,
+	 * both required) and, optionally, the CA file that client certificates
+	 * must chain to. With a CA a client must present a valid certificate
+	 * and its subject CN is its identity ("tls:CN"); without one, clients
+	 * are not authenticated ("tls:anonymous"). The files are read in
+	 * ipc_server_new, and again by ipc_server_tls_reload. */
+	const char *tls_cert_file, *tls_key_file, *tls_ca_file;
 };
 
 /* Check that nng can start the threads it creates on its first use (7, plus
@@ -553,6 +560,13 @@ int ipc_server_new(const struct ipc_server_params *p, ipc_handler_fn handler, vo
  * fatal: the server serves, the return is 0 and `err` holds the failure
  * (err->code != 0) for the caller to log. */
 int ipc_server_start(ipc_server *srv, struct cm_err *err);
+
+/* Read the TLS files again (the same checks as ipc_server_new): the
+ * connections made from now on use them, connected clients keep what they
+ * were accepted with. On failure nothing changes. 0 without a tls+tcp://
+ * listener. */
+int ipc_server_tls_reload(ipc_server *srv, const char *cert_file, const char *key_file,
+                          const char *ca_file, struct cm_err *err);
 
 /* From now on answer shutting_down to new requests; calls already handed to
  * the handler are still completed normally. */
@@ -611,11 +625,14 @@ int ipc_server_submit(ipc_server *srv, const char *json, size_t len, const char 
 const struct ipc_request *ipc_call_request(const ipc_call *call);
 /* CLOCK_MONOTONIC nanoseconds (cm_now_ns) when the message arrived. */
 uint64_t ipc_call_arrival_ns(const ipc_call *call);
-/* The peer's credentials over ipc:// (-1 when unknown, e.g. tcp://). */
+/* The peer's credentials over ipc:// (-1 when unknown, e.g. tcp://, tls+tcp://). */
 void ipc_call_peer(const ipc_call *call, int64_t *ret_pid, int64_t *ret_uid);
 
-/* The caller's identity when another transport submitted the call
- * (ipc_server_submit), else NULL: socket peers are known by their uid. */
+/* The caller's identity when it is not a uid, else NULL (ipc:// peers are
+ * known by their uid, plain tcp:// peers by nothing): "tls:CN" for a
+ * tls+tcp:// client whose certificate the CA verified, "tls:anonymous" for
+ * one when no tls_ca_file is set, or what another transport gave
+ * ipc_server_submit ("http:NAME"). */
 const char *ipc_call_identity(const ipc_call *call);
 
 /* Complete a call with a JSON reply (copied). The call is consumed whatever

@@ -140,6 +140,9 @@ int ipc_listener_create(struct ipc_server *srv, struct listener *L, const char *
 		return cm_err_set(err, ipc_nng_to_errno(rv),
 		                  "ipc: %s: cannot set the message limit: %s", url,
 		                  nng_strerror(rv));
+	if (L->tls && (rv = nng_listener_set_ptr(L->l, NNG_OPT_TLS_CONFIG, srv->tls)) != 0)
+		return cm_err_set(err, ipc_nng_to_errno(rv), "ipc: %s: cannot set its TLS configuration: %s",
+		                  url, nng_strerror(rv));
 	/* nng chmods between bind() and listen(): no one connects before
 	 * the mode is right (socket_file_setup still sets it, and the group). */
 	if (L->path && srv->socket_mode >= 0) {

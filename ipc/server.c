@@ -196,9 +196,19 @@ static void call_peer_read(struct ipc_call *c, nng_msg *m)
 {
 	nng_pipe p = nng_msg_get_pipe(m);
 	uint64_t v;
+	bool verified;
 	c->peer_pid = c->peer_uid = -1;
+	c->identity[0] = '\0';
 	if (nng_pipe_id(p) < 0)
 		return;
+	if (c->srv->tls && nng_pipe_get_bool(p, NNG_OPT_TLS_VERIFIED, &verified) == 0) {
+		/* a TLS pipe; with a CA nng let none in unverified */
+		char cn[IPC_IDENTITY_MAX + 1 - 4] = ""; /* room for "tls:" */
+		if (verified && atomic_load(&c->srv->tls_verify))
+			ipc_tls_peer_cn(p, cn, sizeof(cn));
+		snprintf(c->identity, sizeof(c->identity), "tls:%s", cn[0] ? cn : "anonymous");
+		return;
+	}
 	if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &v) == 0)
 		c->peer_pid = (int64_t)v;
 	if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &v) == 0)
@@ -352,7 +362,7 @@ int ipc_server_submit(ipc_server *srv, const char *json, size_t len, const char 
 
 const char *ipc_call_identity(const ipc_call *call)
 {
-	return call->local_done && call->identity[0] ? call->identity : NULL;
+	return call->identity[0] ? call->identity : NULL;
 }
 
 const struct ipc_request *ipc_call_request(const ipc_call *call)
@@ -567,10 +577,19 @@ static int listener_add(struct ipc_server *srv, const char *url, struct cm_err *
 {
 	struct listener *L = &srv->listeners[srv->n_listeners];
 	bool is_ipc = strncmp(url, "ipc://", 6) == 0;
-	if (!is_ipc && strncmp(url, "tcp://", 6) != 0 && strncmp(url, "inproc://", 9) != 0)
+	bool is_tls = strncmp(url, "tls+tcp://", 10) == 0;
+	if (!is_ipc && !is_tls && strncmp(url, "tcp://", 6) != 0 &&
+	    strncmp(url, "inproc://", 9) != 0)
 		return cm_err_set(
 		    err, -EINVAL,
-		    "ipc: listen URL '%s': only ipc://, tcp:// and inproc:// are served", url);
+		    "ipc: listen URL '%s': only ipc://, tcp://, tls+tcp:// and inproc:// are served",
+		    url);
+	if (is_tls && !srv->tls)
+		return cm_err_set(err, -EINVAL,
+		                  "ipc: listen URL '%s': tls+tcp:// needs tls_cert_file and "
+		                  "tls_key_file (the server's certificate and key)",
+		                  url);
+	L->tls = is_tls;
 	L->url = cm_strdup(url);
 	if (!L->url)
 		return cm_err_set(err, -ENOMEM, "ipc: out of memory");
@@ -656,6 +675,7 @@ int ipc_server_new(const struct ipc_server_params *p, ipc_handler_fn handler, vo
 	pthread_cond_init(&srv->cv, NULL);
 	pthread_rwlock_init(&srv->io, NULL);
 	pthread_mutex_init(&srv->sc_mu, NULL);
+	pthread_mutex_init(&srv->tls_mu, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -717,6 +737,15 @@ int ipc_server_new(const struct ipc_server_params *p, ipc_handler_fn handler, vo
 		if (!urls[i]) {
 			rc = cm_err_set(err, -EINVAL, "ipc: listen URL %zu is NULL", i);
 			goto fail;
+		}
+		/* the files are read only when a listener needs them */
+		if (!srv->tls && strncmp(urls[i], "tls+tcp://", 10) == 0 && p->tls_cert_file &&
+		    *p->tls_cert_file && p->tls_key_file && *p->tls_key_file) {
+			if ((rc = ipc_tls_config_new(p->tls_cert_file, p->tls_key_file,
+			                             p->tls_ca_file, &srv->tls, &srv->tls_ecfg,
+			                             err)))
+				goto fail;
+			atomic_store(&srv->tls_verify, p->tls_ca_file && *p->tls_ca_file);
 		}
 		if ((rc = listener_add(srv, urls[i], err)))
 			goto fail;
@@ -813,8 +842,11 @@ void ipc_server_free(ipc_server *srv)
 	cm_free(srv->listeners);
 	cm_free(srv->calls);
 	cm_free(srv->socket_group);
+	if (srv->tls)
+		nng_tls_config_free(srv->tls);
 	pthread_cond_destroy(&srv->sc_cv);
 	pthread_mutex_destroy(&srv->sc_mu);
+	pthread_mutex_destroy(&srv->tls_mu);
 	pthread_rwlock_destroy(&srv->io);
 	pthread_cond_destroy(&srv->cv);
 	pthread_mutex_destroy(&srv->mu);

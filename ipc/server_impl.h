@@ -11,6 +11,8 @@
 #include <nng/nng.h>
 #include <netinet/in.h>
 #include <nng/protocol/reqrep0/rep.h>
+#include <nng/supplemental/tls/engine.h>
+#include <nng/supplemental/tls/tls.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -55,6 +57,7 @@ struct listener {
 	char *url;
 	char *path;       /* ipc:// socket file, else NULL */
 	char *listen_url; /* tcp://: the bound address, to listen on again */
+	bool tls;         /* tls+tcp:// (not self-checked: the probe speaks plain SP) */
 	bool created, started;
 	bool checked; /* by the self-check, at probe_sa */
 	struct sockaddr_storage probe_sa;
@@ -84,6 +87,10 @@ struct ipc_server {
 	ipc_handler_fn handler;
 	void *userdata;
 	ipc_reply_fn on_reply;
+	nng_tls_config *tls; /* of the tls+tcp:// listeners; NULL: none */
+	nng_tls_engine_config *tls_ecfg; /* its engine side, for reloads */
+	atomic_bool tls_verify;          /* a CA is set: every TLS peer is verified */
+	pthread_mutex_t tls_mu;          /* reloads one at a time */
 
 	pthread_mutex_t mu; /* calls[], n_calls, waking stop() */
 	pthread_cond_t cv;
@@ -128,6 +135,21 @@ int ipc_listener_create(struct ipc_server *srv, struct listener *L, const char *
                         struct cm_err *err);
 int ipc_listener_start(struct ipc_server *srv, struct listener *L, struct cm_err *warn,
                        struct cm_err *err);
+/* tls.c: the listeners' TLS configuration from the PEM files (it
+ * registers the engine below first) */
+int ipc_tls_config_new(const char *cert_file, const char *key_file, const char *ca_file,
+                       nng_tls_config **ret_cfg, nng_tls_engine_config **ret_ecfg,
+                       struct cm_err *err);
+/* tls_engine.c: our TLS engine, to be registered once nng is initialised
+ * (nng's init registers its own); the verified subject CN of a TLS pipe's
+ * peer ("" when none) */
+int ipc_tls_engine_register(void);
+/* The engine side of the configuration nng_tls_config_alloc just made on
+ * this thread; move `fresh`'s certificates into `live` for the
+ * connections made from now on. */
+nng_tls_engine_config *ipc_tls_engine_last_config(void);
+void ipc_tls_engine_swap(nng_tls_engine_config *live, nng_tls_engine_config *fresh);
+void ipc_tls_peer_cn(nng_pipe p, char *buf, size_t cap);
 /* selfcheck.c */
 int ipc_selfcheck_start(struct ipc_server *srv);
 void ipc_selfcheck_stop(struct ipc_server *srv);

@@ -61,7 +61,7 @@ static void test_table_covers_struct(void)
 	CHECK(sum <= sizeof(struct daemon_config));
 	CHECK_MSG(sizeof(struct daemon_config) - sum < 64, "struct has %zu bytes no row covers",
 	          sizeof(struct daemon_config) - sum);
-	CHECK_EQ_INT(n_options, 54);
+	CHECK_EQ_INT(n_options, 57);
 }
 
 static void test_every_default_parses(void)
@@ -453,7 +453,7 @@ static void test_doc(void)
 	}
 	for (char *p = buf; (p = strchr(p, '\n')); p++)
 		rows++;
-	CHECK_EQ_INT(rows, 2 + 53);
+	CHECK_EQ_INT(rows, 2 + 56);
 	CHECK(strstr(
 	    buf, "| `log_level` | choice | `info` | err, warning, notice, info, debug | yes |"));
 	CHECK(strstr(buf, "| `socket_mode` | octal | `0660` | 0000..0777 | no |"));
@@ -515,6 +515,9 @@ static void test_reload(void)
 	                                   "drain_timeout_ms",
 	                                   "tenant_weights",
 	                                   "admin_uids",
+	                                   "tls_cert_file",
+	                                   "tls_key_file",
+	                                   "tls_ca_file",
 	                                   "metrics_textfile",
 	                                   "peak_bandwidth_gbs",
 	                                   "log_level"};
