@@ -810,15 +810,17 @@ out:
 	return rc;
 }
 
-/* Encode, send, decode. A daemon error becomes its EDGELM_E_ code, with the
- * decoded reply still returned in *ret_rep when ret_rep is not NULL. */
+/* The ops a daemon may run twice without a difference to anyone: xfer may
+ * send them again when the daemon that had one went away. */
 static bool idempotent(enum ipc_op op)
 {
 	return op == IPC_OP_INFO || op == IPC_OP_HEALTH || op == IPC_OP_METRICS ||
 	       op == IPC_OP_TOKENIZE || op == IPC_OP_DETOKENIZE || op == IPC_OP_EMBED;
 }
 
-/* ep and ret_ep as for xfer. */
+/* Encode, send, decode. A daemon error becomes its EDGELM_E_ code, with the
+ * decoded reply still returned in *ret_rep when ret_rep is not NULL. ep and
+ * ret_ep as for xfer. */
 static int call_ep(struct edgelm_client *c, int ep, const struct ipc_request *req, int timeout_ms,
                    struct ipc_reply **ret_rep, char **ret_raw, int *ret_ep,
                    struct edgelm_error *err)
