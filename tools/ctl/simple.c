@@ -48,6 +48,11 @@ static void print_number(double x)
 		printf(" %s\n", isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf");
 		return;
 	}
+	/* whole numbers as such: the shortest %g of a count of 10 is 1e+01 */
+	if (x == floor(x) && fabs(x) < 1e15) {
+		printf(" %.0f\n", x);
+		return;
+	}
 	for (int prec = 1; prec <= 17; prec++) {
 		snprintf(buf, sizeof(buf), "%.*g", prec, x);
 		if (strtod(buf, NULL) == x)
