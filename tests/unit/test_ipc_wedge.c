@@ -284,9 +284,10 @@ static void poke(const char *path, enum poke_kind kind)
 /* ---- tests ------------------------------------------------------------------- */
 
 /* Each kind of short-lived connection, up to 7 times: right after it a fresh
- * client may go unanswered (the wedge; seen at least once over the kinds),
- * but within 10 s one is served again, through a re-created listener. On
- * nng 1.5.2 without the self-check the listener stays wedged: no reply. */
+ * client may go unanswered (the wedge, which must happen at least once over
+ * the kinds: a re-created listener), but within 10 s one is served again,
+ * through a re-created listener. On nng 1.5.2 without the self-check the
+ * listener stays wedged: no reply. */
 static void test_wedge_short_connections(void)
 {
 	struct tsrv *t = tsrv_start("short", 100, 300, NULL, NULL);
@@ -327,8 +328,14 @@ static void test_wedge_short_connections(void)
 		if (ms < 0)
 			goto out;
 	}
+	/* The wedge shows as a re-created listener: the self-check re-creates
+	 * one only after its own probes went unanswered (the failures check
+	 * below). A client's unanswered try is the same wedge seen from
+	 * outside, but only when it comes before the self-check's recovery,
+	 * which on a quiet box can win the 250 ms: CI's fresh-clone runs saw
+	 * recoveries with no client unanswered. */
 	struct ipc_server_stats st = stats(t);
-	CHECK_MSG(wedged > 0 && st.listener_recoveries > 0,
+	CHECK_MSG(st.listener_recoveries > 0,
 	          "no wedge in %d pokes: the reproduction did not hit (%d unanswered)", pokes,
 	          wedged);
 	CHECK(st.selfcheck_failures >= 2 * st.listener_recoveries);
