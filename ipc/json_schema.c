@@ -247,6 +247,24 @@ static int emit(struct conv *c, const char *name, const struct sb *body)
 	return 0;
 }
 
+/* The body in b as a rule named from hint, into *ret_name; b is freed.
+ * An rc already nonzero (the body failed) is returned as it is. */
+static int emit_named(struct conv *c, int rc, const char *hint, struct sb *b, char **ret_name)
+{
+	char *name = rc ? NULL : new_name(c, hint);
+	if (!rc && !name)
+		rc = conv_oom(c);
+	if (!rc)
+		rc = emit(c, name, b);
+	cm_free(b->p);
+	if (rc) {
+		cm_free(name);
+		return rc;
+	}
+	*ret_name = name;
+	return 0;
+}
+
 /* `item` repeated lo to hi times (hi < 0: no upper bound), into b. Up to
  * NEST_INLINE optional repeats nest inline, `( x ( x )? )?`; more become
  * rules `<name>-o<k> ::= ( x <name>-o<k-1> )?`, so no parenthesis nests
@@ -556,18 +574,7 @@ static int gen_enum(struct conv *c, json_t *s, const bool *types, bool any_type,
 	json_decref(one);
 	if (!rc && n == 0)
 		rc = fail(c, -EINVAL, "no value of '%s' has the schema's type", cv ? "const" : "enum");
-	char *name = rc ? NULL : new_name(c, hint);
-	if (!rc && !name)
-		rc = conv_oom(c);
-	if (!rc)
-		rc = emit(c, name, &b);
-	cm_free(b.p);
-	if (rc) {
-		cm_free(name);
-		return rc;
-	}
-	*ret_name = name;
-	return 0;
+	return emit_named(c, rc, hint, &b, ret_name);
 }
 
 /* anyOf / oneOf: the alternatives. oneOf's "exactly one" is not enforced:
@@ -597,18 +604,7 @@ static int gen_alts(struct conv *c, json_t *s, const char *kw, const char *hint,
 		}
 	}
 	path_pop(c, mark);
-	char *name = rc ? NULL : new_name(c, hint);
-	if (!rc && !name)
-		rc = conv_oom(c);
-	if (!rc)
-		rc = emit(c, name, &b);
-	cm_free(b.p);
-	if (rc) {
-		cm_free(name);
-		return rc;
-	}
-	*ret_name = name;
-	return 0;
+	return emit_named(c, rc, hint, &b, ret_name);
 }
 
 /* The value at a JSON pointer ("/a/b", escapes ~0 and ~1) in `root`. */
@@ -1216,16 +1212,7 @@ static int gen(struct conv *c, json_t *s, const char *hint, char **ret_name)
 		sb_puts(&b, sub);
 		cm_free(sub);
 	}
-	char *name = rc ? NULL : new_name(c, hint);
-	if (!rc && !name)
-		rc = conv_oom(c);
-	if (!rc)
-		rc = emit(c, name, &b);
-	cm_free(b.p);
-	if (rc)
-		cm_free(name);
-	else
-		*ret_name = name;
+	rc = emit_named(c, rc, hint, &b, ret_name);
 out:
 	c->depth--;
 	return rc;
